@@ -1,0 +1,195 @@
+"""Pure-Python twin of the P-side lease table (the readable reference).
+
+The Cython module ``_lease_table_c`` must behave exactly like this one; the
+property tests in ``tests/test_core_properties.py`` hold them to it.
+
+Data structure: a dict ``req_id -> [deadline, seq]`` plus a lazy min-heap of
+``(deadline, seq, req_id)``.  ``extend`` only raises the deadline in the dict
+(O(1) per id); the heap entry is left behind with the old, earlier deadline.
+When ``pop_expired`` meets such an entry at the top it pushes it back with the
+current deadline, so each live lease owns exactly one live heap entry and
+extensions never grow the heap.  ``grant`` of an existing id and ``release``
+orphan that entry ("stale": its seq no longer matches); stale entries are
+dropped when they surface and, so that they cannot pile up, the heap is rebuilt
+from the live leases whenever they outnumber the live ones (amortised O(1)).
+Ties between equal deadlines go to the earlier ``grant``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Iterator
+
+# Below this many stale entries the heap is never rebuilt: rebuilding a tiny
+# heap costs more than carrying a few dead entries.
+_MIN_STALE_FOR_REBUILD = 64
+
+
+def _check_extension(extension: float) -> float:
+    extension = float(extension)
+    if not (math.isfinite(extension) and extension > 0):
+        raise ValueError(f"lease extension must be a finite number > 0, got {extension!r}")
+    return extension
+
+
+def _check_req_id(req_id: object) -> str:
+    if not isinstance(req_id, str):
+        raise TypeError(f"request id must be str, got {type(req_id).__name__}")
+    try:
+        req_id.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(f"request id {req_id!r} is not encodable as UTF-8") from exc
+    return req_id
+
+
+def _check_deadline(deadline: float) -> float:
+    deadline = float(deadline)
+    if math.isnan(deadline):
+        raise ValueError("lease deadline must not be NaN")
+    return deadline
+
+
+def split_heartbeat_ids(payload: bytes | str) -> Iterator[str | None]:
+    """Yield each non-empty id of a heartbeat payload (the text after ``HB:``),
+    or None for an id that is not valid UTF-8 (it can match no lease)."""
+    if isinstance(payload, str):
+        for part in payload.split(","):
+            if part:
+                yield part
+        return
+    for raw in bytes(payload).split(b","):
+        if raw:
+            try:
+                yield raw.decode("utf-8")
+            except UnicodeDecodeError:
+                yield None
+
+
+class LeaseTable:
+    """Leases held by a prefill worker: request id -> deadline.
+
+    Times are plain floats supplied by the caller; the table never reads a
+    clock, so behaviour is exact and testable.
+    """
+
+    __slots__ = ("_extension", "_leases", "_heap", "_seq", "_stale")
+
+    def __init__(self, extension: float) -> None:
+        self._extension = _check_extension(extension)
+        # req_id -> [deadline, seq of the grant that owns the live heap entry]
+        self._leases: dict[str, list] = {}
+        self._heap: list[tuple[float, int, str]] = []
+        self._seq = 0
+        self._stale = 0
+
+    @property
+    def extension(self) -> float:
+        return self._extension
+
+    def grant(self, req_id: str, deadline: float) -> None:
+        """Start (or overwrite) the lease of ``req_id`` until ``deadline``."""
+        req_id = _check_req_id(req_id)
+        deadline = _check_deadline(deadline)
+        self._seq += 1
+        if req_id in self._leases:
+            self._stale += 1  # the old heap entry is orphaned
+        self._leases[req_id] = [deadline, self._seq]
+        heapq.heappush(self._heap, (deadline, self._seq, req_id))
+        self._maybe_rebuild()
+
+    def extend(self, payload: bytes | str, now: float) -> int:
+        """Apply one heartbeat payload; return how many leases it extended.
+
+        Unknown, empty or undecodable ids are ignored: a heartbeat never
+        creates a lease.
+        """
+        return self.extend_counted(payload, now)[0]
+
+    def extend_counted(self, payload: bytes | str, now: float) -> tuple[int, int]:
+        """Like ``extend``; returns ``(extended, non-empty ids in payload)``."""
+        new_deadline = float(now) + self._extension
+        extended = seen = 0
+        leases = self._leases
+        for req_id in split_heartbeat_ids(payload):
+            seen += 1
+            entry = leases.get(req_id) if req_id is not None else None
+            if entry is not None:
+                if new_deadline > entry[0]:
+                    entry[0] = new_deadline
+                extended += 1
+        return extended, seen
+
+    def release(self, req_id: str) -> bool:
+        """Drop the lease of ``req_id``; return whether it held one."""
+        if self._leases.pop(req_id, None) is None:
+            return False
+        self._stale += 1
+        self._maybe_rebuild()
+        return True
+
+    def pop_expired(self, now: float) -> list[str]:
+        """Remove and return every lease with deadline <= now, earliest first."""
+        heap = self._heap
+        expired: list[str] = []
+        while heap and heap[0][0] <= now:
+            stored, seq, req_id = heapq.heappop(heap)
+            entry = self._leases.get(req_id)
+            if entry is None or entry[1] != seq:
+                self._stale -= 1
+                continue
+            if entry[0] > stored:
+                # Extended since this entry was pushed: move it to its real place.
+                heapq.heappush(heap, (entry[0], seq, req_id))
+                continue
+            del self._leases[req_id]
+            expired.append(req_id)
+        return expired
+
+    def deadline(self, req_id: str) -> float | None:
+        entry = self._leases.get(req_id)
+        return None if entry is None else entry[0]
+
+    def next_deadline(self) -> float | None:
+        """Earliest deadline of any live lease (None when empty)."""
+        if not self._leases:
+            return None
+        self._settle_top()
+        return self._heap[0][0]
+
+    def ids(self) -> list[str]:
+        """Ids of all live leases (no particular order)."""
+        return list(self._leases)
+
+    def heap_size(self) -> int:
+        """Entries in the heap, live and stale (for memory-bound tests)."""
+        return len(self._heap)
+
+    def __len__(self) -> int:
+        return len(self._leases)
+
+    def __contains__(self, req_id: object) -> bool:
+        return req_id in self._leases
+
+    def __repr__(self) -> str:
+        return f"<LeaseTable leases={len(self._leases)} extension={self._extension}>"
+
+    def _settle_top(self) -> None:
+        """Make the heap top a live entry holding its lease's real deadline."""
+        heap = self._heap
+        while heap:
+            stored, seq, req_id = heap[0]
+            entry = self._leases.get(req_id)
+            if entry is None or entry[1] != seq:
+                heapq.heappop(heap)
+                self._stale -= 1
+            elif entry[0] > stored:
+                heapq.heapreplace(heap, (entry[0], seq, req_id))
+            else:
+                return
+
+    def _maybe_rebuild(self) -> None:
+        if self._stale > _MIN_STALE_FOR_REBUILD and self._stale > len(self._leases):
+            self._heap = [(d, s, r) for r, (d, s) in self._leases.items()]
+            heapq.heapify(self._heap)
+            self._stale = 0
