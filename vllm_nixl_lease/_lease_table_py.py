@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import sys
 from collections.abc import Iterator
 
 # Below this many stale entries the heap is never rebuilt: rebuilding a tiny
@@ -75,7 +76,10 @@ class LeaseTable:
 
     __slots__ = ("_extension", "_leases", "_heap", "_seq", "_stale")
 
-    def __init__(self, extension: float) -> None:
+    def __init__(self, extension: float, *, _hash_bits: int = 64) -> None:
+        # _hash_bits only exists for parity with the Cython table's test hook.
+        if not 1 <= _hash_bits <= 64:
+            raise ValueError("_hash_bits must be in 1..64")
         self._extension = _check_extension(extension)
         # req_id -> [deadline, seq of the grant that owns the live heap entry]
         self._leases: dict[str, list] = {}
@@ -164,6 +168,15 @@ class LeaseTable:
     def heap_size(self) -> int:
         """Entries in the heap, live and stale (for memory-bound tests)."""
         return len(self._heap)
+
+    def nbytes(self) -> int:
+        """Bytes held by the table's containers and deadlines (ids excluded)."""
+        return (
+            sys.getsizeof(self._leases)
+            + sys.getsizeof(self._heap)
+            + sum(sys.getsizeof(e) + sys.getsizeof(e[0]) for e in self._leases.values())
+            + sum(sys.getsizeof(e) for e in self._heap)
+        )
 
     def __len__(self) -> int:
         return len(self._leases)

@@ -1,0 +1,504 @@
+# cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
+# distutils: language = c++
+"""Cython lease table and notification router.
+
+Behaves exactly like ``vllm_nixl_lease/_lease_table_py.py`` and
+``_router_py.py`` (read those first: they are the reference).
+
+Layout, and why:
+- ``_slots``: one C struct per lease (deadline, grant seq, owned id, chain
+  link) in a std::vector, reused through a free list, so a lease costs no
+  Python object beyond the id string the caller already owns.
+- ``_map``: preshed open-addressing table from the murmur64 hash of the id's
+  UTF-8 bytes to the head of a chain of slots with that hash.  A heartbeat
+  hashes byte spans of the payload in place and compares bytes, so it creates
+  no Python object per id; the chain keeps a 64-bit collision correct.
+  preshed never reclaims deleted cells, so the map is rebuilt when they
+  outnumber the live keys (bounded memory with unique ids churning forever).
+- ``_heap``: lazy min-heap of (deadline, (seq, slot)) with std::push_heap /
+  pop_heap.  As in the twin, extensions only raise the slot's deadline; an
+  outdated entry is re-pushed when it reaches the top, orphaned entries are
+  dropped there, and the heap is rebuilt when orphans outnumber leases.
+"""
+
+from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact
+from cpython.unicode cimport PyUnicode_DecodeUTF8
+from libc.stdint cimport uint32_t, uint64_t
+from libc.string cimport memcmp, memchr
+from libcpp.vector cimport vector
+from libcpp.pair cimport pair
+from libcpp.functional cimport greater
+from libcpp.algorithm cimport push_heap, pop_heap, make_heap
+from cymem.cymem cimport Pool
+from preshed.maps cimport MapStruct, map_init, map_get, map_set, map_clear, key_t
+from murmurhash.mrmr cimport hash64
+
+import math
+
+from ._route_result import RouteResult, MALFORMED_SAMPLE_SIZE, MALFORMED_SAMPLE_BYTES
+
+cdef extern from "Python.h":
+    const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
+
+ctypedef pair[uint64_t, uint32_t] SeqSlot
+ctypedef pair[double, SeqSlot] HeapEntry
+
+cdef struct Slot:
+    double deadline
+    uint64_t seq        # 0: free slot
+    PyObject* req_id    # owned reference to the id (a str)
+    uint32_t next       # next slot + 1 in the hash chain / free list; 0 = end
+
+cdef uint64_t HASH_SEED = 0x9E3779B97F4A7C15
+cdef Py_ssize_t MIN_STALE_FOR_REBUILD = 64   # same constant as the twin
+cdef Py_ssize_t MIN_MAP_SIZE = 8
+cdef const char* HB = b"HB:"
+cdef long MAX_EXPECTED_CONSUMERS = 2147483647
+
+
+cdef class LeaseTable:
+    """Leases held by a prefill worker: request id -> deadline (Cython)."""
+
+    cdef double _extension
+    cdef vector[Slot] _slots
+    cdef vector[HeapEntry] _heap
+    cdef uint32_t _free              # head of free slot list (+1), 0 = none
+    cdef Py_ssize_t _live
+    cdef Py_ssize_t _stale
+    cdef uint64_t _seq
+    cdef Pool _mem
+    cdef MapStruct _map
+    cdef Py_ssize_t _map_keys        # distinct hashes present in _map
+    cdef uint64_t _hash_mask
+
+    def __cinit__(self, extension, *, int _hash_bits=64):
+        extension = float(extension)
+        if not (math.isfinite(extension) and extension > 0):
+            raise ValueError(f"lease extension must be a finite number > 0, got {extension!r}")
+        if not 1 <= _hash_bits <= 64:
+            raise ValueError("_hash_bits must be in 1..64")
+        self._extension = extension
+        # Test hook: fewer hash bits force collisions so the chains get exercised.
+        self._hash_mask = 0xFFFFFFFFFFFFFFFF if _hash_bits == 64 else ((<uint64_t>1 << _hash_bits) - 1)
+        self._mem = Pool()
+        map_init(self._mem, &self._map, MIN_MAP_SIZE)
+
+    def __dealloc__(self):
+        cdef size_t i
+        for i in range(self._slots.size()):
+            if self._slots[i].seq != 0:
+                Py_DECREF(<object>self._slots[i].req_id)
+
+    @property
+    def extension(self):
+        return self._extension
+
+    # -- hashing and lookup ---------------------------------------------
+    cdef inline key_t _key(self, const char* p, Py_ssize_t n) noexcept nogil:
+        cdef key_t k = hash64(<void*>p, <int>n, HASH_SEED) & self._hash_mask
+        if k < 2:  # preshed reserves keys 0 (empty) and 1 (deleted)
+            k += 2
+        return k
+
+    cdef inline long _find(self, const char* p, Py_ssize_t n, key_t key):
+        cdef uint32_t v = <uint32_t><size_t>map_get(&self._map, key)
+        cdef Py_ssize_t length
+        cdef const char* s
+        while v:
+            s = PyUnicode_AsUTF8AndSize(<object>self._slots[v - 1].req_id, &length)
+            if length == n and memcmp(s, p, n) == 0:
+                return v - 1
+            v = self._slots[v - 1].next
+        return -1
+
+    cdef inline long _find_str(self, object req_id) except -2:
+        cdef Py_ssize_t n
+        cdef const char* p
+        if not isinstance(req_id, str):
+            return -1
+        try:
+            p = PyUnicode_AsUTF8AndSize(req_id, &n)
+        except UnicodeEncodeError:
+            return -1  # such an id can never have been granted
+        return self._find(p, n, self._key(p, n))
+
+    # -- slot and map maintenance ---------------------------------------
+    cdef uint32_t _alloc_slot(self):
+        cdef uint32_t idx
+        cdef Slot s
+        if self._free:
+            idx = self._free - 1
+            self._free = self._slots[idx].next
+            return idx
+        s.seq = 0
+        s.next = 0
+        s.req_id = NULL
+        s.deadline = 0
+        self._slots.push_back(s)
+        return <uint32_t>(self._slots.size() - 1)
+
+    cdef void _unlink(self, uint32_t idx) except *:
+        """Remove slot ``idx`` from its hash chain and free it."""
+        cdef Py_ssize_t n
+        cdef const char* p = PyUnicode_AsUTF8AndSize(<object>self._slots[idx].req_id, &n)
+        cdef key_t key = self._key(p, n)
+        cdef uint32_t v = <uint32_t><size_t>map_get(&self._map, key)
+        cdef uint32_t nxt = self._slots[idx].next
+        if v == idx + 1:
+            if nxt == 0:
+                map_clear(&self._map, key)
+                self._map_keys -= 1
+            else:
+                map_set(self._mem, &self._map, key, <void*><size_t>nxt)
+        else:
+            while self._slots[v - 1].next != idx + 1:
+                v = self._slots[v - 1].next
+            self._slots[v - 1].next = nxt
+        Py_DECREF(<object>self._slots[idx].req_id)
+        self._slots[idx].req_id = NULL
+        self._slots[idx].seq = 0
+        self._slots[idx].next = self._free
+        self._free = idx + 1
+        self._live -= 1
+        if <Py_ssize_t>self._map.filled > 2 * self._map_keys + 64:
+            self._rebuild_map()
+
+    cdef void _rebuild_map(self) except *:
+        """Drop preshed's tombstones: rehash every live slot into a fresh map."""
+        cdef Py_ssize_t size = MIN_MAP_SIZE
+        cdef void* old_cells = <void*>self._map.cells
+        cdef size_t i
+        cdef Py_ssize_t n
+        cdef const char* p
+        cdef key_t key
+        while size < 2 * self._live + 2:
+            size *= 2
+        map_init(self._mem, &self._map, size)
+        self._mem.free(old_cells)
+        self._map.is_empty_key_set = False
+        self._map.is_del_key_set = False
+        self._map_keys = 0
+        for i in range(self._slots.size()):
+            if self._slots[i].seq == 0:
+                continue
+            p = PyUnicode_AsUTF8AndSize(<object>self._slots[i].req_id, &n)
+            key = self._key(p, n)
+            self._slots[i].next = <uint32_t><size_t>map_get(&self._map, key)
+            if self._slots[i].next == 0:
+                self._map_keys += 1
+            map_set(self._mem, &self._map, key, <void*><size_t>(i + 1))
+
+    cdef inline void _push(self, double deadline, uint64_t seq, uint32_t idx) except *:
+        self._heap.push_back(HeapEntry(deadline, SeqSlot(seq, idx)))
+        push_heap(self._heap.begin(), self._heap.end(), greater[HeapEntry]())
+
+    cdef void _maybe_rebuild_heap(self) except *:
+        cdef size_t i
+        if self._stale > MIN_STALE_FOR_REBUILD and self._stale > self._live:
+            self._heap.clear()
+            for i in range(self._slots.size()):
+                if self._slots[i].seq != 0:
+                    self._heap.push_back(
+                        HeapEntry(self._slots[i].deadline, SeqSlot(self._slots[i].seq, <uint32_t>i)))
+            make_heap(self._heap.begin(), self._heap.end(), greater[HeapEntry]())
+            self._stale = 0
+
+    # -- public API -----------------------------------------------------
+    def grant(self, req_id, deadline):
+        """Start (or overwrite) the lease of ``req_id`` until ``deadline``."""
+        cdef Py_ssize_t n
+        cdef const char* p
+        cdef double d
+        cdef long idx
+        cdef key_t key
+        if not isinstance(req_id, str):
+            raise TypeError(f"request id must be str, got {type(req_id).__name__}")
+        try:
+            p = PyUnicode_AsUTF8AndSize(req_id, &n)
+        except UnicodeEncodeError as exc:
+            raise ValueError(f"request id {req_id!r} is not encodable as UTF-8") from exc
+        d = float(deadline)
+        if d != d:
+            raise ValueError("lease deadline must not be NaN")
+        if self._slots.size() >= 0xFFFFFFFE:
+            raise OverflowError("too many leases")
+        self._seq += 1
+        key = self._key(p, n)
+        idx = self._find(p, n, key)
+        if idx >= 0:
+            self._stale += 1
+        else:
+            idx = self._alloc_slot()
+            Py_INCREF(req_id)
+            self._slots[idx].req_id = <PyObject*>req_id
+            self._slots[idx].next = <uint32_t><size_t>map_get(&self._map, key)
+            if self._slots[idx].next == 0:
+                self._map_keys += 1
+            map_set(self._mem, &self._map, key, <void*><size_t>(idx + 1))
+            self._live += 1
+        self._slots[idx].deadline = d
+        self._slots[idx].seq = self._seq
+        self._push(d, self._seq, <uint32_t>idx)
+        self._maybe_rebuild_heap()
+
+    cdef (Py_ssize_t, Py_ssize_t) _extend_span(self, const char* p, Py_ssize_t n, double new_deadline):
+        cdef Py_ssize_t start = 0, end, extended = 0, seen = 0
+        cdef const char* comma
+        cdef long idx
+        while start <= n:
+            comma = <const char*>memchr(p + start, c',', n - start)
+            end = (comma - p) if comma != NULL else n
+            if end > start:
+                seen += 1
+                idx = self._find(p + start, end - start, self._key(p + start, end - start))
+                if idx >= 0:
+                    if new_deadline > self._slots[idx].deadline:
+                        self._slots[idx].deadline = new_deadline
+                    extended += 1
+            start = end + 1
+        return extended, seen
+
+    def extend(self, payload, now):
+        """Apply one heartbeat payload; return how many leases it extended."""
+        return self.extend_counted(payload, now)[0]
+
+    def extend_counted(self, payload, now):
+        """Like ``extend``; returns ``(extended, non-empty ids in payload)``."""
+        cdef double new_deadline = float(now) + self._extension
+        cdef Py_ssize_t n
+        cdef const char* p
+        cdef const unsigned char[::1] view
+        if isinstance(payload, str):
+            try:
+                p = PyUnicode_AsUTF8AndSize(payload, &n)
+            except UnicodeEncodeError:
+                # Lone surrogates: their bytes can match no (valid UTF-8) lease.
+                payload = payload.encode("utf-8", "surrogatepass")
+                p = PyBytes_AS_STRING(payload)
+                n = PyBytes_GET_SIZE(payload)
+            return self._extend_span(p, n, new_deadline)
+        if PyBytes_CheckExact(payload):
+            return self._extend_span(PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload), new_deadline)
+        view = payload
+        if view.shape[0] == 0:
+            return (0, 0)
+        return self._extend_span(<const char*>&view[0], view.shape[0], new_deadline)
+
+    def release(self, req_id):
+        """Drop the lease of ``req_id``; return whether it held one."""
+        cdef long idx = self._find_str(req_id)
+        if idx < 0:
+            return False
+        self._unlink(<uint32_t>idx)
+        self._stale += 1
+        self._maybe_rebuild_heap()
+        return True
+
+    def pop_expired(self, now):
+        """Remove and return every lease with deadline <= now, earliest first."""
+        cdef double t = float(now)
+        cdef list expired = []
+        cdef HeapEntry e
+        cdef uint32_t idx
+        while not self._heap.empty() and self._heap.front().first <= t:
+            e = self._heap.front()
+            pop_heap(self._heap.begin(), self._heap.end(), greater[HeapEntry]())
+            self._heap.pop_back()
+            idx = e.second.second
+            if self._slots[idx].seq != e.second.first:
+                self._stale -= 1
+                continue
+            if self._slots[idx].deadline > e.first:
+                self._push(self._slots[idx].deadline, e.second.first, idx)
+                continue
+            expired.append(<object>self._slots[idx].req_id)
+            self._unlink(idx)
+        return expired
+
+    cdef void _settle_top(self) except *:
+        cdef HeapEntry e
+        cdef uint32_t idx
+        while not self._heap.empty():
+            e = self._heap.front()
+            idx = e.second.second
+            if self._slots[idx].seq != e.second.first:
+                pop_heap(self._heap.begin(), self._heap.end(), greater[HeapEntry]())
+                self._heap.pop_back()
+                self._stale -= 1
+            elif self._slots[idx].deadline > e.first:
+                pop_heap(self._heap.begin(), self._heap.end(), greater[HeapEntry]())
+                self._heap.pop_back()
+                self._push(self._slots[idx].deadline, e.second.first, idx)
+            else:
+                return
+
+    def deadline(self, req_id):
+        cdef long idx = self._find_str(req_id)
+        return None if idx < 0 else self._slots[idx].deadline
+
+    def next_deadline(self):
+        """Earliest deadline of any live lease (None when empty)."""
+        if self._live == 0:
+            return None
+        self._settle_top()
+        return self._heap.front().first
+
+    def ids(self):
+        """Ids of all live leases (no particular order)."""
+        cdef size_t i
+        return [<object>self._slots[i].req_id for i in range(self._slots.size()) if self._slots[i].seq != 0]
+
+    def heap_size(self):
+        """Entries in the heap, live and stale (for memory-bound tests)."""
+        return self._heap.size()
+
+    def nbytes(self):
+        """Bytes this table allocated itself (ids excluded), from real capacities."""
+        return (type(self).__basicsize__ + self._slots.capacity() * sizeof(Slot)
+                + self._heap.capacity() * sizeof(HeapEntry) + self._map.length * 16)
+
+    def __len__(self):
+        return self._live
+
+    def __contains__(self, req_id):
+        return self._find_str(req_id) >= 0
+
+    def __repr__(self):
+        return f"<LeaseTable leases={self._live} extension={self._extension}>"
+
+    # -- hooks for the router (same module, C speed) --------------------
+    cdef inline bint _has(self, object req_id) except -1:
+        return self._find_str(req_id) >= 0
+
+
+cdef class NotificationRouter:
+    """P-side bookkeeping of requests being sent, updated from whole
+    notification batches (Cython twin of ``_router_py.NotificationRouter``)."""
+
+    cdef readonly LeaseTable table
+    cdef set _in_batch
+    cdef dict _counts
+    cdef dict _expected
+    cdef tuple _passthrough
+
+    def __init__(self, LeaseTable table not None, passthrough_prefixes=(b"PUSH_REG:",)):
+        self.table = table
+        self._in_batch = set()
+        self._counts = {}
+        self._expected = {}
+        self._passthrough = tuple(bytes(p) for p in passthrough_prefixes)
+        if any(not p or p.startswith(b"HB:") for p in self._passthrough):
+            raise ValueError("passthrough prefixes must be non-empty and not start with HB:")
+
+    def add_in_batch(self, req_id):
+        self._in_batch.add(req_id)
+
+    def discard_in_batch(self, req_id):
+        self._in_batch.discard(req_id)
+
+    def is_in_batch(self, req_id):
+        return req_id in self._in_batch
+
+    def grant(self, req_id, deadline):
+        """Lease ``req_id`` until ``deadline`` if it is in a batch."""
+        if req_id not in self._in_batch:
+            return False
+        self.table.grant(req_id, deadline)
+        return True
+
+    def received(self, req_id):
+        return self._counts.get(req_id, 0)
+
+    def in_batch_count(self):
+        return len(self._in_batch)
+
+    cdef bint _is_passthrough(self, const char* p, Py_ssize_t n):
+        cdef bytes prefix
+        for prefix in self._passthrough:
+            if n >= len(prefix) and memcmp(p, PyBytes_AS_STRING(prefix), len(prefix)) == 0:
+                return True
+        return False
+
+    def route(self, notifs, now):
+        cdef object result = RouteResult()
+        cdef LeaseTable table = self.table
+        cdef double new_deadline = float(now) + table._extension
+        cdef Py_ssize_t n, colon, i, hb_msgs = 0, hb_ids = 0, hb_ext = 0, malformed = 0
+        cdef const char* p
+        cdef long expected
+        cdef object req_id, prev
+        cdef list completed = result.completed
+        cdef list unknown = result.unknown_completions
+        cdef list sample = result.malformed_sample
+        cdef Py_ssize_t ext, seen
+        cdef long count
+        for agent, messages in notifs.items():
+            for msg in messages:
+                if not PyBytes_CheckExact(msg):
+                    msg = bytes(msg)
+                p = PyBytes_AS_STRING(msg)
+                n = PyBytes_GET_SIZE(msg)
+                if n >= 3 and p[0] == c'H' and p[1] == c'B' and p[2] == c':':
+                    ext, seen = table._extend_span(p + 3, n - 3, new_deadline)
+                    hb_msgs += 1
+                    hb_ids += seen
+                    hb_ext += ext
+                    continue
+                if self._is_passthrough(p, n):
+                    result.passthrough.setdefault(agent, []).append(msg)
+                    continue
+                # "<req_id>:<expected_consumers>", split on the last colon
+                colon = n - 1
+                while colon >= 0 and p[colon] != c':':
+                    colon -= 1
+                expected = 0
+                if 0 < colon < n - 1 and n - 1 - colon <= 10:
+                    for i in range(colon + 1, n):
+                        if p[i] < c'0' or p[i] > c'9':
+                            expected = 0
+                            break
+                        expected = expected * 10 + (p[i] - c'0')
+                    if expected > MAX_EXPECTED_CONSUMERS:
+                        expected = 0
+                req_id = None
+                if expected > 0:
+                    try:
+                        req_id = PyUnicode_DecodeUTF8(p, colon, NULL)
+                    except UnicodeDecodeError:
+                        req_id = None
+                if req_id is None:
+                    malformed += 1
+                    if len(sample) < MALFORMED_SAMPLE_SIZE:
+                        sample.append(msg[:MALFORMED_SAMPLE_BYTES])
+                    continue
+                if req_id not in self._in_batch and not table._has(req_id):
+                    unknown.append(req_id)
+                    continue
+                self._expected[req_id] = expected
+                prev = self._counts.get(req_id)
+                count = 1 if prev is None else <long>prev + 1
+                if count == expected:
+                    if prev is not None:
+                        del self._counts[req_id]
+                    del self._expected[req_id]
+                    self._in_batch.discard(req_id)
+                    table.release(req_id)
+                    completed.append(req_id)
+                else:
+                    self._counts[req_id] = count
+        result.heartbeat_messages = hb_msgs
+        result.heartbeat_ids = hb_ids
+        result.extended = hb_ext
+        result.malformed = malformed
+        return result
+
+    def expire(self, now):
+        """Remove every lease due at ``now``; return ``(req_id, reads seen)``
+        pairs, earliest deadline first."""
+        cdef list out = []
+        for req_id in self.table.pop_expired(now):
+            self._expected.pop(req_id, None)
+            self._in_batch.discard(req_id)
+            out.append((req_id, self._counts.pop(req_id, 0)))
+        return out
