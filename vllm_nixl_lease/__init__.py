@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ._chooser import IMPLEMENTATION, HeartbeatTracker, LeaseTable, NotificationRouter, encode_heartbeats
 from ._route_result import RouteResult
+from .hook import install, uninstall
 
 __version__ = "0.1.0"
 
@@ -19,4 +20,29 @@ __all__ = [
     "RouteResult",
     "__version__",
     "encode_heartbeats",
+    "install",
+    "uninstall",
 ]
+
+# Connector classes, resolved lazily so importing this package stays
+# vLLM-free.  Both our names and the stock ones: with
+# ``kv_connector_module_path: "vllm_nixl_lease"`` vLLM does
+# ``getattr(vllm_nixl_lease, kv_connector)``, and keeping the stock name
+# ``NixlConnector`` there keeps vLLM's name-based config checks active.
+_LAZY_CONNECTORS = {
+    "NixlConnector": "LeaseNixlConnector",
+    "NixlPullConnector": "LeaseNixlPullConnector",
+    "NixlPushConnector": "LeaseNixlPushConnector",
+    "LeaseNixlConnector": "LeaseNixlConnector",
+    "LeaseNixlPullConnector": "LeaseNixlPullConnector",
+    "LeaseNixlPushConnector": "LeaseNixlPushConnector",
+}
+
+
+def __getattr__(name: str) -> object:
+    target = _LAZY_CONNECTORS.get(name)
+    if target is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    return getattr(import_module(".vllm.connector", __name__), target)

@@ -1,0 +1,84 @@
+"""Lease settings from ``kv_connector_extra_config``.
+
+Defaults derive from ``kv_lease_duration`` exactly like upstream (integer
+arithmetic: interval ``d // 6``, extension ``d * 2 // 3``) so a fleet mixing
+stock and lease-core engines agrees on timing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+DEFAULT_LEASE_DURATION = 30
+DEFAULT_MAX_HEARTBEAT_BYTES = 8192
+# Smallest heartbeat message accepted: "HB:" plus room for one long request id
+# (vLLM ids with router prefixes and random suffixes run to ~100 bytes).
+MIN_HEARTBEAT_BYTES = 256
+
+
+class LeaseConfigError(ValueError):
+    """A lease setting in ``kv_connector_extra_config`` is invalid."""
+
+
+def _number(key: str, value: Any) -> float:
+    # bool is an int subclass; "true" as a duration is a typo, not a number.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise LeaseConfigError(
+            f"kv_connector_extra_config[{key!r}] must be a number, got {value!r} ({type(value).__name__})"
+        )
+    if not math.isfinite(value) or value <= 0:
+        raise LeaseConfigError(
+            f"kv_connector_extra_config[{key!r}] must be a finite number > 0, got {value!r}"
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseConfig:
+    lease_duration: float
+    heartbeat_interval: float
+    lease_extension: float
+    max_heartbeat_bytes: int
+
+    @classmethod
+    def from_extra_config(cls, extra: Mapping[str, Any] | None) -> LeaseConfig:
+        extra = extra or {}
+        duration = _number("kv_lease_duration", extra.get("kv_lease_duration", DEFAULT_LEASE_DURATION))
+        if "heartbeat_interval" in extra:
+            interval = _number("heartbeat_interval", extra["heartbeat_interval"])
+        else:
+            interval = duration // 6  # 0 (every step) for d < 6, as upstream
+        if "lease_extension" in extra:
+            extension = _number("lease_extension", extra["lease_extension"])
+        else:
+            extension = duration * 2 // 3
+            if extension <= 0:
+                raise LeaseConfigError(
+                    f"kv_connector_extra_config['kv_lease_duration']={duration!r} gives a lease extension "
+                    "of 0 s (d * 2 // 3), so heartbeats could never renew a lease; use >= 2 or set "
+                    "'lease_extension'"
+                )
+        if extension <= interval:
+            raise LeaseConfigError(
+                f"lease_extension ({extension!r}) must be greater than heartbeat_interval ({interval!r}): "
+                "otherwise a lease can lapse between two heartbeats"
+            )
+        raw_max = extra.get("max_heartbeat_bytes", DEFAULT_MAX_HEARTBEAT_BYTES)
+        if isinstance(raw_max, bool) or not isinstance(raw_max, int):
+            raise LeaseConfigError(
+                f"kv_connector_extra_config['max_heartbeat_bytes'] must be an int, got {raw_max!r}"
+            )
+        if raw_max < MIN_HEARTBEAT_BYTES:
+            raise LeaseConfigError(
+                f"kv_connector_extra_config['max_heartbeat_bytes']={raw_max!r} is too small for one "
+                f"request id; use >= {MIN_HEARTBEAT_BYTES}"
+            )
+        return cls(duration, interval, extension, raw_max)
+
+    @classmethod
+    def from_vllm_config(cls, vllm_config: Any) -> LeaseConfig:
+        kv = getattr(vllm_config, "kv_transfer_config", None)
+        return cls.from_extra_config(getattr(kv, "kv_connector_extra_config", None))

@@ -1,0 +1,110 @@
+"""D worker: forward the scheduler's pre-encoded heartbeats to P agents.
+
+Differences from upstream's ``_send_heartbeats``, both on purpose:
+- an engine whose proactive handshake is still running is remembered and
+  heartbeated on the first step after it completes, not one interval later;
+- a failed ``send_notif`` is counted and retried on the next step (until a
+  fresher tick for that engine replaces it).
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from typing import Any
+
+from vllm.logger import init_logger
+
+from .. import encode_heartbeats
+from .metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
+from .stats import LeaseKVConnectorStats
+
+logger = init_logger(__name__)
+
+
+class HeartbeatSenderMixin:
+    """Mixed in front of vLLM's pull/push worker classes."""
+
+    xfer_stats: LeaseKVConnectorStats
+
+    def _setup_heartbeat_sender(self, max_heartbeat_bytes: int) -> None:
+        self._hb_max_bytes = max_heartbeat_bytes
+        # engine -> (heartbeats, handshake future) while its handshake runs
+        self._hb_waiting: dict[str, tuple[EngineHeartbeats, Future[Any]]] = {}
+        # engine -> (heartbeats, [(agent, message), ...]) whose send failed
+        self._hb_retry: dict[str, tuple[EngineHeartbeats, list[tuple[str, bytes]]]] = {}
+
+    def _send_heartbeats(self, metadata: Any) -> None:
+        fresh: dict[str, EngineHeartbeats] | None = getattr(metadata, LEASE_HEARTBEATS_ATTR, None)
+        if fresh is None:
+            fresh = self._from_stock_metadata(metadata)
+        if not (fresh or self._hb_waiting or self._hb_retry):
+            return
+        # A fresh tick supersedes what is waiting or queued for retry.
+        for engine_id, hb in fresh.items():
+            self._hb_waiting.pop(engine_id, None)
+            self._hb_retry.pop(engine_id, None)
+            self._heartbeat_engine(engine_id, hb, None)
+        for engine_id, (hb, fut) in list(self._hb_waiting.items()):
+            if fut.done():
+                del self._hb_waiting[engine_id]
+                if engine_id in self._remote_agents:  # type: ignore[attr-defined]
+                    self._heartbeat_engine(engine_id, hb, None)
+                # else: handshake failed (upstream logged and counted it);
+                # the next tick starts a new one, as upstream does.
+        for engine_id, (hb, pairs) in list(self._hb_retry.items()):
+            del self._hb_retry[engine_id]
+            self._heartbeat_engine(engine_id, hb, pairs)
+
+    def _from_stock_metadata(self, metadata: Any) -> dict[str, EngineHeartbeats]:
+        # Metadata built by a stock scheduler (e.g. a test) carries id sets.
+        out = {}
+        for engine_id, info in getattr(metadata, "heartbeat_by_engine", {}).items():
+            messages = encode_heartbeats(sorted(info.req_ids), self._hb_max_bytes)
+            out[engine_id] = EngineHeartbeats(
+                messages, info.host, info.port, info.tp_size, info.dcp_size, info.pp_size
+            )
+        return out
+
+    def _heartbeat_engine(
+        self, engine_id: str, hb: EngineHeartbeats, pairs: list[tuple[str, bytes]] | None
+    ) -> None:
+        if pairs is None:
+            fut = self._ensure_handshake(  # type: ignore[attr-defined]
+                engine_id,
+                hb.host,
+                hb.port,
+                hb.tp_size,
+                hb.dcp_size,
+                hb.pp_size,
+                self._hb_handshake_notif_only and hb.pp_size > 1,  # type: ignore[attr-defined]
+            )
+            if fut is not None:
+                self._hb_waiting[engine_id] = (hb, fut)
+                return
+            agents = list(self._remote_agents[engine_id].values())  # type: ignore[attr-defined]
+            pairs = [(agent, msg) for agent in agents for msg in hb.messages]
+        elif engine_id not in self._remote_agents:  # type: ignore[attr-defined]
+            return  # engine evicted since the failure
+        # A heartbeat means the router still pairs this P with us (upstream).
+        self._engine_last_active[engine_id] = time.perf_counter()  # type: ignore[attr-defined]
+        failed: list[tuple[str, bytes]] = []
+        sent = ids = nbytes = 0
+        wrapper = self.nixl_wrapper  # type: ignore[attr-defined]
+        for agent, msg in pairs:
+            try:
+                wrapper.send_notif(agent, notif_msg=msg)
+            except Exception:
+                failed.append((agent, msg))
+                logger.debug("Failed to send heartbeat to engine %s", engine_id, exc_info=True)
+                continue
+            sent += 1
+            ids += msg.count(b",") + 1
+            nbytes += len(msg)
+        stats = self.xfer_stats
+        stats.add("num_heartbeat_msgs_sent", sent)
+        stats.add("num_heartbeat_ids_sent", ids)
+        stats.add("num_heartbeat_bytes_sent", nbytes)
+        if failed:
+            stats.add("num_heartbeat_send_failures", len(failed))
+            self._hb_retry[engine_id] = (hb, failed)

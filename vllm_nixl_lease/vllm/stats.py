@@ -1,0 +1,170 @@
+"""Connector stats and Prometheus metrics: upstream's, plus the lease ones.
+
+Counters are stored as per-step counts (one list item per step, not one per
+event) because a step can carry thousands of heartbeat ids; upstream's
+``observe`` already does ``counter.inc(item)`` so both shapes mix cleanly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats, NixlPromMetrics
+from vllm.v1.metrics.utils import create_metric_per_engine
+
+# key -> (Prometheus name, help text)
+LEASE_COUNTERS: dict[str, tuple[str, str]] = {
+    "num_leases_granted": ("vllm:nixl_lease_granted", "KV leases granted on P."),
+    "num_heartbeat_msgs_recv": ("vllm:nixl_lease_heartbeat_messages_received", "HB: messages received on P."),
+    "num_heartbeat_ids_recv": (
+        "vllm:nixl_lease_heartbeat_ids_received",
+        "Request ids in received HB: messages.",
+    ),
+    "num_heartbeat_ids_unknown": (
+        "vllm:nixl_lease_heartbeat_ids_unknown",
+        "Heartbeat ids that matched no lease (already read, expired, or never granted).",
+    ),
+    "num_heartbeat_msgs_sent": ("vllm:nixl_lease_heartbeat_messages_sent", "HB: messages sent by D."),
+    "num_heartbeat_ids_sent": (
+        "vllm:nixl_lease_heartbeat_ids_sent",
+        "Request ids in HB: messages sent by D.",
+    ),
+    "num_heartbeat_bytes_sent": ("vllm:nixl_lease_heartbeat_bytes_sent", "Bytes of HB: messages sent by D."),
+    "num_heartbeat_send_failures": (
+        "vllm:nixl_lease_heartbeat_send_failures",
+        "HB: sends that raised (retried on the next step).",
+    ),
+    "num_malformed_notifs": (
+        "vllm:nixl_lease_malformed_notifications",
+        "Notifications on P that were neither HB: nor id:count (skipped, not raised).",
+    ),
+}
+# key -> (Prometheus name, help text); values in seconds.
+LEASE_HISTOGRAMS: dict[str, tuple[str, str]] = {
+    "lease_route_time": (
+        "vllm:nixl_lease_route_time_seconds",
+        "Time P spent routing one step's notifications.",
+    ),
+    "lease_sweep_time": (
+        "vllm:nixl_lease_sweep_time_seconds",
+        "Time P spent sweeping expired leases per step.",
+    ),
+}
+# Counters shown in the periodic "KV Transfer metrics" log line.
+_REDUCED_COUNTERS = {
+    "num_leases_granted": "Num leases granted",
+    "num_heartbeat_ids_recv": "Num HB ids recv",
+    "num_heartbeat_ids_unknown": "Num HB ids unknown",
+    "num_heartbeat_msgs_sent": "Num HB msgs sent",
+    "num_heartbeat_send_failures": "Num HB send failures",
+    "num_malformed_notifs": "Num malformed notifs",
+}
+ACTIVE_LEASES = "active_leases"  # items: [tp_rank, leases held after the step]
+ACTIVE_LEASES_METRIC = "vllm:nixl_lease_active"
+_TIME_BUCKETS = [1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1]
+# Timing samples alone never make stats "non-empty" (that would ship stats
+# every step); they ride along with the next real event, capped meanwhile.
+MAX_TIME_SAMPLES = 1024
+
+
+class LeaseKVConnectorStats(NixlKVConnectorStats):
+    """``NixlKVConnectorStats`` plus lease counters, gauge and timings."""
+
+    def reset(self) -> None:
+        super().reset()
+        for key in LEASE_COUNTERS:
+            self.data[key] = []
+        for key in LEASE_HISTOGRAMS:
+            self.data[key] = []
+        self.data[ACTIVE_LEASES] = []
+
+    def add(self, key: str, count: int) -> None:
+        if count:
+            self.data[key].append(count)
+
+    def observe_time(self, key: str, seconds: float) -> None:
+        samples = self.data[key]
+        if len(samples) < MAX_TIME_SAMPLES:
+            samples.append(seconds)
+
+    def set_active_leases(self, rank: int, value: int) -> None:
+        self.data[ACTIVE_LEASES].append([rank, value])
+
+    def is_empty(self) -> bool:
+        if not super().is_empty():
+            return False
+        return not any(self.data.get(k) for k in LEASE_COUNTERS) and not self.data.get(ACTIVE_LEASES)
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        # Stats from a stock worker lack our keys; setdefault keeps mixing safe.
+        if not other.is_empty():
+            for k, v in other.data.items():
+                self.data.setdefault(k, []).extend(v)
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        out = super().reduce()
+        for key, label in _REDUCED_COUNTERS.items():
+            out[label] = int(sum(self.data.get(key, ())))
+        latest: dict[int, int] = {}
+        for rank, value in self.data.get(ACTIVE_LEASES, ()):
+            latest[int(rank)] = int(value)
+        if latest:
+            out["Active leases"] = sum(latest.values())
+        sweeps = self.data.get("lease_sweep_time", ())
+        if len(sweeps):
+            out["P99 lease sweep (us)"] = round(float(np.percentile(sweeps, 99)) * 1e6, 1)
+        return out
+
+
+class LeasePromMetrics(NixlPromMetrics):
+    """Upstream's NIXL Prometheus metrics plus the lease ones."""
+
+    def __init__(
+        self,
+        vllm_config: Any,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self.lease_counters: dict[str, dict[int, Any]] = {}
+        for key, (name, doc) in LEASE_COUNTERS.items():
+            metric = self._counter_cls(name=name, documentation=doc, labelnames=labelnames)
+            self.lease_counters[key] = create_metric_per_engine(metric, self.per_engine_labelvalues)
+        self.lease_histograms: dict[str, dict[int, Any]] = {}
+        for key, (name, doc) in LEASE_HISTOGRAMS.items():
+            metric = self._histogram_cls(
+                name=name, documentation=doc, buckets=_TIME_BUCKETS, labelnames=labelnames
+            )
+            self.lease_histograms[key] = create_metric_per_engine(metric, self.per_engine_labelvalues)
+        gauge = self._gauge_cls(
+            name=ACTIVE_LEASES_METRIC,
+            documentation="KV leases currently held on P (sum over its workers).",
+            labelnames=labelnames,
+            multiprocess_mode="mostrecent",
+        )
+        self.active_leases = create_metric_per_engine(gauge, self.per_engine_labelvalues)
+        # engine -> tp rank -> last reported lease count
+        self._active_by_rank: dict[int, dict[int, int]] = {}
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        # Upstream indexes its keys directly; fill any a stock worker lacks.
+        data = dict(transfer_stats_data)
+        for key in LeaseKVConnectorStats().data:
+            data.setdefault(key, [])
+        super().observe(data, engine_idx)
+        for key, per_engine in self.lease_counters.items():
+            total = sum(data[key])
+            if total:
+                per_engine[engine_idx].inc(total)
+        for key, per_engine in self.lease_histograms.items():
+            for seconds in data[key]:
+                per_engine[engine_idx].observe(seconds)
+        if data[ACTIVE_LEASES]:
+            ranks = self._active_by_rank.setdefault(engine_idx, {})
+            for rank, value in data[ACTIVE_LEASES]:
+                ranks[int(rank)] = int(value)
+            self.active_leases[engine_idx].set(sum(ranks.values()))
