@@ -222,8 +222,9 @@ cdef class HeartbeatTracker:
         return out
 
     def poll(self, now):
-        """All engines' messages if a heartbeat is due (and mark it sent)."""
-        if not self.due(now):
+        """All engines' messages if a heartbeat is due (and mark it sent).
+        Nothing tracked means nothing sent, so the throttle is not reset."""
+        if not self._engines or not self.due(now):
             return {}
         self.mark_sent(now)
         return self.messages()

@@ -199,8 +199,9 @@ class HeartbeatTracker:
         return {engine_id: self.messages_for(engine_id) for engine_id in self._engines}
 
     def poll(self, now: float) -> dict[str, list[bytes]]:
-        """All engines' messages if a heartbeat is due (and mark it sent)."""
-        if not self.due(now):
+        """All engines' messages if a heartbeat is due (and mark it sent).
+        Nothing tracked means nothing sent, so the throttle is not reset."""
+        if not self._engines or not self.due(now):
             return {}
         self.mark_sent(now)
         return self.messages()

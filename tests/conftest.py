@@ -1,0 +1,48 @@
+"""Shared fixtures: every core test runs against both implementations."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import types
+
+# vLLM's CUDA wheel must see this before it is imported anywhere in the run.
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+import pytest  # noqa: E402
+
+IMPLEMENTATIONS = ("cython", "python")
+
+
+def load_core(name: str) -> types.SimpleNamespace:
+    """The core classes of one implementation, imported directly (not via the chooser)."""
+    if name == "python":
+        lease = importlib.import_module("vllm_nixl_lease._lease_table_py")
+        router = importlib.import_module("vllm_nixl_lease._router_py")
+        heartbeat = importlib.import_module("vllm_nixl_lease._heartbeat_py")
+        return types.SimpleNamespace(
+            name=name,
+            LeaseTable=lease.LeaseTable,
+            NotificationRouter=router.NotificationRouter,
+            HeartbeatTracker=heartbeat.HeartbeatTracker,
+            encode_heartbeats=heartbeat.encode_heartbeats,
+        )
+    try:
+        lease = importlib.import_module("vllm_nixl_lease._lease_c")
+        heartbeat = importlib.import_module("vllm_nixl_lease._heartbeat_c")
+    except ImportError as exc:
+        if os.environ.get("VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS") == "1":
+            raise
+        pytest.skip(f"Cython extension not built: {exc}")
+    return types.SimpleNamespace(
+        name=name,
+        LeaseTable=lease.LeaseTable,
+        NotificationRouter=lease.NotificationRouter,
+        HeartbeatTracker=heartbeat.HeartbeatTracker,
+        encode_heartbeats=heartbeat.encode_heartbeats,
+    )
+
+
+@pytest.fixture(params=IMPLEMENTATIONS)
+def core(request: pytest.FixtureRequest) -> types.SimpleNamespace:
+    return load_core(request.param)

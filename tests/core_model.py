@@ -1,0 +1,98 @@
+"""Brute-force model of the lease core: obviously correct, O(n) everything.
+
+The property tests run it beside the Cython core and the Python twin.
+"""
+
+from __future__ import annotations
+
+import re
+
+_COMPLETION = re.compile(rb"\A(.+):([0-9]{1,10})\Z", re.DOTALL)
+
+
+class ModelRouter:
+    def __init__(self, extension: float) -> None:
+        self.extension = extension
+        self.leases: dict[str, tuple[float, int]] = {}
+        self.seq = 0
+        self.in_batch: set[str] = set()
+        self.counts: dict[str, int] = {}
+        self.expected: dict[str, int] = {}
+
+    # table
+    def grant(self, req_id: str, deadline: float) -> None:
+        self.seq += 1
+        self.leases[req_id] = (deadline, self.seq)
+
+    def extend_counted(self, payload: bytes, now: float) -> tuple[int, int]:
+        extended = seen = 0
+        for raw in payload.split(b","):
+            if not raw:
+                continue
+            seen += 1
+            try:
+                rid = raw.decode()
+            except UnicodeDecodeError:
+                continue
+            if rid in self.leases:
+                d, s = self.leases[rid]
+                self.leases[rid] = (max(d, now + self.extension), s)
+                extended += 1
+        return extended, seen
+
+    def release(self, req_id: str) -> bool:
+        return self.leases.pop(req_id, None) is not None
+
+    def pop_expired(self, now: float) -> list[str]:
+        due = sorted((d, s, r) for r, (d, s) in self.leases.items() if d <= now)
+        for _, _, r in due:
+            del self.leases[r]
+        return [r for _, _, r in due]
+
+    def next_deadline(self) -> float | None:
+        return min((d for d, _ in self.leases.values()), default=None)
+
+    # router
+    def route(self, notifs: dict[str, list[bytes]], now: float) -> dict:
+        out = {"completed": [], "hb": [0, 0, 0], "unknown": [], "malformed": 0, "passthrough": {}}
+        for agent, msgs in notifs.items():
+            for msg in msgs:
+                if msg[:3] == b"HB:":
+                    ext, seen = self.extend_counted(msg[3:], now)
+                    out["hb"][0] += 1
+                    out["hb"][1] += seen
+                    out["hb"][2] += ext
+                    continue
+                if msg.startswith(b"PUSH_REG:"):
+                    out["passthrough"].setdefault(agent, []).append(msg)
+                    continue
+                m = _COMPLETION.match(msg)
+                rid = None
+                if m and 0 < int(m.group(2)) < 2**31:
+                    try:
+                        rid = m.group(1).decode()
+                    except UnicodeDecodeError:
+                        rid = None
+                if rid is None:
+                    out["malformed"] += 1
+                    continue
+                expected = int(m.group(2))
+                if rid not in self.in_batch and rid not in self.leases:
+                    out["unknown"].append(rid)
+                    continue
+                self.expected[rid] = expected
+                self.counts[rid] = self.counts.get(rid, 0) + 1
+                if self.counts[rid] == expected:
+                    del self.counts[rid], self.expected[rid]
+                    self.in_batch.discard(rid)
+                    self.leases.pop(rid, None)
+                    out["completed"].append(rid)
+        return out
+
+    def expire(self, now: float) -> list[tuple[str, int]]:
+        out = []
+        for rid in self.pop_expired(now):
+            self.expected.pop(rid, None)
+            self.in_batch.discard(rid)
+            out.append((rid, self.counts.pop(rid, 0)))
+        return out

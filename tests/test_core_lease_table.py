@@ -1,0 +1,122 @@
+"""LeaseTable unit tests, run against the Cython core and its Python twin."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+
+def test_grant_extend_release(core):
+    t = core.LeaseTable(20.0)
+    t.grant("a", 10.0)
+    t.grant("b", 12.0)
+    assert len(t) == 2 and "a" in t and "zz" not in t
+    assert t.extend(b"a,zz,b", 1.0) == 2  # max(old, 21)
+    assert t.deadline("a") == 21.0 and t.deadline("b") == 21.0
+    assert t.extend("a", 0.5) == 1
+    assert t.deadline("a") == 21.0  # never lowers a deadline
+    assert t.release("a") is True and t.release("a") is False
+    assert t.deadline("a") is None and len(t) == 1
+
+
+def test_pop_expired_is_inclusive_and_ordered(core):
+    t = core.LeaseTable(5.0)
+    for i, d in enumerate([3.0, 1.0, 2.0, 2.0, 9.0]):
+        t.grant(f"r{i}", d)
+    assert t.pop_expired(0.5) == []
+    assert t.pop_expired(2.0) == ["r1", "r2", "r3"]  # ties: earlier grant first
+    assert t.next_deadline() == 3.0
+    assert t.pop_expired(100.0) == ["r0", "r4"]
+    assert t.next_deadline() is None and len(t) == 0
+
+
+def test_extension_moves_lease_behind_others(core):
+    t = core.LeaseTable(10.0)
+    t.grant("head", 1.0)
+    t.grant("tail", 2.0)
+    t.extend(b"head", 0.0)  # head now 10.0
+    assert t.pop_expired(5.0) == ["tail"]  # the renewed head does not strand tail
+    assert t.next_deadline() == 10.0
+    assert t.pop_expired(10.0) == ["head"]
+
+
+def test_regrant_overwrites_even_earlier(core):
+    t = core.LeaseTable(10.0)
+    t.grant("a", 50.0)
+    t.grant("a", 5.0)
+    assert len(t) == 1 and t.deadline("a") == 5.0
+    assert t.pop_expired(5.0) == ["a"]
+    assert t.pop_expired(100.0) == []
+
+
+def test_heartbeat_never_creates_lease_and_skips_junk(core):
+    t = core.LeaseTable(10.0)
+    t.grant("ok", 1.0)
+    assert t.extend_counted(b",,\xff\xfe,ok,,unknown,", 0.0) == (1, 3)
+    assert len(t) == 1
+    assert t.extend(b"", 0.0) == 0
+    assert t.extend("\ud800,ok", 1.0) == 1  # lone surrogate ignored, not raised
+    assert t.extend(bytearray(b"ok"), 2.0) == 1
+    assert t.extend(memoryview(b"ok"), 3.0) == 1
+    assert t.deadline("ok") == 13.0
+
+
+def test_utf8_ids(core):
+    t = core.LeaseTable(10.0)
+    t.grant("réq-✓", 1.0)
+    assert t.extend("réq-✓".encode(), 0.0) == 1
+    assert t.extend("réq-✓", 5.0) == 1
+    assert t.deadline("réq-✓") == 15.0
+
+
+@pytest.mark.parametrize("bad", [0, -1.0, math.nan, math.inf, "x"])
+def test_bad_extension(core, bad):
+    with pytest.raises((ValueError, TypeError)):
+        core.LeaseTable(bad)
+
+
+def test_bad_grants(core):
+    t = core.LeaseTable(1.0)
+    with pytest.raises(TypeError):
+        t.grant(b"bytes-id", 1.0)
+    with pytest.raises(ValueError):
+        t.grant("\ud800", 1.0)
+    with pytest.raises(ValueError):
+        t.grant("a", math.nan)
+    assert len(t) == 0 and "\ud800" not in t and t.release(123) is False
+
+
+def test_forced_hash_collisions(core):
+    t = core.LeaseTable(3.0, _hash_bits=1)  # Cython: every id shares two buckets
+    ids = [f"id-{i}" for i in range(300)]
+    for i, rid in enumerate(ids):
+        t.grant(rid, float(i))
+    for rid in ids[::2]:
+        assert t.release(rid)
+    assert t.extend(",".join(ids), 0.0) == 150
+    assert sorted(t.ids()) == sorted(ids[1::2])
+    assert t.pop_expired(3.0) == ids[1:4:2]
+
+
+def test_stale_heap_entries_are_bounded(core):
+    t = core.LeaseTable(10.0)
+    for i in range(50):
+        t.grant(f"live{i}", 1e9)
+    for i in range(20_000):  # churn: grant + release never pops
+        t.grant(f"tmp{i}", float(i))
+        t.release(f"tmp{i}")
+        t.grant(f"live{i % 50}", 1e9 + i)  # overwrite orphans an entry too
+    assert len(t) == 50
+    assert t.heap_size() <= 2 * 50 + 64 + 2
+
+
+def test_extensions_do_not_grow_heap(core):
+    t = core.LeaseTable(10.0)
+    for i in range(100):
+        t.grant(f"r{i}", 0.0)
+    payload = ",".join(f"r{i}" for i in range(100)).encode()
+    for step in range(1000):
+        t.extend(payload, float(step))
+        assert t.pop_expired(float(step)) == []
+    assert t.heap_size() == 100

@@ -1,0 +1,150 @@
+"""Hypothesis stateful tests: the Cython core, the Python twin (and the Cython
+core with forced hash collisions) and a brute-force model must agree exactly
+on every random interleaving of grant/extend/release/pop/route."""
+
+from __future__ import annotations
+
+from conftest import load_core
+from core_model import ModelRouter
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+IDS = ["a", "b", "c:1", "réq", "x" * 40, "cmpl-7:0", "z"]
+EXTENSION = 4.0
+
+id_st = st.sampled_from(IDS)
+time_step = st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.5])
+deadline_offset = st.sampled_from([-1.0, 0.0, 1.0, 2.0, 4.0, 7.5])
+junk_st = st.one_of(
+    st.binary(max_size=12),
+    st.sampled_from([b"nocolon", b"x:y", b"a:0", b"a:-1", b":1", b"\xff:1", b"a:99999999999", b"PUSH_REG:z"]),
+)
+completion_st = st.builds(lambda r, n: f"{r}:{n}".encode(), id_st, st.integers(1, 3))
+hb_st = st.builds(
+    lambda parts: b"HB:" + b",".join(parts),
+    st.lists(st.one_of(id_st.map(str.encode), st.sampled_from([b"", b"\xff", b"unknown"])), max_size=6),
+)
+message_st = st.one_of(completion_st, completion_st, hb_st, junk_st)
+batch_st = st.dictionaries(st.sampled_from(["d0", "d1"]), st.lists(message_st, max_size=6), max_size=2)
+
+
+class CoreAgreement(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.now = 0.0
+        self.model = ModelRouter(EXTENSION)
+        self.routers = []
+        for name, bits in (("cython", 64), ("cython", 1), ("python", 64)):
+            core = load_core(name)
+            self.routers.append(core.NotificationRouter(core.LeaseTable(EXTENSION, _hash_bits=bits)))
+
+    @rule(dt=time_step)
+    def advance(self, dt):
+        self.now += dt
+
+    @rule(rid=id_st)
+    def add_in_batch(self, rid):
+        self.model.in_batch.add(rid)
+        for r in self.routers:
+            r.add_in_batch(rid)
+
+    @rule(rid=id_st)
+    def discard_in_batch(self, rid):
+        self.model.in_batch.discard(rid)
+        for r in self.routers:
+            r.discard_in_batch(rid)
+
+    @rule(rid=id_st, off=deadline_offset)
+    def grant(self, rid, off):
+        self.model.grant(rid, self.now + off)
+        for r in self.routers:
+            r.table.grant(rid, self.now + off)
+
+    @rule(payload=hb_st)
+    def extend(self, payload):
+        want = self.model.extend_counted(payload[3:], self.now)
+        assert [r.table.extend_counted(payload[3:], self.now) for r in self.routers] == [want] * 3
+
+    @rule(rid=id_st)
+    def release(self, rid):
+        want = self.model.release(rid)
+        assert [r.table.release(rid) for r in self.routers] == [want] * 3
+
+    @rule()
+    def pop_expired(self):
+        want = self.model.pop_expired(self.now)
+        assert [r.table.pop_expired(self.now) for r in self.routers] == [want] * 3
+
+    @rule()
+    def expire(self):
+        want = self.model.expire(self.now)
+        assert [r.expire(self.now) for r in self.routers] == [want] * 3
+
+    @rule(batch=batch_st)
+    def route(self, batch):
+        want = self.model.route(batch, self.now)
+        for r in self.routers:
+            res = r.route(batch, self.now)
+            got = {
+                "completed": res.completed,
+                "hb": [res.heartbeat_messages, res.heartbeat_ids, res.extended],
+                "unknown": res.unknown_completions,
+                "malformed": res.malformed,
+                "passthrough": res.passthrough,
+            }
+            assert got == want
+
+    @precondition(lambda self: True)
+    @invariant()
+    def same_state(self):
+        leases = {r: d for r, (d, _) in self.model.leases.items()}
+        for r in self.routers:
+            t = r.table
+            assert len(t) == len(leases)
+            assert {rid: t.deadline(rid) for rid in IDS if rid in t} == leases
+            assert t.next_deadline() == self.model.next_deadline()
+            assert sorted(t.ids()) == sorted(leases)
+            for rid in IDS:
+                assert r.received(rid) == self.model.counts.get(rid, 0)
+                assert r.is_in_batch(rid) == (rid in self.model.in_batch)
+
+
+CoreAgreement.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+TestCoreAgreement = CoreAgreement.TestCase
+
+
+class TrackerAgreement(RuleBasedStateMachine):
+    """Both trackers emit identical messages; a set model checks the content."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        names = ("cython", "python")
+        self.trackers = [load_core(n).HeartbeatTracker(1.0, max_message_bytes=24) for n in names]
+        self.model: dict[str, tuple[str, bytes]] = {}
+
+    @rule(local=st.integers(0, 30), engine=st.sampled_from(["E0", "E1"]), remote=st.integers(0, 40))
+    def track(self, local, engine, remote):
+        rid = f"r{remote:0{remote % 7 + 1}d}"
+        self.model[f"l{local}"] = (engine, rid.encode())
+        for t in self.trackers:
+            t.track(f"l{local}", engine, rid)
+
+    @rule(local=st.integers(0, 30))
+    def untrack(self, local):
+        want = self.model.pop(f"l{local}", None) is not None
+        assert [t.untrack(f"l{local}") for t in self.trackers] == [want, want]
+
+    @invariant()
+    def same_messages(self):
+        a, b = (t.messages() for t in self.trackers)
+        assert a == b
+        for engine, msgs in a.items():
+            ids = [i for m in msgs for i in m[3:].split(b",")]
+            assert all(len(m) <= 24 for m in msgs)
+            assert sorted(ids) == sorted({r for e, r in self.model.values() if e == engine})
+        assert set(a) == {e for e, _ in self.model.values()}
+
+
+TrackerAgreement.TestCase.settings = settings(max_examples=100, stateful_step_count=50, deadline=None)
+TestTrackerAgreement = TrackerAgreement.TestCase

@@ -1,0 +1,79 @@
+"""NotificationRouter unit tests, run against both implementations."""
+
+from __future__ import annotations
+
+
+def make(core, extension=10.0):
+    table = core.LeaseTable(extension)
+    return table, core.NotificationRouter(table)
+
+
+def test_completion_releases_after_expected_count(core):
+    table, router = make(core)
+    router.add_in_batch("r1")
+    assert router.grant("r1", 5.0)
+    res = router.route({"d0": [b"r1:2"]}, 0.0)
+    assert res.completed == [] and router.received("r1") == 1 and "r1" in table
+    res = router.route({"d1": [b"r1:2"]}, 0.0)
+    assert res.completed == ["r1"] and "r1" not in table and not router.is_in_batch("r1")
+
+
+def test_completion_before_lease_is_counted(core):
+    table, router = make(core)
+    router.add_in_batch("early")  # in a batch, no deadline yet (async scheduling)
+    res = router.route({"d": [b"early:1"]}, 0.0)
+    assert res.completed == ["early"] and res.unknown_completions == []
+    assert router.grant("early", 9.0) is False  # no lease once read
+
+
+def test_ids_with_colons_split_on_last(core):
+    table, router = make(core)
+    router.add_in_batch("cmpl:abc:0")
+    router.grant("cmpl:abc:0", 5.0)
+    assert router.route({"a": [b"cmpl:abc:0:1"]}, 0.0).completed == ["cmpl:abc:0"]
+
+
+def test_unknown_and_malformed_do_not_stop_the_batch(core):
+    table, router = make(core)
+    for rid in ("a", "b"):
+        router.add_in_batch(rid)
+        router.grant(rid, 1.0)
+    junk = [b"nocolon", b"x:y", b"a:0", b"a:-1", b"a:+1", b"a: 1", b":1", b"\xff\xfe:1"]
+    junk += [b"a:99999999999", b""]
+    res = router.route({"rogue": junk, "d": [b"gone:1", b"HB:a,b,zz", b"a:1", b"PUSH_REG:\x00"]}, 2.0)
+    assert res.malformed == len(junk)
+    assert len(res.malformed_sample) == 3 and res.malformed_sample[0] == b"nocolon"
+    assert res.unknown_completions == ["gone"]
+    assert res.completed == ["a"]
+    hb = (res.heartbeat_messages, res.heartbeat_ids, res.extended, res.unknown_heartbeat_ids)
+    assert hb == (1, 3, 2, 1)
+    assert res.passthrough == {"d": [b"PUSH_REG:\x00"]}
+    assert table.deadline("b") == 12.0
+
+
+def test_malformed_sample_is_truncated(core):
+    _, router = make(core)
+    res = router.route({"x": [b"z" * 100_000]}, 0.0)
+    assert res.malformed == 1 and len(res.malformed_sample[0]) == 64
+
+
+def test_expire_reports_reads_seen(core):
+    table, router = make(core)
+    for rid, d in (("a", 1.0), ("b", 2.0)):
+        router.add_in_batch(rid)
+        router.grant(rid, d)
+    router.route({"d": [b"b:2"]}, 0.0)
+    assert router.expire(0.5) == []
+    assert router.expire(2.0) == [("a", 0), ("b", 1)]
+    assert router.in_batch_count() == 0 and len(table) == 0
+    # a late completion after expiry is unknown, as upstream counts it
+    assert router.route({"d": [b"b:2"]}, 3.0).unknown_completions == ["b"]
+
+
+def test_heartbeat_after_completion_does_nothing(core):
+    table, router = make(core)
+    router.add_in_batch("a")
+    router.grant("a", 1.0)
+    router.route({"d": [b"a:1"]}, 0.0)
+    res = router.route({"d": [b"HB:a"]}, 0.0)
+    assert res.extended == 0 and len(table) == 0
