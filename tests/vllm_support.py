@@ -1,0 +1,193 @@
+"""Helpers for tests that use real vLLM classes on CPU.
+
+Import this before anything that imports vLLM: it sets VLLM_TARGET_DEVICE.
+Workers are built the way vLLM's own unit tests build them: ``object.__new__``
+plus the attributes the exercised methods read, with a fake NIXL wrapper and
+a hand-driven ``time.perf_counter``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+import pytest  # noqa: E402
+
+vllm = pytest.importorskip("vllm")
+
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (  # noqa: E402
+    HeartbeatInfo,
+    NixlConnectorMetadata,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPushConnectorWorker  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats  # noqa: E402
+
+from vllm_nixl_lease.vllm.config import LeaseConfig  # noqa: E402
+
+# Stock classes, re-exported so test modules never import vLLM before this
+# module has set VLLM_TARGET_DEVICE.
+STOCK_PULL_WORKER = NixlPullConnectorWorker
+STOCK_PUSH_WORKER = NixlPushConnectorWorker
+
+TINY_LLAMA = {
+    "architectures": ["LlamaForCausalLM"],
+    "model_type": "llama",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "num_hidden_layers": 1,
+    "vocab_size": 256,
+    "max_position_embeddings": 256,
+    "head_dim": 32,
+    "torch_dtype": "float32",
+}
+
+
+class Clock:
+    """Stand-in for ``time.perf_counter``."""
+
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, dt: float) -> float:
+        self.now += dt
+        return self.now
+
+
+class FakeNixlWrapper:
+    """Records sends; hands out queued notifications; can fail sends."""
+
+    def __init__(self) -> None:
+        self.inbox: dict[str, list[bytes]] = {}
+        self.sent: list[tuple[str, bytes]] = []
+        self.fail_sends = 0
+
+    def deliver(self, agent: str, *messages: bytes) -> None:
+        self.inbox.setdefault(agent, []).extend(messages)
+
+    def get_new_notifs(self) -> dict[str, list[bytes]]:
+        out, self.inbox = self.inbox, {}
+        return out
+
+    def send_notif(self, agent_name: str, notif_msg: bytes) -> None:
+        if self.fail_sends > 0:
+            self.fail_sends -= 1
+            raise RuntimeError("fake send failure")
+        self.sent.append((agent_name, notif_msg))
+
+
+def make_worker(cls: type, lease_duration: int = 30, extra: dict[str, Any] | None = None) -> Any:
+    """A pull/push worker (stock or ours) with just the lease-path state."""
+    w = object.__new__(cls)
+    w.nixl_wrapper = FakeNixlWrapper()
+    w.tp_rank = 0
+    w.world_size = 1
+    w.pcp_rank = 0
+    w.pcp_dcp_sharded = False
+    w.transfer_topo = object()
+    w._ready_requests = queue.Queue()
+    w._reqs_to_send = {}
+    w._reqs_to_process = set()
+    w._replicated_pcp_done_sending = set()
+    w._recving_metadata = {}
+    w._recving_transfers = defaultdict(list)
+    w.consumer_notification_counts_by_req = defaultdict(int)
+    w.expected_consumer_notifications_by_req = {}
+    w._lease_extension = lease_duration * 2 // 3
+    w.xfer_stats = NixlKVConnectorStats()
+    w._remote_agents = defaultdict(dict)
+    w._engine_last_active = {}
+    w._engine_clock_offset = {}
+    w._engine_by_address = {}
+    w._engine_ttl = 0
+    w._handshake_lock = threading.RLock()
+    w._handshake_futures = {}
+    w._handshake_initiation_executor = ThreadPoolExecutor(1)
+    w._hb_handshake_notif_only = False
+    w._pending_completion_notifs = queue.Queue()
+    w._push_writer_wake = threading.Event()
+    # Read by the stock __del__ -> shutdown path.
+    w.src_xfer_handles_by_block_size = {}
+    w.src_xfer_handles_by_tp_ratio = {}
+    w._dram_src_handles_by_tp_ratio = {}
+    w._dram_src_handles_by_block_size = {}
+    w._kv_unregistered = True
+    w._registered_descs = []
+    if hasattr(cls, "_setup_lease"):
+        w._setup_lease(LeaseConfig.from_extra_config({"kv_lease_duration": lease_duration, **(extra or {})}))
+    return w
+
+
+def p_step(worker: Any, meta: NixlConnectorMetadata | None = None) -> set[str]:
+    """One engine step on P, as ``get_transfer_results`` orders the lease path:
+    start_load_kv, then notifications, then the expiry sweep."""
+    if meta is not None:
+        worker.start_load_kv(meta)
+    done = worker._get_new_notifs()
+    worker._reap_expired_send_leases(done)
+    return done
+
+
+def p_meta(
+    clock: Clock,
+    in_batch: tuple[str, ...] = (),
+    to_send: dict[str, float] | None = None,
+    not_processed: tuple[str, ...] = (),
+    scheduler_offset: float = 0.0,
+) -> NixlConnectorMetadata:
+    """Scheduler metadata; ``to_send`` holds lease durations, turned into
+    deadlines on a scheduler clock ``scheduler_offset`` away from ours."""
+    meta = NixlConnectorMetadata()
+    meta.scheduler_clock = clock.now + scheduler_offset
+    meta.reqs_in_batch = set(in_batch)
+    meta.reqs_not_processed = set(not_processed)
+    meta.reqs_to_send = {r: meta.scheduler_clock + d for r, d in (to_send or {}).items()}
+    return meta
+
+
+def hb_info(ids: set[str], host: str = "127.0.0.1", port: int = 5600, tp: int = 1) -> HeartbeatInfo:
+    return HeartbeatInfo(req_ids=set(ids), host=host, port=port, tp_size=tp)
+
+
+def tiny_model_dir(path: Path) -> str:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "config.json").write_text(json.dumps(TINY_LLAMA))
+    return str(path)
+
+
+def make_vllm_config(model_dir: str, extra: dict[str, Any] | None = None, role: str = "kv_both") -> Any:
+    from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, VllmConfig
+
+    kv = KVTransferConfig(
+        kv_connector="NixlConnector",
+        kv_role=role,
+        kv_buffer_device="cpu",
+        kv_connector_extra_config=dict(extra or {}),
+    )
+    model = ModelConfig(model=model_dir, skip_tokenizer_init=True, dtype="float32")
+    return VllmConfig(model_config=model, kv_transfer_config=kv, cache_config=CacheConfig(block_size=32))
+
+
+def make_kv_cache_config() -> Any:
+    import torch
+    from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+
+    spec = FullAttentionSpec(block_size=32, num_kv_heads=1, head_size=32, dtype=torch.float32)
+    return KVCacheConfig(
+        num_blocks=16,
+        kv_cache_tensors=[],
+        kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)],
+    )
