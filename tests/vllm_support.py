@@ -191,3 +191,32 @@ def make_kv_cache_config() -> Any:
         kv_cache_tensors=[],
         kv_cache_groups=[KVCacheGroupSpec(["model.layers.0.self_attn.attn"], spec)],
     )
+
+
+_CONFIG_CACHE: dict[tuple, Any] = {}
+
+
+def shared_vllm_config(tmp_root: Path, extra: dict[str, Any] | None = None, role: str = "kv_both") -> Any:
+    """A VllmConfig per (extra, role), built once per process (it is slow)."""
+    key = (json.dumps(extra or {}, sort_keys=True), role)
+    if key not in _CONFIG_CACHE:
+        model_dir = tiny_model_dir(tmp_root / "tiny-llama")
+        _CONFIG_CACHE[key] = make_vllm_config(model_dir, extra, role)
+    return _CONFIG_CACHE[key]
+
+
+def fake_request(req_id: str, **params: Any) -> Any:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(request_id=req_id, kv_transfer_params=dict(params) if params else None)
+
+
+def remote_prefill_params(engine: str, remote_id: str, port: int = 5600, tp: int = 1) -> dict[str, Any]:
+    return dict(
+        do_remote_prefill=True,
+        remote_engine_id=engine,
+        remote_request_id=remote_id,
+        remote_host="127.0.0.1",
+        remote_port=port,
+        tp_size=tp,
+    )

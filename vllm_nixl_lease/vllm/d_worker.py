@@ -40,20 +40,23 @@ class HeartbeatSenderMixin:
             fresh = self._from_stock_metadata(metadata)
         if not (fresh or self._hb_waiting or self._hb_retry):
             return
-        # A fresh tick supersedes what is waiting or queued for retry.
+        # Take what was left over from earlier steps before sending this
+        # step's tick, so a send failing now is retried next step, not now.
+        waiting, self._hb_waiting = self._hb_waiting, {}
+        retry, self._hb_retry = self._hb_retry, {}
         for engine_id, hb in fresh.items():
-            self._hb_waiting.pop(engine_id, None)
-            self._hb_retry.pop(engine_id, None)
+            # A fresh tick supersedes what was waiting or queued for retry.
+            waiting.pop(engine_id, None)
+            retry.pop(engine_id, None)
             self._heartbeat_engine(engine_id, hb, None)
-        for engine_id, (hb, fut) in list(self._hb_waiting.items()):
-            if fut.done():
-                del self._hb_waiting[engine_id]
-                if engine_id in self._remote_agents:  # type: ignore[attr-defined]
-                    self._heartbeat_engine(engine_id, hb, None)
-                # else: handshake failed (upstream logged and counted it);
-                # the next tick starts a new one, as upstream does.
-        for engine_id, (hb, pairs) in list(self._hb_retry.items()):
-            del self._hb_retry[engine_id]
+        for engine_id, (hb, fut) in waiting.items():
+            if not fut.done():
+                self._hb_waiting[engine_id] = (hb, fut)
+            elif engine_id in self._remote_agents:  # type: ignore[attr-defined]
+                self._heartbeat_engine(engine_id, hb, None)
+            # else: the handshake failed (upstream logged and counted it);
+            # the next tick starts a new one, as upstream does.
+        for engine_id, (hb, pairs) in retry.items():
             self._heartbeat_engine(engine_id, hb, pairs)
 
     def _from_stock_metadata(self, metadata: Any) -> dict[str, EngineHeartbeats]:

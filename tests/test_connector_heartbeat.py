@@ -1,0 +1,140 @@
+"""D side: the scheduler's HeartbeatTracker and the worker that forwards its
+pre-encoded messages to every P agent."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from vllm_support import (
+    Clock,
+    fake_request,
+    hb_info,
+    make_kv_cache_config,
+    make_worker,
+    remote_prefill_params,
+    shared_vllm_config,
+)
+
+from vllm_nixl_lease.vllm.metadata import EngineHeartbeats
+from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
+from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(time, "perf_counter", c)
+    return c
+
+
+@pytest.fixture(scope="module")
+def scheduler_factory(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("hb")
+
+    def make(extra: dict | None = None) -> LeaseNixlPullConnectorScheduler:
+        from vllm.config import set_current_vllm_config
+
+        vc = shared_vllm_config(root, extra or {"kv_lease_duration": 12})
+        with set_current_vllm_config(vc):
+            return LeaseNixlPullConnectorScheduler(vc, "d-engine", make_kv_cache_config())
+
+    return make
+
+
+def test_scheduler_tracks_in_core_and_ships_bytes(scheduler_factory, clock: Clock) -> None:
+    sched = scheduler_factory()
+    sched.on_new_request(fake_request("d1", **remote_prefill_params("P1", "p-1", tp=2)))
+    sched.on_new_request(fake_request("d2", **remote_prefill_params("P1", "p-2", tp=2)))
+    sched.on_new_request(fake_request("d3", **remote_prefill_params("P2", "q-1", port=5700)))
+    sched.on_new_request(fake_request("d4"))  # not a remote prefill
+    assert sched._heartbeat_by_engine == {} and sched._heartbeat_req_engine == {}
+    assert len(sched.heartbeat_tracker) == 3
+    meta = sched.build_connector_meta(None)
+    assert meta.heartbeat_by_engine == {}  # no id sets on the wire
+    hb = meta.lease_heartbeats
+    assert hb["P1"] == EngineHeartbeats([b"HB:p-1,p-2"], "127.0.0.1", 5600, 2, 1, 1)
+    assert hb["P2"].messages == [b"HB:q-1"] and hb["P2"].port == 5700
+    # Throttled: interval 12 // 6 = 2 s.
+    clock.advance(1.9)
+    assert sched.build_connector_meta(None).lease_heartbeats == {}
+    clock.advance(0.1)
+    sched.update_connector_output(type("O", (), {"finished_recving": {"d1"}})())
+    sched._stop_heartbeat("d3")  # what upstream's request_finished calls
+    assert sched.build_connector_meta(None).lease_heartbeats.keys() == {"P1"}
+    assert sched._heartbeat_targets.keys() == {"P1"}
+
+
+def test_scheduler_chunks_messages(scheduler_factory, clock: Clock) -> None:
+    sched = scheduler_factory({"kv_lease_duration": 12, "max_heartbeat_bytes": 256})
+    for i in range(100):
+        sched.on_new_request(fake_request(f"d{i}", **remote_prefill_params("P1", f"cmpl-{i:040d}")))
+    messages = sched.build_connector_meta(None).lease_heartbeats["P1"].messages
+    assert len(messages) > 1 and all(len(m) <= 256 for m in messages)
+    ids = [i for m in messages for i in m[3:].split(b",")]
+    assert len(ids) == 100 and len(set(ids)) == 100
+
+
+def _worker_with_handshake(agents: dict) -> tuple[LeaseNixlPullConnectorWorker, threading.Event]:
+    worker = make_worker(LeaseNixlPullConnectorWorker, 12)
+    release = threading.Event()
+
+    def fake_handshake(host, port, tp_size, engine_id, *args):
+        release.wait(10)
+        return dict(agents), 0.0
+
+    worker._nixl_handshake = fake_handshake
+    return worker, release
+
+
+class _Meta:
+    def __init__(self, lease_heartbeats: dict | None = None) -> None:
+        self.lease_heartbeats = lease_heartbeats or {}
+
+
+def test_heartbeat_goes_out_on_the_step_after_handshake(clock: Clock) -> None:
+    worker, release = _worker_with_handshake({(0, 0): "p-agent-0", (0, 1): "p-agent-1"})
+    hb = EngineHeartbeats([b"HB:a,b", b"HB:c"], "127.0.0.1", 5600, 2)
+    worker._send_heartbeats(_Meta({"P1": hb}))  # starts the handshake
+    assert worker.nixl_wrapper.sent == []
+    release.set()
+    worker._hb_waiting["P1"][1].result(timeout=10)
+    deadline = time.monotonic() + 10
+    while "P1" not in worker._remote_agents and time.monotonic() < deadline:
+        time.sleep(0.01)  # the done-callback runs just after result() returns
+    worker._send_heartbeats(_Meta())  # next step, not a heartbeat tick
+    # Heterogeneous TP: every P agent gets every chunk.
+    assert sorted(worker.nixl_wrapper.sent) == sorted(
+        (agent, msg) for agent in ("p-agent-0", "p-agent-1") for msg in hb.messages
+    )
+    data = worker.xfer_stats.data
+    assert sum(data["num_heartbeat_msgs_sent"]) == 4
+    assert sum(data["num_heartbeat_ids_sent"]) == 6
+    assert sum(data["num_heartbeat_bytes_sent"]) == 2 * (6 + 4)
+
+
+def test_failed_send_counted_and_retried_next_step(clock: Clock) -> None:
+    worker, release = _worker_with_handshake({(0, 0): "p-agent-0"})
+    release.set()
+    worker._remote_agents["P1"] = {(0, 0): "p-agent-0"}  # already handshaken
+    worker.nixl_wrapper.fail_sends = 1
+    worker._send_heartbeats(_Meta({"P1": EngineHeartbeats([b"HB:a"], "127.0.0.1", 5600, 1)}))
+    assert worker.nixl_wrapper.sent == []
+    assert sum(worker.xfer_stats.data["num_heartbeat_send_failures"]) == 1
+    worker._send_heartbeats(_Meta())
+    assert worker.nixl_wrapper.sent == [("p-agent-0", b"HB:a")]
+    worker._send_heartbeats(_Meta())  # nothing left to retry
+    assert len(worker.nixl_wrapper.sent) == 1
+
+
+def test_stock_metadata_still_heartbeats(clock: Clock) -> None:
+    """Metadata from a stock scheduler (id sets) is encoded by the worker."""
+    worker, _ = _worker_with_handshake({})
+    worker._remote_agents["P1"] = {(0, 0): "p-agent-0"}
+
+    class StockMeta:
+        heartbeat_by_engine = {"P1": hb_info({"x", "y"})}
+
+    worker._send_heartbeats(StockMeta())
+    assert worker.nixl_wrapper.sent == [("p-agent-0", b"HB:x,y")]
