@@ -1,0 +1,78 @@
+"""Config keys from kv_connector_extra_config, and construction-time errors."""
+
+from __future__ import annotations
+
+import pytest
+import vllm_support  # noqa: F401  (sets VLLM_TARGET_DEVICE before vLLM loads)
+from vllm_support import make_kv_cache_config, shared_vllm_config
+
+from vllm_nixl_lease.vllm import compat
+from vllm_nixl_lease.vllm.config import LeaseConfig, LeaseConfigError
+
+
+def test_defaults_match_upstream() -> None:
+    cfg = LeaseConfig.from_extra_config({})
+    assert (cfg.lease_duration, cfg.heartbeat_interval, cfg.lease_extension) == (30, 5, 20)
+    assert cfg.max_heartbeat_bytes == 8192
+    cfg = LeaseConfig.from_extra_config({"kv_lease_duration": 5})
+    assert (cfg.heartbeat_interval, cfg.lease_extension) == (0, 3)  # every step, as upstream
+
+
+def test_overrides() -> None:
+    cfg = LeaseConfig.from_extra_config(
+        {"kv_lease_duration": 60, "heartbeat_interval": 2.5, "lease_extension": 7, "max_heartbeat_bytes": 999}
+    )
+    assert (cfg.heartbeat_interval, cfg.lease_extension, cfg.max_heartbeat_bytes) == (2.5, 7, 999)
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        ({"kv_lease_duration": "30"}, "'kv_lease_duration'"),
+        ({"kv_lease_duration": 0}, "'kv_lease_duration'"),
+        ({"kv_lease_duration": -3}, "-3"),
+        ({"kv_lease_duration": True}, "True"),
+        ({"kv_lease_duration": float("nan")}, "nan"),
+        ({"kv_lease_duration": 1}, "kv_lease_duration']=1"),
+        ({"heartbeat_interval": 0}, "'heartbeat_interval'"),
+        ({"lease_extension": "x"}, "'lease_extension'"),
+        ({"heartbeat_interval": 10, "lease_extension": 10}, "must be greater than heartbeat_interval"),
+        ({"max_heartbeat_bytes": 64}, "max_heartbeat_bytes']=64"),
+        ({"max_heartbeat_bytes": 4096.0}, "'max_heartbeat_bytes'"),
+    ],
+)
+def test_bad_values_name_key_and_value(extra: dict, needle: str) -> None:
+    with pytest.raises(LeaseConfigError) as info:
+        LeaseConfig.from_extra_config(extra)
+    assert needle in str(info.value)
+
+
+@pytest.mark.parametrize("role_name", ["SCHEDULER", "WORKER"])
+def test_connector_construction_fails_on_bad_config(role_name: str, tmp_path_factory) -> None:
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from vllm_nixl_lease.vllm.connector import LeaseNixlPullConnector, LeaseNixlPushConnector
+
+    vc = shared_vllm_config(tmp_path_factory.mktemp("cfg"), {"kv_lease_duration": "soon"})
+    for cls in (LeaseNixlPullConnector, LeaseNixlPushConnector):
+        with set_current_vllm_config(vc), pytest.raises(LeaseConfigError, match="kv_lease_duration.*'soon'"):
+            cls(vc, getattr(KVConnectorRole, role_name), make_kv_cache_config())
+
+
+def test_unsupported_vllm_version_fails_at_construction(monkeypatch, tmp_path_factory) -> None:
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from vllm_nixl_lease.vllm.connector import LeaseNixlPullConnector
+
+    monkeypatch.setattr(compat, "vllm_version", lambda: "0.34.1")
+    vc = shared_vllm_config(tmp_path_factory.mktemp("cfg"), {})
+    with set_current_vllm_config(vc), pytest.raises(compat.UnsupportedVllmError, match="vLLM 0.34.1"):
+        LeaseNixlPullConnector(vc, KVConnectorRole.SCHEDULER, make_kv_cache_config())
+
+
+def test_supported_versions() -> None:
+    assert compat.is_supported("0.33.0") and compat.is_supported("0.32.0+cpu")
+    assert not compat.is_supported("0.31.9") and not compat.is_supported(None)
+    assert compat.is_supported(compat.vllm_version())
