@@ -1,0 +1,440 @@
+"""Benchmark the lease core against upstream vLLM's real code, in one process.
+
+Each scenario times ours (Cython), ours (pure-Python twin) and upstream
+vLLM 0.33.0's own methods on identical state, takes the median of repeated
+runs and prints times, speed-ups and the issue's targets.  Not a test: the
+targets are checked by reading the table (or ``--json``).
+
+    python tools/bench_core.py [--quick] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import io
+import json
+import logging
+import os
+import pickle
+import statistics
+import sys
+import time
+from collections import defaultdict
+from unittest import mock
+
+os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+
+NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
+EXTENSION = 20
+
+
+def load_impl(name: str):
+    if name == "cython":
+        lease = importlib.import_module("vllm_nixl_lease._lease_c")
+        hb = importlib.import_module("vllm_nixl_lease._heartbeat_c")
+        return lease.LeaseTable, lease.NotificationRouter, hb.HeartbeatTracker
+    lease = importlib.import_module("vllm_nixl_lease._lease_table_py")
+    router = importlib.import_module("vllm_nixl_lease._router_py")
+    hb = importlib.import_module("vllm_nixl_lease._heartbeat_py")
+    return lease.LeaseTable, router.NotificationRouter, hb.HeartbeatTracker
+
+
+class FakeNixl:
+    def __init__(self) -> None:
+        self.batch: dict[str, list[bytes]] = {}
+        self.sent = 0
+
+    def get_new_notifs(self):
+        batch, self.batch = self.batch, {}
+        return batch
+
+    def send_notif(self, agent, notif_msg):
+        self.sent += len(notif_msg)
+
+
+def upstream_p_worker():
+    pull_worker = importlib.import_module(f"{NIXL}.pull_worker")
+    stats = importlib.import_module(f"{NIXL}.stats")
+    w = object.__new__(pull_worker.NixlPullConnectorWorker)
+    w._reqs_to_send, w._reqs_to_process = {}, set()
+    w.consumer_notification_counts_by_req = defaultdict(int)
+    w.expected_consumer_notifications_by_req = {}
+    w.xfer_stats = stats.NixlKVConnectorStats()
+    w._lease_extension = EXTENSION
+    w.transfer_topo = object()
+    w.nixl_wrapper = FakeNixl()
+    return w
+
+
+def req_ids(n: int, prefix: str = "cmpl") -> list[str]:
+    # vLLM request ids look like "cmpl-<uuid hex>-0"
+    return [f"{prefix}-{i:032x}-0" for i in range(n)]
+
+
+def median_ns(fn, repeats: int, setup=None) -> float:
+    """Median wall time of ``fn()`` in ns; ``setup()`` (untimed) runs before each."""
+    samples = []
+    for _ in range(repeats):
+        if setup is not None:
+            setup()
+        t0 = time.perf_counter_ns()
+        fn()
+        samples.append(time.perf_counter_ns() - t0)
+    return statistics.median(samples)
+
+
+def per_call_ns(fn, calls: int, repeats: int) -> float:
+    """Median over repeats of the mean time of ``calls`` back-to-back calls."""
+
+    def batch():
+        for _ in range(calls):
+            fn()
+
+    return median_ns(batch, repeats) / calls
+
+
+# -- P-side state builders -------------------------------------------------
+def fill_ours(impl: str, ids: list[str], deadlines: list[float]):
+    LeaseTable, NotificationRouter, _ = load_impl(impl)
+    router = NotificationRouter(LeaseTable(EXTENSION))
+    for rid, d in zip(ids, deadlines, strict=True):
+        router.add_in_batch(rid)
+        router.grant(rid, d)
+    return router
+
+
+def fill_upstream(ids: list[str], deadlines: list[float]):
+    w = upstream_p_worker()
+    w._reqs_to_process.update(ids)
+    w._reqs_to_send.update(zip(ids, deadlines, strict=True))
+    return w
+
+
+def run_upstream(w, now: float, fn):
+    with mock.patch("time.perf_counter", return_value=now):
+        return fn()
+
+
+# -- scenarios: each returns {impl: ns} -------------------------------------
+def sweep_idle(n: int, quick: bool) -> dict[str, float]:
+    ids = req_ids(n)
+    deadlines = [1e6 + i for i in range(n)]
+    out = {}
+    for impl in ("cython", "python"):
+        router = fill_ours(impl, ids, deadlines)
+        out[impl] = per_call_ns(lambda r=router: r.expire(100.0), 2000, 7)
+    w = fill_upstream(ids, deadlines)
+    with mock.patch("time.perf_counter", return_value=100.0):
+        out["upstream"] = median_ns(lambda: w._reap_expired_send_leases(set()), 3 if n >= 10**6 else 7)
+    return out
+
+
+def sweep_churn(n: int, quick: bool) -> dict[str, float]:
+    """Steady state: leases live 100 steps; each step 1% are renewed by a
+    heartbeat, 1% expire and 1% new ones are granted.  Times the sweep."""
+    steps = 20 if quick else 60
+    per = n // 100
+    ids = req_ids(n + per * steps, "sw")
+    out = {}
+    for impl in ("cython", "python", "upstream"):
+        live = ids[:n]
+        deadlines = [float(i // per) for i in range(n)]  # per leases due at each step
+        if impl == "upstream":
+            w = fill_upstream(live, deadlines)
+        else:
+            router = fill_ours(impl, live, deadlines)
+        samples = []
+        fresh = n
+        for step in range(steps):
+            now = float(step)
+            # renew 1% (leases due in ~50 steps), grant 1% new
+            renew = live[(step + 50) * per % n:(step + 50) * per % n + per]
+            payload = b"HB:" + ",".join(renew).encode()
+            new = ids[fresh:fresh + per]
+            fresh += per
+            if impl == "upstream":
+                w.nixl_wrapper.batch = {"d": [payload]}
+                run_upstream(w, now, w._get_new_notifs)
+                w._reqs_to_process.update(new)
+                w._reqs_to_send.update((r, now + 100.0) for r in new)
+                with mock.patch("time.perf_counter", return_value=now):
+                    t0 = time.perf_counter_ns()
+                    w._reap_expired_send_leases(set())
+                    samples.append(time.perf_counter_ns() - t0)
+            else:
+                router.route({"d": [payload]}, now)
+                for r in new:
+                    router.add_in_batch(r)
+                    router.grant(r, now + 100.0)
+                t0 = time.perf_counter_ns()
+                router.expire(now)
+                samples.append(time.perf_counter_ns() - t0)
+        out[impl] = statistics.median(samples)
+    return out
+
+
+def heartbeat(n: int, quick: bool) -> dict[str, float]:
+    ids = req_ids(n)
+    deadlines = [1e6] * n
+    payload = b"HB:" + ",".join(ids[::max(1, n // 1000)][:1000]).encode()
+    out = {}
+    for impl in ("cython", "python"):
+        router = fill_ours(impl, ids, deadlines)
+        out[impl] = per_call_ns(lambda r=router: r.route({"d": [payload]}, 5.0), 200, 7)
+    w = fill_upstream(ids, deadlines)
+
+    def up():
+        w.nixl_wrapper.batch = {"d": [payload]}
+        w._get_new_notifs()
+
+    with mock.patch("time.perf_counter", return_value=5.0):
+        out["upstream"] = per_call_ns(up, 50, 7)
+    return out
+
+
+def mixed_batch(n: int, quick: bool) -> dict[str, float]:
+    """1,000 read completions + 10 heartbeats of 1k ids in one batch."""
+    ids = req_ids(n)
+    done = ids[:1000]
+    hbs = [b"HB:" + ",".join(ids[1000 + k * 1000:2000 + k * 1000]).encode() for k in range(10)]
+    batch = {"d0": [f"{r}:1".encode() for r in done[:500]] + hbs[:5],
+             "d1": [f"{r}:1".encode() for r in done[500:]] + hbs[5:]}
+    out = {}
+    for impl in ("cython", "python"):
+        router = fill_ours(impl, ids, [1e6] * n)
+
+        def regrant(r=router):
+            for rid in done:
+                r.add_in_batch(rid)
+                r.grant(rid, 1e6)
+
+        out[impl] = median_ns(lambda r=router: r.route(batch, 5.0), 15, regrant)
+    w = fill_upstream(ids, [1e6] * n)
+
+    def regrant_up():
+        w._reqs_to_process.update(done)
+        w._reqs_to_send.update((r, 1e6) for r in done)
+        w.nixl_wrapper.batch = {k: list(v) for k, v in batch.items()}
+
+    with mock.patch("time.perf_counter", return_value=5.0):
+        out["upstream"] = median_ns(w._get_new_notifs, 15, regrant_up)
+    return out
+
+
+def mass_expiry(n: int, quick: bool) -> dict[str, float]:
+    """A D died: 1,000 of n leases are due in one step.  Logging included
+    (WARNING level, a stream handler writing to memory, for both)."""
+    from vllm_nixl_lease.expiry_log import log_expired
+
+    ids = req_ids(n)
+    deadlines = [1.0 if i % (n // 1000) == 0 else 1e6 for i in range(n)]
+    sink = logging.StreamHandler(io.StringIO())
+    up_logger = logging.getLogger(f"{NIXL}.base_worker")
+    our_logger = logging.getLogger("vllm_nixl_lease.bench")
+    for lg in (up_logger, our_logger):
+        lg.handlers[:] = [sink]
+        lg.propagate = False
+        lg.setLevel(logging.INFO)
+    out = {}
+    for impl in ("cython", "python"):
+        state = {}
+
+        def setup(impl=impl, state=state):
+            state["r"] = fill_ours(impl, ids, deadlines)
+
+        def sweep(state=state):
+            log_expired(our_logger, state["r"].expire(2.0))
+
+        out[impl] = median_ns(sweep, 7, setup)
+    state = {}
+
+    def setup_up():
+        state["w"] = fill_upstream(ids, deadlines)
+
+    def sweep_up():
+        with mock.patch("time.perf_counter", return_value=2.0):
+            state["w"]._reap_expired_send_leases(set())
+
+    out["upstream"] = median_ns(sweep_up, 7, setup_up)
+    return out
+
+
+def d_build(n: int, quick: bool) -> dict[str, float]:
+    """D worker, one heartbeat tick: 10k ids over 8 engines to wire bytes.
+    Between ticks 1% of requests leave (oldest first, as D's queue drains in
+    order) and 1% arrive.  Upstream joins every id of every engine each tick."""
+    base_worker = importlib.import_module(f"{NIXL}.base_worker")
+    metadata = importlib.import_module(f"{NIXL}.metadata")
+    engines = [f"engine-{e}" for e in range(8)]
+    ticks = 30
+    ids = req_ids(n + n // 100 * (ticks + 1), "d")
+    out = {}
+    for impl in ("cython", "python"):
+        _, _, HeartbeatTracker = load_impl(impl)
+        hb = HeartbeatTracker(0)
+        for i, rid in enumerate(ids[:n]):
+            hb.track(rid, engines[i % 8], rid)
+        nixl = FakeNixl()
+        samples = []
+        lo, hi = 0, n
+        for _ in range(ticks):
+            for rid in ids[lo:lo + n // 100]:
+                hb.untrack(rid)
+            for j, rid in enumerate(ids[hi:hi + n // 100]):
+                hb.track(rid, engines[(hi + j) % 8], rid)
+            lo += n // 100
+            hi += n // 100
+            t0 = time.perf_counter_ns()
+            for engine, msgs in hb.poll(0.0).items():
+                for m in msgs:
+                    nixl.send_notif(engine, m)
+            samples.append(time.perf_counter_ns() - t0)
+        out[impl] = statistics.median(samples)
+    w = object.__new__(base_worker.NixlBaseConnectorWorker)
+    w.nixl_wrapper = FakeNixl()
+    w._engine_last_active = {}
+    w._remote_agents = {e: {0: e} for e in engines}
+    w._hb_handshake_notif_only = False
+    w._ensure_handshake = lambda *a, **k: None
+    by_engine = {e: metadata.HeartbeatInfo(req_ids=set(ids[i:n:8]), host="h", port=1, tp_size=1)
+                 for i, e in enumerate(engines)}
+    meta = type("Meta", (), {"heartbeat_by_engine": by_engine})()
+    out["upstream"] = per_call_ns(lambda: w._send_heartbeats(meta), 20, 7)
+    return out
+
+
+def d_pickle(n: int, quick: bool) -> dict[str, float]:
+    """Round trip of the heartbeat data the scheduler->worker metadata carries."""
+    metadata = importlib.import_module(f"{NIXL}.metadata")
+    from vllm_nixl_lease.vllm.metadata import EngineHeartbeats
+
+    engines = [f"engine-{e}" for e in range(8)]
+    ids = req_ids(n, "d")
+    out = {}
+    for impl in ("cython", "python"):
+        _, _, HeartbeatTracker = load_impl(impl)
+        hb = HeartbeatTracker(0)
+        for i, rid in enumerate(ids):
+            hb.track(rid, engines[i % 8], rid)
+        payload = {e: EngineHeartbeats(m, "h", 1, 1) for e, m in hb.messages().items()}
+        out[impl] = per_call_ns(lambda p=payload: pickle.loads(pickle.dumps(p)), 200, 7)
+    up = {e: metadata.HeartbeatInfo(req_ids=set(ids[i::8]), host="h", port=1, tp_size=1)
+          for i, e in enumerate(engines)}
+    out["upstream"] = per_call_ns(lambda: pickle.loads(pickle.dumps(up)), 20, 7)
+    return out
+
+
+def memory(n: int, quick: bool) -> dict[str, float]:
+    """Bytes beyond the id strings for n leases after 10*n heartbeat extensions."""
+    ids = req_ids(n)
+    payloads = [b"HB:" + ",".join(ids[k:k + 1000]).encode() for k in range(0, n, 1000)]
+    out = {}
+    for impl in ("cython", "python"):
+        LeaseTable, _, _ = load_impl(impl)
+        t = LeaseTable(EXTENSION)
+        for rid in ids:
+            t.grant(rid, 1.0)
+        for rnd in range(10):
+            for p in payloads:
+                t.extend(p[3:], float(rnd))
+        out[impl] = float(t.nbytes())
+    w = fill_upstream(ids, [1.0] * n)
+    for rnd in range(10):
+        for p in payloads:
+            with mock.patch("time.perf_counter", return_value=float(rnd)):
+                w._handle_heartbeat(p[3:].decode())
+    floats = {id(v): v for v in w._reqs_to_send.values()}  # heartbeats share float objects
+    out["upstream"] = float(sys.getsizeof(w._reqs_to_send) + sys.getsizeof(w._reqs_to_process)
+                            + sum(sys.getsizeof(v) for v in floats.values()))
+    return out
+
+
+SCENARIOS = [
+    # key, label, function, size (quick size), target speed-up of cython over upstream, min cython/twin
+    ("sweep_idle_100k", "sweep, 100k leases, nothing due", sweep_idle, 100_000, 20_000, 5000, None),
+    ("sweep_idle_1m", "sweep, 1M leases, nothing due", sweep_idle, 1_000_000, None, 50000, None),
+    ("sweep_churn", "sweep, 100k leases, 1% renewed + 1% due/step", sweep_churn, 100_000, 20_000, 50, None),
+    ("heartbeat", "heartbeat of 1k ids vs 100k leases", heartbeat, 100_000, 20_000, 8, 2),
+    ("mixed_batch", "1k completions + 10 HB x 1k ids, one batch", mixed_batch, 100_000, 20_000, 8, 2),
+    ("d_build", "D: messages for 10k ids / 8 engines (tick)", d_build, 10_000, 10_000, 5, None),
+    ("d_pickle", "D: pickle round trip of HB metadata, 10k ids", d_pickle, 10_000, 10_000, 20, None),
+    ("mass_expiry", "mass expiry: 1k of 10k due, logging incl.", mass_expiry, 10_000, 10_000, 20, None),
+    ("memory", "memory: 1M leases after 10M extensions (bytes)", memory, 1_000_000, 100_000, None, None),
+]
+
+
+def fmt_time(ns: float) -> str:
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if ns >= scale:
+            return f"{ns / scale:.3g} {unit}"
+    return f"{ns:.3g} ns"
+
+
+def fmt_bytes(b: float) -> str:
+    return f"{b / 2**20:.1f} MiB"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (the demo); targets are for full size")
+    ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    ap.add_argument("--only", nargs="*", help="scenario keys to run")
+    args = ap.parse_args(argv)
+    logging.getLogger("vllm").setLevel(logging.ERROR)
+    import vllm  # noqa: F401  (import once, outside the timings)
+
+    rows = []
+    for key, label, fn, size, quick_size, target, twin_target in SCENARIOS:
+        if args.only and key not in args.only:
+            continue
+        if args.quick and quick_size is None:
+            continue
+        n = quick_size if args.quick else size
+        res = fn(n, args.quick)
+        is_mem = key == "memory"
+        speedup = res["upstream"] / res["cython"]
+        row = {
+            "scenario": key, "label": label if not args.quick else f"{label} [n={n}]",
+            "cython": res["cython"], "python": res["python"], "upstream": res["upstream"],
+            "unit": "bytes" if is_mem else "ns",
+            "speedup_vs_upstream": speedup, "cython_vs_twin": res["python"] / res["cython"],
+            "target": target, "twin_target": twin_target,
+        }
+        if is_mem:
+            row["ok"] = res["cython"] <= res["upstream"]
+        else:
+            row["ok"] = (target is None or speedup >= target) and (
+                twin_target is None or row["cython_vs_twin"] >= twin_target)
+        rows.append(row)
+        fmt = fmt_bytes if is_mem else fmt_time
+        print(f"{row['label']:<58} cython {fmt(res['cython']):>10}  twin {fmt(res['python']):>10}  "
+              f"upstream {fmt(res['upstream']):>10}  x{speedup:,.1f} (twin x{row['cython_vs_twin']:.1f})",
+              file=sys.stderr, flush=True)
+
+    print()
+    head = f"| {'scenario':<58} | {'ours (Cython)':>13} | {'ours (twin)':>11} | {'upstream':>10} " \
+           f"| {'speed-up':>10} | {'Cy/twin':>7} | {'target':>9} | ok |"
+    print(head)
+    print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
+    for r in rows:
+        fmt = fmt_bytes if r["unit"] == "bytes" else fmt_time
+        if r["unit"] == "bytes":
+            tgt = "<= upstr."
+            sp = f"{r['speedup_vs_upstream']:.2f}x less" if r["speedup_vs_upstream"] >= 1 else "more"
+        else:
+            tgt = f">= {r['target']:,}x" if r["target"] else "-"
+            sp = f"{r['speedup_vs_upstream']:,.1f}x"
+        print(f"| {r['label']:<58} | {fmt(r['cython']):>13} | {fmt(r['python']):>11} | "
+              f"{fmt(r['upstream']):>10} | {sp:>10} | {r['cython_vs_twin']:>6.1f}x | {tgt:>9} | "
+              f"{'yes' if r['ok'] else 'NO':<2} |")
+    if args.quick:
+        print("\n(--quick: smaller sizes; the targets are defined for the full sizes of `make bench`)")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump({"quick": args.quick, "rows": rows}, fh, indent=2)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
