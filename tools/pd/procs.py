@@ -1,0 +1,169 @@
+"""Child processes that are always torn down: own process group, killed by PID, reaped with a timeout."""
+
+from __future__ import annotations
+
+import atexit
+import os
+import random
+import signal
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+_LIVE: list[Managed] = []
+
+
+def free_ports(n: int) -> list[int]:
+    """`n` distinct ports that are free now, below the kernel's ephemeral range.
+
+    Ports from the ephemeral range (what bind(0) hands out) get taken again by the servers' own
+    outgoing ZMQ/NIXL/gloo sockets before the server binds its listener (seen: EADDRINUSE).
+    """
+    lo, _hi = _ephemeral_range()
+    rng = random.Random()
+    out: list[int] = []
+    while len(out) < n:
+        port = rng.randrange(max(1024, lo - 12000), lo)
+        if port in out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        out.append(port)
+    return out
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _children_map() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                stat = fh.read()
+        except OSError:
+            continue
+        # The command name may contain spaces and parentheses: split after the last ')'.
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        kids.setdefault(int(fields[1]), []).append(int(entry))
+    return kids
+
+
+def descendants(pid: int) -> list[int]:
+    """All live descendants of `pid` (children first found by parent links in /proc)."""
+    kids = _children_map()
+    out, todo = [], [pid]
+    while todo:
+        for child in kids.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+class Managed:
+    """A child started in its own session, with stdout+stderr going to `log_path`."""
+
+    def __init__(self, name: str, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> None:
+        self.name = name
+        self.log_path = log_path
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(log_path, "ab")  # noqa: SIM115 - closed in kill()
+        self.popen = subprocess.Popen(
+            list(argv),
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # own process group: one killpg reaches engine core and workers
+        )
+        self.pid = self.popen.pid
+        _LIVE.append(self)
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL, timeout: float = 15.0) -> float:
+        """Signal the whole tree (group + stray descendants); reap; return the wall time of the kill."""
+        victims = descendants(self.pid)
+        t_kill = time.time()
+        try:
+            os.killpg(self.pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in victims:  # children that left the group (setsid) still go
+            try:
+                os.kill(pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
+        try:
+            self.popen.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            if sig != signal.SIGKILL:
+                return self.kill(signal.SIGKILL, timeout)
+        self._log.close()
+        if self in _LIVE:
+            _LIVE.remove(self)
+        return t_kill
+
+    def stop(self, grace: float = 5.0) -> None:
+        """SIGTERM, then SIGKILL whatever is left after `grace` seconds."""
+        if not self.alive():
+            self.kill(signal.SIGKILL, timeout=grace)
+            return
+        victims = descendants(self.pid)
+        try:
+            os.killpg(self.pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        try:
+            self.popen.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+        for pid in victims:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.kill(signal.SIGKILL)
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return ""
+        return "\n".join(lines[-n:])
+
+
+def kill_all() -> None:
+    """Kill every child still registered (atexit / signal safety net)."""
+    for m in list(_LIVE):
+        try:
+            m.kill(signal.SIGKILL, timeout=5.0)
+        except Exception:  # noqa: BLE001 - best effort at exit, keep killing the rest
+            pass
+
+
+def _on_signal(signum: int, _frame: object) -> None:
+    kill_all()
+    raise SystemExit(128 + signum)
+
+
+atexit.register(kill_all)
+
+
+def install_signal_handlers() -> None:
+    """SIGTERM/SIGHUP kill our children too (SIGINT already raises KeyboardInterrupt -> atexit)."""
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _on_signal)
