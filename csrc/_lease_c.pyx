@@ -43,6 +43,20 @@ from ._route_result import RouteResult, MALFORMED_SAMPLE_SIZE, MALFORMED_SAMPLE_
 
 cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
+    const char* _utf8_of_ptr "PyUnicode_AsUTF8AndSize"(PyObject* o, Py_ssize_t* size)
+    bint PyUnicode_IS_COMPACT_ASCII(PyObject* o)
+    void* PyUnicode_DATA(PyObject* o)
+    Py_ssize_t PyUnicode_GET_LENGTH(PyObject* o)
+
+
+cdef inline const char* _stored_utf8(PyObject* o, Py_ssize_t* n) noexcept:
+    """UTF-8 bytes of a stored id.  ASCII ids (the norm) are read in place with
+    no call and no refcount traffic; others use CPython's cached UTF-8 copy
+    (cannot fail: only encodable ids are ever stored)."""
+    if PyUnicode_IS_COMPACT_ASCII(o):
+        n[0] = PyUnicode_GET_LENGTH(o)
+        return <const char*>PyUnicode_DATA(o)
+    return _utf8_of_ptr(o, n)
 
 ctypedef pair[double, uint64_t] HeapEntry   # (deadline, seq << 32 | slot)
 
@@ -103,12 +117,12 @@ cdef class LeaseTable:
             k += 2
         return k
 
-    cdef inline long _find(self, const char* p, Py_ssize_t n, key_t key):
+    cdef inline long _find(self, const char* p, Py_ssize_t n, key_t key) noexcept:
         cdef uint32_t v = <uint32_t><size_t>map_get(&self._map, key)
         cdef Py_ssize_t length
         cdef const char* s
         while v:
-            s = PyUnicode_AsUTF8AndSize(<object>self._slots[v - 1].req_id, &length)
+            s = _stored_utf8(self._slots[v - 1].req_id, &length)
             if length == n and memcmp(s, p, n) == 0:
                 return v - 1
             v = self._slots[v - 1].next
@@ -143,7 +157,7 @@ cdef class LeaseTable:
     cdef void _unlink(self, uint32_t idx) except *:
         """Remove slot ``idx`` from its hash chain and free it."""
         cdef Py_ssize_t n
-        cdef const char* p = PyUnicode_AsUTF8AndSize(<object>self._slots[idx].req_id, &n)
+        cdef const char* p = _stored_utf8(self._slots[idx].req_id, &n)
         cdef key_t key = self._key(p, n)
         cdef uint32_t v = <uint32_t><size_t>map_get(&self._map, key)
         cdef uint32_t nxt = self._slots[idx].next
@@ -184,7 +198,7 @@ cdef class LeaseTable:
         for i in range(self._slots.size()):
             if self._slots[i].seq == 0:
                 continue
-            p = PyUnicode_AsUTF8AndSize(<object>self._slots[i].req_id, &n)
+            p = _stored_utf8(self._slots[i].req_id, &n)
             key = self._key(p, n)
             self._slots[i].next = <uint32_t><size_t>map_get(&self._map, key)
             if self._slots[i].next == 0:
@@ -437,6 +451,10 @@ cdef class NotificationRouter:
 
     def in_batch_count(self):
         return len(self._in_batch)
+
+    def in_batch_ids(self):
+        """Ids in a batch (no particular order)."""
+        return list(self._in_batch)
 
     cdef bint _is_passthrough(self, const char* p, Py_ssize_t n):
         cdef bytes prefix

@@ -77,3 +77,11 @@ def test_heartbeat_after_completion_does_nothing(core):
     router.route({"d": [b"a:1"]}, 0.0)
     res = router.route({"d": [b"HB:a"]}, 0.0)
     assert res.extended == 0 and len(table) == 0
+
+
+def test_in_batch_ids(core):
+    _, router = make(core)
+    for rid in ("a", "b", "c"):
+        router.add_in_batch(rid)
+    router.discard_in_batch("b")
+    assert sorted(router.in_batch_ids()) == ["a", "c"] and router.in_batch_count() == 2

@@ -377,7 +377,7 @@ def fmt_bytes(b: float) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smaller sizes (the demo); targets are for full size")
+    ap.add_argument("--quick", action="store_true", help="smaller sizes (demo); targets are for full size")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     ap.add_argument("--only", nargs="*", help="scenario keys to run")
     args = ap.parse_args(argv)

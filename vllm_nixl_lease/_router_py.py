@@ -88,6 +88,10 @@ class NotificationRouter:
     def in_batch_count(self) -> int:
         return len(self._in_batch)
 
+    def in_batch_ids(self) -> list[str]:
+        """Ids in a batch (no particular order)."""
+        return list(self._in_batch)
+
     # -- one engine step --------------------------------------------------
     def route(self, notifs: Mapping[str, Iterable[bytes]], now: float) -> RouteResult:
         result = RouteResult()
