@@ -325,10 +325,13 @@ cdef class LeaseTable:
         cdef long idx = self._find_str(req_id)
         if idx < 0:
             return False
-        self._unlink(<uint32_t>idx)
+        self._release_slot(<uint32_t>idx)
+        return True
+
+    cdef void _release_slot(self, uint32_t idx) except *:
+        self._unlink(idx)
         self._stale += 1
         self._maybe_rebuild_heap()
-        return True
 
     def pop_expired(self, now):
         """Remove and return every lease with deadline <= now, earliest first."""
@@ -471,7 +474,7 @@ cdef class NotificationRouter:
         cdef list unknown = result.unknown_completions
         cdef list sample = result.malformed_sample
         cdef Py_ssize_t ext, seen
-        cdef long count
+        cdef long count, slot
         for agent, messages in notifs.items():
             for msg in messages:
                 if not PyBytes_CheckExact(msg):
@@ -501,28 +504,43 @@ cdef class NotificationRouter:
                     if expected > MAX_EXPECTED_CONSUMERS:
                         expected = 0
                 req_id = None
+                slot = -1
                 if expected > 0:
-                    try:
-                        req_id = PyUnicode_DecodeUTF8(p, colon, NULL)
-                    except UnicodeDecodeError:
-                        req_id = None
+                    # A leased id is found from the bytes and its stored str
+                    # reused: no decode, no new str, a cached hash for the sets.
+                    slot = table._find(p, colon, table._hash(p, colon))
+                    if slot >= 0:
+                        req_id = <object>table._slots[slot].req_id
+                    else:
+                        try:
+                            req_id = PyUnicode_DecodeUTF8(p, colon, NULL)
+                        except UnicodeDecodeError:
+                            req_id = None
                 if req_id is None:
                     malformed += 1
                     if len(sample) < MALFORMED_SAMPLE_SIZE:
                         sample.append(msg[:MALFORMED_SAMPLE_BYTES])
                     continue
-                if req_id not in self._in_batch and not table._has(req_id):
+                if slot < 0 and req_id not in self._in_batch:
                     unknown.append(req_id)
                     continue
+                # _counts and _expected hold an entry for exactly the same ids
+                prev = self._counts.get(req_id) if self._counts else None
+                if prev is None and expected == 1:  # the common case: one reader
+                    self._in_batch.discard(req_id)
+                    if slot >= 0:
+                        table._release_slot(<uint32_t>slot)
+                    completed.append(req_id)
+                    continue
                 self._expected[req_id] = expected
-                prev = self._counts.get(req_id)
                 count = 1 if prev is None else <long>prev + 1
                 if count == expected:
                     if prev is not None:
                         del self._counts[req_id]
                     del self._expected[req_id]
                     self._in_batch.discard(req_id)
-                    table.release(req_id)
+                    if slot >= 0:
+                        table._release_slot(<uint32_t>slot)
                     completed.append(req_id)
                 else:
                     self._counts[req_id] = count
