@@ -49,12 +49,13 @@ def run(connector: str, lease_s: int, out_dir: Path) -> dict:
         say(f"1. served {len(eq.pairs)} requests via router -> P -> D; NIXL reads on D: {eq.transfers:.0f}; "
             f"greedy output equals P alone: {eq.equal}")  # fmt: skip
 
-        load = scenarios.size_load(pd, queue_s=lease_s * 2.0)
+        load = scenarios.size_load(pd, queue_s=lease_s * 2.2)
         say(f"2. D runs one request at a time; sending {load.n} x {load.max_tokens} tokens: they queue on D")
         burst = scenarios.Burst(pd.r_url, scenarios.burst_prompts(load.n, "demo"), load.max_tokens, 180)
         ext = scenarios.lease_extension(lease_s)
         settle = lease_s + 3  # queued beyond the lease: only renewals keep these leases alive
         _progress(sampler, burst.t_start + settle)
+        scenarios.wait_queued_on_d(pd, burst, settle)
         pre_kill = sampler.latest()
 
         sampler.mark("D killed (kill -9)")

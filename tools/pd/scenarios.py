@@ -129,6 +129,22 @@ def _poll_active(url: str, out: list[tuple[float, float]], stop: threading.Event
         stop.wait(every)
 
 
+def wait_queued_on_d(pd: PDCluster, burst: Burst, settle_s: float, min_waiting: int = 2) -> float:
+    """Sleep until `settle_s` after the burst, then until D reports >= `min_waiting` queued requests.
+
+    Kill timing must not depend on the machine's speed: D's own gauge says requests are queued.
+    """
+    time.sleep(max(0.0, burst.t_start + settle_s - time.time()))
+    deadline = time.time() + 60
+    waiting = 0.0
+    while time.time() < deadline and not all(f.done() for f in burst.futures):
+        waiting = client.metric(pd.d_url, "vllm:num_requests_waiting", timeout=3.0)
+        if waiting >= min_waiting:
+            return waiting
+        time.sleep(0.3)
+    raise AssertionError(f"D never had {min_waiting} queued requests (last {waiting}): load too small")
+
+
 def kill_and_reclaim(
     pd: PDCluster, n: int, max_tokens: int, settle_s: float, timeout: float = 120.0, restart: bool = True
 ) -> Reclaim:
@@ -142,7 +158,7 @@ def kill_and_reclaim(
     poller.start()
     try:
         burst = Burst(pd.r_url, burst_prompts(n, "reclaim"), max_tokens, timeout)
-        time.sleep(settle_s)
+        wait_queued_on_d(pd, burst, settle_s)
         notifs_before = client.metric(pd.p_url, NOTIF_AFTER_EXPIRY)
         kill_ts = pd.kill_decode()
         results = burst.results()  # in-flight requests must fail fast, not hang
@@ -193,12 +209,18 @@ class Load:
     s_per_token: float
 
 
-def size_load(pd: PDCluster, queue_s: float, per_request_s: float = 4.0, max_tokens_cap: int = 440) -> Load:
+def size_load(
+    pd: PDCluster,
+    queue_s: float,
+    per_request_s: float = 4.0,
+    max_tokens_cap: int = 440,
+    min_tokens: int = 150,
+) -> Load:
     probe = 48
     r = client.complete(pd.p_url, "calibrate", probe, timeout=120)
     if not r.ok:
         raise AssertionError(f"calibration request failed: {r.error}")
     spt = max(r.elapsed / probe, 1e-3)
-    max_tokens = int(min(max_tokens_cap, max(32, per_request_s / spt)))
-    n = int(min(40, max(4, queue_s / (max_tokens * spt) + 1)))
+    max_tokens = int(min(max_tokens_cap, max(min_tokens, per_request_s / spt)))
+    n = int(min(40, max(5, queue_s / (max_tokens * spt) + 2)))
     return Load(max_tokens=max_tokens, n=n, s_per_token=spt)
