@@ -139,7 +139,13 @@ def wait_queued_on_d(pd: PDCluster, burst: Burst, settle_s: float, min_waiting: 
     waiting = 0.0
     while time.time() < deadline and not all(f.done() for f in burst.futures):
         waiting = client.metric(pd.d_url, "vllm:num_requests_waiting", timeout=3.0)
-        if waiting >= min_waiting:
+        # D may already have fetched a queued request's KV; where P exports its lease gauge
+        # (ours), also require unread leases on P. Stock has no such gauge.
+        p_text = client.metrics_text(pd.p_url, timeout=3.0)
+        leased_ok = (
+            "vllm:nixl_lease_active" not in p_text or client.metric_sum(p_text, "vllm:nixl_lease_active") >= 1
+        )
+        if waiting >= min_waiting and leased_ok:
             return waiting
         time.sleep(0.3)
     raise AssertionError(f"D never had {min_waiting} queued requests (last {waiting}): load too small")
@@ -209,12 +215,14 @@ class Load:
     s_per_token: float
 
 
+# Long outputs keep D's few KV blocks busy; with short ones D fetched the KV of its queued
+# requests early (freeing P's leases) and nothing was left to renew or reclaim.
 def size_load(
     pd: PDCluster,
     queue_s: float,
     per_request_s: float = 4.0,
     max_tokens_cap: int = 440,
-    min_tokens: int = 150,
+    min_tokens: int = 300,
 ) -> Load:
     probe = 48
     r = client.complete(pd.p_url, "calibrate", probe, timeout=120)
