@@ -1,0 +1,380 @@
+"""A harness engine process: a P or D "vLLM engine" without the model.
+
+It owns the scheduler-role connector, its TP ranks (rank 0 in this process,
+others forked at start) and a toy block allocator, and steps like vLLM's
+EngineCore: schedule -> ``build_connector_meta`` -> ranks run the step ->
+``update_connector_output`` -> finish/free.  The parent talks to it over a
+pipe (``fleet.Engine``); between two steps it serves pending commands.
+
+Per request it records what the tests check: lease granted, heartbeats that
+named it (P), read done, freed and why, and per-head digests of the KV data.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+import time
+import traceback
+from types import SimpleNamespace
+from typing import Any
+
+from . import model
+from .ranks import Rank, rank_main
+from .spec import EngineSpec
+
+MAX_LIFETIME_S = 600.0  # orphan guard: an engine never outlives a test run
+
+
+def log(msg: str) -> None:
+    print(f"[harness {time.monotonic():.3f} pid {os.getpid()}] {msg}", flush=True)
+
+
+def redirect_output(spec: EngineSpec, what: str) -> None:
+    # vLLM and UCX log a lot; keep it per process for post-mortems.
+    path = os.path.join(spec.workdir, f"{spec.name or spec.role}-{what}.log")
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+
+
+class FakeBlocks:
+    """The two things the pull scheduler reads from vLLM's ``KVCacheBlocks``."""
+
+    def __init__(self, ids: list[int]) -> None:
+        self.ids = ids
+        self.blocks = ([SimpleNamespace(block_id=i, block_hash=None, is_null=False) for i in ids],)
+
+    def get_unhashed_block_ids_all_groups(self) -> list[list[int]]:
+        return [list(self.ids)]
+
+
+class RemoteRank:
+    """A TP rank > 0 in a forked process; same ``step`` interface as Rank."""
+
+    def __init__(self, proc: Any, conn: Any) -> None:
+        self.proc, self.conn = proc, conn
+
+    def send_step(self, *args: Any) -> None:
+        self.conn.send(("step", *args))
+
+    def recv(self, timeout: float = 60.0) -> Any:
+        if not self.conn.poll(timeout):
+            raise TimeoutError("TP rank did not answer")
+        return self.conn.recv()
+
+
+class Engine:
+    def __init__(self, spec: EngineSpec) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        from vllm.v1.request import RequestStatus
+
+        self.spec = spec
+        self.status = RequestStatus
+        self.engine_id = f"{spec.name or spec.role}-{os.getpid()}"
+        os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "127.0.0.1"
+        os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(spec.side_channel_port)
+        # A file store, not TCP: no port to race for on a shared machine.
+        dist_file = os.path.join(spec.workdir, f"dist-{self.engine_id}")
+        # Fork the other TP ranks before anything here starts a thread.
+        self.remote: list[RemoteRank] = []
+        fork = mp.get_context("fork")
+        for r in range(1, spec.tp_size):
+            mine, theirs = fork.Pipe()
+            proc = fork.Process(target=rank_main, args=(spec, r, dist_file, theirs), daemon=True)
+            proc.start()
+            theirs.close()
+            mine.send(self.engine_id)
+            self.remote.append(RemoteRank(proc, mine))
+        log("building config")
+        self.vc = model.vllm_config(spec, self.engine_id)
+        self.kv_config = model.kv_cache_config(spec)
+        log("building rank 0")
+        self.rank0 = Rank(spec, 0, dist_file, self.vc, self.kv_config)
+        log("building scheduler")
+        from .ranks import connector_class
+
+        self.sched = connector_class(spec)(self.vc, KVConnectorRole.SCHEDULER, self.kv_config)
+        handshakes = {(0, 0): self.rank0.handshake_metadata()}
+        for i, rr in enumerate(self.remote, start=1):
+            handshakes[(0, i)] = rr.recv(120)
+        self.sched.set_xfer_handshake_metadata_pp_aware(handshakes)
+        log("engine ready")
+        self.free_blocks = list(range(1, spec.num_blocks))  # block 0 stays the null block
+        self.reqs: dict[str, dict[str, Any]] = {}
+        self.waiting: list[str] = []  # D: in the queue, not yet scheduled
+        self.held: set[str] = set()  # D: kept waiting by the test ("overloaded")
+        self.fills: dict[str, list[int]] = {}
+        self.to_finish: list[str] = []
+        self.sent_counts: dict[str, int] = {}
+        self.errors: list[str] = []
+        self.notif_log: list[tuple[float, str, int]] = []  # P: (t, agent, size) of every notification
+        self.hb_sent = {"msgs": 0, "bytes": 0, "max": 0, "ids": 0, "last_t": 0.0, "failed": 0}
+        self.steps = 0
+        self._hb_seen: dict[tuple[int, str], int] = {}
+        self.hb_ids_sent: dict[str, tuple[int, float]] = {}  # D: id -> (times sent, last send)
+
+    # -- requests ----------------------------------------------------------
+    def _alloc(self, n: int) -> list[int] | None:
+        if len(self.free_blocks) < n:
+            return None
+        out, self.free_blocks = self.free_blocks[:n], self.free_blocks[n:]
+        return out
+
+    def prefill(self, ids: list[str], tokens: int) -> dict[str, Any]:
+        """P: schedule, prefill (one step) and finish ``ids``; return their
+        kv_transfer_params as P's API server would hand them to the router."""
+        nblocks = -(-tokens // model.BLOCK_SIZE)
+        for req_id in ids:
+            blocks = self._alloc(nblocks)
+            if blocks is None:
+                raise RuntimeError("P out of KV blocks")
+            req = SimpleNamespace(
+                request_id=req_id,
+                kv_transfer_params={"do_remote_decode": True},
+                prompt_token_ids=list(range(tokens)),
+                num_prompt_tokens=tokens,
+                num_computed_tokens=0,
+                status=self.status.WAITING,
+            )
+            self.sched.on_new_request(req)
+            self.sched.update_state_after_alloc(req, FakeBlocks(blocks), 0)
+            self.reqs[req_id] = {"req": req, "blocks": blocks, "submitted_t": time.monotonic(), "hb": 0}
+            self.fills[req_id] = blocks
+        self.step()
+        out = {}
+        for req_id in ids:
+            rec = self.reqs[req_id]
+            req = rec["req"]
+            req.num_computed_tokens = tokens
+            req.status = self.status.FINISHED_LENGTH_CAPPED
+            delay, params = self.sched.request_finished(req, rec["blocks"])
+            rec["finished_t"] = time.monotonic()
+            rec["delay_free"] = delay
+            out[req_id] = params
+        return out
+
+    def submit(self, items: list[tuple[str, dict[str, Any], int]], hold: bool) -> None:
+        """D: requests enter the waiting queue (``on_new_request``)."""
+        for local_id, params, tokens in items:
+            req = SimpleNamespace(
+                request_id=local_id,
+                kv_transfer_params=dict(params),
+                prompt_token_ids=list(range(tokens)),
+                num_prompt_tokens=tokens,
+                num_computed_tokens=0,
+                status=self.status.WAITING,
+            )
+            self.sched.on_new_request(req)
+            self.reqs[local_id] = {"req": req, "submitted_t": time.monotonic(), "tokens": tokens}
+            self.waiting.append(local_id)
+            if hold:
+                self.held.add(local_id)
+
+    def release(self, ids: list[str] | None) -> None:
+        self.held -= set(self.held if ids is None else ids)
+
+    def _schedule_d(self) -> None:
+        still = []
+        for local_id in self.waiting:
+            rec = self.reqs[local_id]
+            if local_id in self.held:
+                still.append(local_id)
+                continue
+            req = rec["req"]
+            count, _ = self.sched.get_num_new_matched_tokens(req, 0)
+            blocks = self._alloc(-(-rec["tokens"] // model.BLOCK_SIZE))
+            if blocks is None:
+                still.append(local_id)  # D is full: stays in the queue
+                continue
+            self.sched.update_state_after_alloc(req, FakeBlocks(blocks), count or 0)
+            req.status = self.status.WAITING_FOR_REMOTE_KVS
+            rec.update(blocks=blocks, admitted_t=time.monotonic())
+        self.waiting = still
+
+    # -- the step ----------------------------------------------------------
+    def step(self) -> None:
+        self.steps += 1
+        if self.spec.role == "D":
+            self._schedule_d()
+        meta = self.sched.build_connector_meta(SimpleNamespace())
+        now = time.monotonic()
+        for req_id in getattr(meta, "reqs_to_send", {}):
+            if req_id in self.reqs:
+                self.reqs[req_id]["granted_t"] = now
+        fills, self.fills = self.fills, {}
+        unread = {}
+        if self.spec.role == "D":
+            unread = {
+                r: rec["blocks"] for r, rec in self.reqs.items() if "blocks" in rec and "read_t" not in rec
+            }
+        for rr in self.remote:
+            rr.send_step(meta, fills, unread)
+        results = [self.rank0.step(meta, fills, unread)] + [rr.recv() for rr in self.remote]
+        self._absorb(results)
+
+    def _absorb(self, results: list[dict[str, Any]]) -> None:
+        from vllm.v1.outputs import KVConnectorOutput
+
+        now = time.monotonic()
+        world = len(results)
+        sending: set[str] = set()
+        recving: set[str] = set()
+        for res in results:
+            if res["error"]:
+                self.errors.append(f"rank {res['rank']}: {res['error']}")
+            self._absorb_notifs(res)
+            for k in ("msgs", "bytes", "ids", "failed"):
+                self.hb_sent[k] += res["hb_sent"][k] - self._last_hb(res["rank"], k, res["hb_sent"][k])
+            self.hb_sent["max"] = max(self.hb_sent["max"], res["hb_sent"]["max"])
+            self.hb_sent["last_t"] = max(self.hb_sent["last_t"], res["hb_sent"]["last_t"])
+            for t, ids in res["hb_sent_ids"]:
+                for i in ids:
+                    self.hb_ids_sent[i] = (self.hb_ids_sent.get(i, (0, 0))[0] + 1, t)
+            for req_id in res["expired"]:
+                if req_id in self.reqs:
+                    self.reqs[req_id].setdefault("expired_ranks", set()).add(res["rank"])
+            for req_id in res["sending"]:
+                if req_id in self.reqs:
+                    self.reqs[req_id].setdefault("sent_ranks", []).append(res["rank"])
+                self.sent_counts[req_id] = self.sent_counts.get(req_id, 0) + 1
+                if self.sent_counts[req_id] == world:  # KVOutputAggregator: all ranks done
+                    sending.add(req_id)
+            recving |= res["recving"]
+            for req_id, heads in res["digests"].items():
+                if req_id in self.reqs:
+                    self.reqs[req_id].setdefault("digest", {}).update(heads)
+        if sending or recving:
+            self.sched.update_connector_output(
+                KVConnectorOutput(finished_sending=sending, finished_recving=recving)
+            )
+        for req_id in sending:  # P: blocks freed
+            rec = self.reqs.get(req_id)
+            if rec is None:
+                continue
+            rec["freed_t"] = now
+            rec["freed_reason"] = "expiry" if rec.get("expired_ranks") else "read"
+            self.free_blocks.extend(rec["blocks"])
+        for req_id in recving:  # D: read done; decode would run; finish and free
+            rec = self.reqs[req_id]
+            rec["read_t"] = now
+            rec["failed"] = any(req_id in r["failed"] for r in results)
+            req = rec["req"]
+            req.status = self.status.FINISHED_LENGTH_CAPPED
+            self.sched.request_finished(req, rec["blocks"])
+            self.free_blocks.extend(rec["blocks"])
+            rec["freed_t"] = now
+
+    def _last_hb(self, rank: int, key: str, value: int) -> int:
+        # Ranks report cumulative heartbeat counters; turn them into deltas.
+        prev = self._hb_seen.get((rank, key), 0)
+        self._hb_seen[(rank, key)] = value
+        return prev
+
+    def _absorb_notifs(self, res: dict[str, Any]) -> None:
+        for t, agent, msg in res["notifs"]:
+            self.notif_log.append((t, agent, len(msg)))
+            if msg.startswith(b"HB:"):
+                for raw in msg[3:].split(b","):
+                    rec = self.reqs.get(raw.decode("utf-8", "replace"))
+                    if rec is not None and "freed_t" not in rec:
+                        rec["hb"] += 1
+                        rec["hb_last_t"] = t
+                        rec.setdefault("hb_ranks", set()).add(res["rank"])
+            else:
+                req_id = msg.decode("utf-8", "replace").rpartition(":")[0]
+                rec = self.reqs.get(req_id)
+                if rec is not None:
+                    rec.setdefault("read_t", t)
+                    rec.setdefault("read_ranks", set()).add(res["rank"])
+
+    # -- reports -------------------------------------------------------------
+    def report(self) -> dict[str, Any]:
+        reqs = {r: {k: v for k, v in rec.items() if k not in ("req",)} for r, rec in self.reqs.items()}
+        return {
+            "engine_id": self.engine_id,
+            "reqs": reqs,
+            "errors": list(self.errors),
+            "hb_sent": dict(self.hb_sent),
+            "hb_ids_sent": dict(self.hb_ids_sent),
+            "notif_log": list(self.notif_log),
+            "steps": self.steps,
+            "free_blocks": len(self.free_blocks),
+            "waiting": len(self.waiting),
+        }
+
+    def stats(self) -> list[dict[str, Any]]:
+        out = [self.rank0.stats()]
+        for rr in self.remote:
+            rr.conn.send(("stats",))
+            out.append(rr.recv())
+        return out
+
+    def shutdown(self) -> None:
+        for rr in self.remote:
+            try:
+                rr.conn.send(("stop",))
+                rr.recv(10)
+            except Exception:
+                pass
+            rr.proc.kill()
+        self.rank0.shutdown()
+        try:
+            self.sched.shutdown()
+        except Exception:
+            pass
+
+
+def engine_main(spec: EngineSpec, conn: Any) -> None:
+    """Child entry point: build, say ready, then step and serve commands."""
+    redirect_output(spec, "engine")
+    log(f"engine {spec.name} forked (vLLM preloaded: {'nixl_harness.preload' in sys.modules})")
+    try:
+        eng = Engine(spec)
+        agent, _ = eng.rank0.agent_metadata()
+        conn.send(("ok", {"engine_id": eng.engine_id, "agent": agent, "pid": os.getpid()}))
+    except Exception:
+        conn.send(("error", traceback.format_exc()))
+        return
+    born = time.monotonic()
+    next_step = time.monotonic()
+    while time.monotonic() - born < MAX_LIFETIME_S:
+        while conn.poll(max(0.0, next_step - time.monotonic())):
+            try:
+                cmd, kwargs = conn.recv()
+            except EOFError:  # the test process is gone
+                eng.shutdown()
+                return
+            if cmd == "stop":
+                eng.shutdown()
+                conn.send(("ok", None))
+                return
+            try:
+                conn.send(("ok", _handle(eng, cmd, kwargs)))
+            except Exception:
+                conn.send(("error", traceback.format_exc()))
+        next_step = time.monotonic() + spec.step_s
+        try:
+            eng.step()
+        except Exception:
+            eng.errors.append(traceback.format_exc())
+
+
+def _handle(eng: Engine, cmd: str, kwargs: dict[str, Any]) -> Any:
+    if cmd == "prefill":
+        return eng.prefill(**kwargs)
+    if cmd == "submit":
+        return eng.submit(**kwargs)
+    if cmd == "release":
+        return eng.release(**kwargs)
+    if cmd == "report":
+        return eng.report()
+    if cmd == "stats":
+        return eng.stats()
+    if cmd == "agent_metadata":
+        return eng.rank0.agent_metadata()
+    raise ValueError(f"unknown command {cmd!r}")

@@ -1,0 +1,200 @@
+"""One TP rank of a harness engine: a real connector worker with real NIXL.
+
+The rank is driven the way vLLM's model runner drives a connector worker:
+``bind_connector_metadata`` -> ``start_load_kv`` -> (forward: the prefill
+writes KV) -> ``get_transfer_results`` -> ``clear_connector_metadata``.
+It also observes, without changing behaviour, what crosses NIXL: every
+notification P drains, every ``send_notif`` D makes, and which requests the
+expiry sweep released.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from typing import Any
+
+from . import model
+from .spec import EngineSpec
+
+
+def connector_class(spec: EngineSpec) -> type:
+    if spec.stock:
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPullConnector
+
+        return NixlPullConnector
+    from vllm_nixl_lease.vllm.connector import LeaseNixlPullConnector
+
+    return LeaseNixlPullConnector
+
+
+class Rank:
+    """Worker-role connector of one TP rank plus its KV cache."""
+
+    def __init__(self, spec: EngineSpec, rank: int, dist_init: str, vllm_config: Any, kv_config: Any) -> None:
+        from vllm.config import set_current_vllm_config
+        from vllm.distributed import ensure_model_parallel_initialized, init_distributed_environment
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+        self.spec = spec
+        self.rank = rank
+        affinity = os.sched_getaffinity(0)
+        from .engine import log
+
+        with set_current_vllm_config(vllm_config):
+            log(f"rank {rank}: init_distributed_environment")
+            init_distributed_environment(
+                world_size=spec.tp_size,
+                rank=rank,
+                local_rank=rank,
+                backend="gloo",
+                distributed_init_method=f"file://{dist_init}",
+            )
+            ensure_model_parallel_initialized(spec.tp_size, 1)
+            log(f"rank {rank}: connector worker")
+            self.connector = connector_class(spec)(vllm_config, KVConnectorRole.WORKER, kv_config)
+            log(f"rank {rank}: connector worker built")
+        # The CPU worker pins itself to the last core of each NUMA node (one
+        # core here); every engine on this 2-core box would share it.
+        os.sched_setaffinity(0, affinity)
+        self.worker = self.connector.connector_worker
+        self.kv_caches = model.allocate(kv_config)
+        self.cache = self.kv_caches[model.LAYER]
+        self.connector.register_kv_caches(self.kv_caches)
+        log(f"rank {rank}: KV caches registered")
+        self.heads = self.cache.shape[1]
+        self.head_offset = rank * self.heads
+        self._install_probes()
+
+    # -- observation -----------------------------------------------------
+    def _install_probes(self) -> None:
+        w = self.worker
+        wrapper = w.nixl_wrapper
+        self.notifs: list[tuple[float, str, bytes]] = []
+        self.expired: set[str] = set()
+        self.hb_sent = {"msgs": 0, "bytes": 0, "max": 0, "ids": 0, "last_t": 0.0, "failed": 0}
+        self.hb_sent_ids: list[tuple[float, list[str]]] = []
+        orig_get, orig_send, orig_reap = (
+            wrapper.get_new_notifs,
+            wrapper.send_notif,
+            w._reap_expired_send_leases,
+        )
+
+        def get_new_notifs() -> dict[str, list[bytes]]:
+            out = orig_get()
+            now = time.monotonic()
+            for agent, msgs in out.items():
+                self.notifs.extend((now, agent, m) for m in msgs)
+            return out
+
+        def send_notif(agent_name: Any, notif_msg: bytes) -> None:
+            try:
+                orig_send(agent_name, notif_msg=notif_msg)
+            except Exception:
+                if notif_msg.startswith(b"HB:"):
+                    self.hb_sent["failed"] += 1
+                raise
+            if notif_msg.startswith(b"HB:"):
+                hb = self.hb_sent
+                hb["msgs"] += 1
+                hb["bytes"] += len(notif_msg)
+                hb["max"] = max(hb["max"], len(notif_msg))
+                hb["last_t"] = time.monotonic()
+                ids = notif_msg[3:].decode().split(",")
+                hb["ids"] += len(ids)
+                self.hb_sent_ids.append((hb["last_t"], ids))
+
+        def reap(done_sending: set[str]) -> None:
+            before = set(done_sending)
+            orig_reap(done_sending)
+            self.expired |= done_sending - before
+
+        wrapper.get_new_notifs = get_new_notifs
+        wrapper.send_notif = send_notif
+        w._reap_expired_send_leases = reap
+
+    def handshake_metadata(self) -> Any:
+        return self.connector.get_handshake_metadata()
+
+    # -- one engine step -----------------------------------------------------
+    def step(self, meta: Any, fills: dict[str, list[int]], blocks_of: dict[str, list[int]]) -> dict[str, Any]:
+        """One step. ``fills``: requests this step prefills (P writes their KV,
+        as the forward pass would); ``blocks_of``: D's unread requests, hashed
+        once the step reports them read."""
+        error = None
+        res = None
+        conn = self.connector
+        try:
+            conn.bind_connector_metadata(meta)
+            conn.start_load_kv(None)
+            for req_id, blocks in fills.items():
+                for h in range(self.heads):
+                    model.fill_blocks(self.cache[:, h], blocks, f"{req_id}/h{self.head_offset + h}")
+            res = conn.get_transfer_results(set())
+        except Exception:
+            error = traceback.format_exc()
+        finally:
+            conn.clear_connector_metadata()
+        recving = set(res.finished_recving) if res else set()
+        to_hash = dict(fills)
+        to_hash.update((r, blocks_of[r]) for r in recving if r in blocks_of)
+        out = {
+            "rank": self.rank,
+            "sending": set(res.finished_sending) if res else set(),
+            "recving": recving,
+            "failed": set(res.failed_recving) if res else set(),
+            "expired": self.expired,
+            "notifs": self.notifs,
+            "hb_sent": dict(self.hb_sent),
+            "hb_sent_ids": self.hb_sent_ids,
+            "error": error,
+            "digests": {
+                r: {self.head_offset + h: d for h, d in enumerate(model.digest_heads(self.cache, b))}
+                for r, b in to_hash.items()
+            },
+        }
+        self.expired, self.notifs, self.hb_sent_ids = set(), [], []
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        stats = self.worker.xfer_stats
+        data = getattr(stats, "data", {})
+        # Counters are lists of per-step counts; timings are lists of floats.
+        return {
+            k: (sum(v) if all(isinstance(x, int) for x in v) else len(v)) if isinstance(v, list) else v
+            for k, v in data.items()
+        }
+
+    def agent_metadata(self) -> tuple[str, bytes]:
+        w = self.worker.nixl_wrapper
+        return w.name, w.get_agent_metadata()
+
+    def shutdown(self) -> None:
+        try:
+            self.connector.shutdown()
+        except Exception:
+            pass
+
+
+def rank_main(spec: EngineSpec, rank: int, dist_init: str, conn: Any) -> None:
+    """Entry point of a TP rank > 0 in its own process (P with TP > 1)."""
+    from . import engine
+
+    engine.redirect_output(spec, f"rank{rank}")
+    vc = model.vllm_config(spec, engine_id=conn.recv())
+    rk = Rank(spec, rank, dist_init, vc, model.kv_cache_config(spec))
+    conn.send(rk.handshake_metadata())
+    while True:
+        try:
+            msg = conn.recv()
+        except EOFError:
+            return
+        if msg[0] == "step":
+            conn.send(rk.step(*msg[1:]))
+        elif msg[0] == "stats":
+            conn.send(rk.stats())
+        elif msg[0] == "stop":
+            rk.shutdown()
+            conn.send(None)
+            return

@@ -1,0 +1,159 @@
+"""Lease scenarios over real NIXL, shared by the ``test_nixl_*`` modules.
+
+Each function runs one scenario on a ``Fleet`` and returns what the tests
+assert on; it also prints the numbers the issue asks for (time from the last
+heartbeat P saw to the free, heartbeat messages/bytes D sent).
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+from .fleet import Engine, Fleet, wait_for
+
+LEASE = 6
+EXTENSION = LEASE * 2 // 3  # upstream's derivation; ours uses the same default
+TOKENS = 64  # two 32-token blocks per request
+# One P step is 20 ms; the rest absorbs scheduling delays on a busy 2-core box.
+STEP_SLACK = 1.5
+
+
+def new_ids(tag: str, n: int) -> list[str]:
+    # vLLM-like ids; distinct per run so a stray notification cannot match.
+    run = uuid.uuid4().hex[:8]
+    return [f"cmpl-{tag}-{run}-{i}" for i in range(n)]
+
+
+def d_id(p_id: str) -> str:
+    # D's local request id differs from P's, as behind a router.
+    return f"d-{p_id}"
+
+
+def hand_to_d(d: Engine, params: dict[str, Any], hold: bool, tokens: int = TOKENS) -> None:
+    d.submit([(d_id(r), p, tokens) for r, p in params.items()], hold=hold)
+
+
+def wait_freed(p: Engine, ids: list[str], timeout: float) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        rep = p.report()
+        return rep if all("freed_t" in rep["reqs"][r] for r in ids) else None
+
+    return wait_for(done, timeout, what=f"P freeing {len(ids)} request(s)")
+
+
+def data_mismatches(p_rep: dict[str, Any], d_rep: dict[str, Any], ids: list[str]) -> list[str]:
+    """Requests whose KV as read by D differs from what P wrote (per head)."""
+    bad = []
+    for r in ids:
+        wrote = p_rep["reqs"][r].get("digest")
+        read = d_rep["reqs"][d_id(r)].get("digest")
+        if not wrote or wrote != read:
+            bad.append(r)
+    return bad
+
+
+def print_summary(title: str, p_rep: dict[str, Any], ids: list[str], d_reps: list[dict[str, Any]]) -> None:
+    reqs = [p_rep["reqs"][r] for r in ids]
+    reasons: dict[str, int] = {}
+    for rec in reqs:
+        reasons[rec.get("freed_reason", "held")] = reasons.get(rec.get("freed_reason", "held"), 0) + 1
+    hb_to_free = [
+        rec["freed_t"] - rec["hb_last_t"] for rec in reqs if "freed_t" in rec and "hb_last_t" in rec
+    ]
+    renewals = [rec.get("hb", 0) for rec in reqs]
+    print(f"\n== {title}: {len(ids)} request(s), freed: {reasons}")
+    print(f"   heartbeats naming a request on P: min {min(renewals)} max {max(renewals)}")
+    if hb_to_free:
+        print(
+            f"   last heartbeat -> free: min {min(hb_to_free):.3f}s max {max(hb_to_free):.3f}s "
+            f"(extension {EXTENSION}s)"
+        )
+    for i, d in enumerate(d_reps):
+        hb = d["hb_sent"]
+        print(
+            f"   D{i} sent {hb['msgs']} heartbeat message(s), {hb['bytes']} bytes, largest {hb['max']} B, "
+            f"{hb['ids']} ids, {hb['failed']} failed"
+        )
+
+
+def prefill(p: Engine, tag: str, n: int, tokens: int = TOKENS) -> tuple[list[str], dict[str, Any]]:
+    ids = new_ids(tag, n)
+    return ids, p.prefill(ids, tokens=tokens)
+
+
+# -- scenarios ---------------------------------------------------------------
+def happy_path(fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 4) -> dict[str, Any]:
+    p = fleet.start("P", "p", stock=p_stock)
+    d = fleet.start("D", "d", stock=d_stock)
+    ids, params = prefill(p, "happy", n)
+    hand_to_d(d, params, hold=False)
+    p_rep = wait_freed(p, ids, timeout=30)
+    d_rep = d.report()
+    print_summary(
+        f"happy path (P {'stock' if p_stock else 'ours'}, D {'stock' if d_stock else 'ours'})",
+        p_rep,
+        ids,
+        [d_rep],
+    )
+    return {"ids": ids, "p": p_rep, "d": d_rep, "p_stats": p.stats()}
+
+
+def overloaded(fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 4, factor: int = 3) -> dict[str, Any]:
+    """Requests wait in D's queue for ``factor`` leases while D keeps stepping."""
+    p = fleet.start("P", "p", stock=p_stock)
+    d = fleet.start("D", "d", stock=d_stock)
+    ids, params = prefill(p, "slow", n)
+    hand_to_d(d, params, hold=True)
+    time.sleep(factor * LEASE)
+    during = p.report()
+    d.release()
+    p_rep = wait_freed(p, ids, timeout=30)
+    d_rep = d.report()
+    print_summary(
+        f"D overloaded {factor}x lease (P {'stock' if p_stock else 'ours'}, "
+        f"D {'stock' if d_stock else 'ours'})",
+        p_rep,
+        ids,
+        [d_rep],
+    )
+    return {"ids": ids, "during": during, "p": p_rep, "d": d_rep}
+
+
+def d_killed(fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 4) -> dict[str, Any]:
+    """SIGKILL a D holding queued requests; P must reclaim, then serve a new D."""
+    p = fleet.start("P", "p", stock=p_stock)
+    d1 = fleet.start("D", "d1", stock=d_stock)
+    ids, params = prefill(p, "orphan", n)
+    hand_to_d(d1, params, hold=True)
+    # Let a few heartbeats land so the free is driven by the last one.
+    wait_for(lambda: all(p.report()["reqs"][r].get("hb", 0) >= 2 for r in ids), 15, what="heartbeats on P")
+    d1_rep = d1.report()
+    killed_t = d1.kill()
+    p_rep = wait_freed(p, ids, timeout=EXTENSION + LEASE + 10)
+    # A new D must be served normally by the same P.
+    d2 = fleet.start("D", "d2", stock=d_stock)
+    ids2, params2 = prefill(p, "after", 2)
+    hand_to_d(d2, params2, hold=False)
+    p_rep2 = wait_freed(p, ids2, timeout=30)
+    d2_rep = d2.report()
+    print_summary(
+        f"D killed (P {'stock' if p_stock else 'ours'}, D {'stock' if d_stock else 'ours'})",
+        p_rep,
+        ids,
+        [d1_rep],
+    )
+    print_summary("   ... then a new D", p_rep2, ids2, [d2_rep])
+    return {"ids": ids, "p": p_rep, "killed_t": killed_t, "ids2": ids2, "p2": p_rep2, "d2": d2_rep}
+
+
+def never_handed(fleet: Fleet, p_stock: bool) -> dict[str, Any]:
+    p = fleet.start("P", "p", stock=p_stock)
+    ids, _ = prefill(p, "lost", 2)
+    p_rep = wait_freed(p, ids, timeout=LEASE + 10)
+    print_summary(f"never handed to D (P {'stock' if p_stock else 'ours'})", p_rep, ids, [])
+    for r in ids:
+        rec = p_rep["reqs"][r]
+        print(f"   {r}: request_finished -> free {rec['freed_t'] - rec['finished_t']:.3f}s (lease {LEASE}s)")
+    return {"ids": ids, "p": p_rep}

@@ -1,0 +1,24 @@
+"""What a harness engine is (picklable; imports nothing heavy, so the test
+process never loads torch or vLLM)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class EngineSpec:
+    """Everything a child needs to build one engine (picklable)."""
+
+    role: str  # "P" or "D"
+    stock: bool  # upstream's NixlPullConnector instead of ours
+    workdir: str
+    side_channel_port: int
+    lease: int = 6
+    extra: dict[str, Any] = field(default_factory=dict)
+    num_blocks: int = 256
+    tp_size: int = 1
+    kv_heads: int = 1
+    step_s: float = 0.02
+    name: str = ""

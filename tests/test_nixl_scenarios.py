@@ -1,0 +1,84 @@
+"""Lease scenarios between real P and D processes over NIXL/UCX (loopback, CPU KV).
+
+Every scenario runs for each fleet: ours on both sides, our P with a stock
+(vLLM 0.33.0) D, and a stock P with our D: wire compatibility is the contract.
+Run with ``-s`` (or ``-rP``) to see the reclaim times and heartbeat counts.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("nixl")
+from nixl_harness import Fleet  # noqa: E402
+from nixl_harness import scenarios as sc  # noqa: E402
+
+pytestmark = pytest.mark.nixl
+
+FLEETS = [
+    pytest.param(False, False, id="ourP-ourD"),
+    pytest.param(False, True, id="ourP-stockD"),
+    pytest.param(True, False, id="stockP-ourD"),
+]
+
+
+def _no_errors(*reports: dict) -> None:
+    for rep in reports:
+        assert not rep["errors"], f"{rep['engine_id']} step errors:\n" + "\n".join(rep["errors"][:3])
+
+
+@pytest.mark.parametrize("p_stock,d_stock", FLEETS)
+def test_happy_path(tmp_path, p_stock: bool, d_stock: bool) -> None:
+    with Fleet(tmp_path, lease=sc.LEASE) as fleet:
+        out = sc.happy_path(fleet, p_stock, d_stock)
+    reqs = out["p"]["reqs"]
+    assert {reqs[r]["freed_reason"] for r in out["ids"]} == {"read"}
+    assert all(reqs[r]["sent_ranks"] == [0] for r in out["ids"]), "freed more than once"
+    assert sc.data_mismatches(out["p"], out["d"], out["ids"]) == []
+    assert sum(s.get("num_kv_expired_reqs", 0) for s in out["p_stats"]) == 0
+    _no_errors(out["p"], out["d"])
+
+
+@pytest.mark.parametrize("p_stock,d_stock", FLEETS)
+def test_d_overloaded_requests_survive_three_leases(tmp_path, p_stock: bool, d_stock: bool) -> None:
+    with Fleet(tmp_path, lease=sc.LEASE) as fleet:
+        out = sc.overloaded(fleet, p_stock, d_stock)
+    during = out["during"]["reqs"]
+    assert not [r for r in out["ids"] if "freed_t" in during[r]], "a lease expired while D was still queueing"
+    # A heartbeat per second for 18 s; half of them is plenty of slack.
+    assert min(during[r]["hb"] for r in out["ids"]) >= 3 * sc.LEASE // 2
+    reqs = out["p"]["reqs"]
+    assert {reqs[r]["freed_reason"] for r in out["ids"]} == {"read"}
+    assert sc.data_mismatches(out["p"], out["d"], out["ids"]) == []
+    _no_errors(out["p"], out["d"])
+
+
+@pytest.mark.parametrize("p_stock,d_stock", FLEETS)
+def test_d_killed_p_reclaims_after_extension_and_serves_new_d(tmp_path, p_stock: bool, d_stock: bool) -> None:
+    with Fleet(tmp_path, lease=sc.LEASE) as fleet:
+        out = sc.d_killed(fleet, p_stock, d_stock)
+    reqs = out["p"]["reqs"]
+    for r in out["ids"]:
+        rec = reqs[r]
+        assert rec["freed_reason"] == "expiry"
+        assert rec["freed_t"] > out["killed_t"]
+        since_hb = rec["freed_t"] - rec["hb_last_t"]
+        # The last heartbeat set deadline = its arrival + extension; P frees
+        # on the first step at or after it.
+        assert sc.EXTENSION - 0.1 <= since_hb <= sc.EXTENSION + sc.STEP_SLACK, since_hb
+    reqs2 = out["p2"]["reqs"]
+    assert {reqs2[r]["freed_reason"] for r in out["ids2"]} == {"read"}
+    assert sc.data_mismatches(out["p2"], out["d2"], out["ids2"]) == []
+    _no_errors(out["p2"], out["d2"])
+
+
+@pytest.mark.parametrize("p_stock", [pytest.param(False, id="ourP"), pytest.param(True, id="stockP")])
+def test_request_never_handed_to_d_expires_at_grant_plus_lease(tmp_path, p_stock: bool) -> None:
+    with Fleet(tmp_path, lease=sc.LEASE) as fleet:
+        out = sc.never_handed(fleet, p_stock)
+    for r in out["ids"]:
+        rec = out["p"]["reqs"][r]
+        assert rec["freed_reason"] == "expiry"
+        assert rec.get("hb", 0) == 0
+        assert sc.LEASE - 0.1 <= rec["freed_t"] - rec["finished_t"] <= sc.LEASE + sc.STEP_SLACK
+    _no_errors(out["p"])
