@@ -18,7 +18,10 @@ CONNECTOR_TESTS := tests/test_connector_differential.py tests/test_connector_hea
 	tests/test_connector_metrics.py tests/test_push_fix.py tests/test_config_lease.py tests/test_hook.py \
 	tests/test_doctor.py
 
-.PHONY: all venv venv-cpu build build-cpu test test-core test-twin test-vllm032 lint bench demo clean
+ROUTER_VENV := .venv-router
+
+.PHONY: all venv venv-cpu venv-router build build-cpu test test-core test-twin test-vllm032 test-e2e \
+	lint bench demo demo-pd clean
 
 all: build
 
@@ -59,6 +62,14 @@ $(CPU_VENV)/.built: $(CPU_VENV)/.deps $(CORE_SOURCES)
 
 build-cpu: $(CPU_VENV)/.built
 
+# The published Rust P/D router, in its own small virtualenv.
+$(ROUTER_VENV)/.deps: Makefile
+	test -x $(ROUTER_VENV)/bin/python || $(PYTHON) -m venv $(ROUTER_VENV)
+	$(ROUTER_VENV)/bin/python -m pip install $(PIP_QUIET) "vllm-router==0.1.17"
+	touch $@
+
+venv-router: $(ROUTER_VENV)/.deps
+
 lint: build
 	$(VENV)/bin/ruff check .
 
@@ -77,12 +88,22 @@ test-vllm032: build-cpu
 
 test: lint test-core test-twin test-vllm032
 
+# Real `vllm serve` P/D pairs behind vllm-router, one pair at a time (not yet
+# part of `make test`: see issue 5's notes on CPU starvation on 2 cores).
+test-e2e: build build-cpu venv-router
+	$(VPY) -m pytest -m e2e -p no:xdist -p no:cacheprovider -rxXs tests/e2e
+
 bench: build
 	$(VPY) tools/bench_core.py --json .build/bench.json
 
 demo: build
 	@mkdir -p .build
 	$(VPY) tools/bench_core.py --quick --json .build/bench-quick.json
+
+# The P/D story with real servers (issue 5, in progress): timeline PNG + JSON in .build/demo.
+demo-pd: build build-cpu venv-router
+	$(VPY) -m pip install $(PIP_QUIET) matplotlib
+	$(VPY) tools/demo.py
 
 clean:
 	rm -rf build .build *.egg-info vllm_nixl_lease/*.so
