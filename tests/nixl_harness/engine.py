@@ -115,6 +115,7 @@ class Engine:
         self.notif_log: list[tuple[float, str, int]] = []  # P: (t, agent, size) of every notification
         self.hb_sent = {"msgs": 0, "bytes": 0, "max": 0, "ids": 0, "last_t": 0.0, "failed": 0}
         self.steps = 0
+        self.max_step_s = 0.0
         self._hb_seen: dict[tuple[int, str], int] = {}
         self.hb_ids_sent: dict[str, tuple[int, float]] = {}  # D: id -> (times sent, last send)
 
@@ -180,9 +181,10 @@ class Engine:
 
     def _schedule_d(self) -> None:
         still = []
+        admitted = 0
         for local_id in self.waiting:
             rec = self.reqs[local_id]
-            if local_id in self.held:
+            if local_id in self.held or admitted >= self.spec.max_admit:
                 still.append(local_id)
                 continue
             req = rec["req"]
@@ -194,11 +196,19 @@ class Engine:
             self.sched.update_state_after_alloc(req, FakeBlocks(blocks), count or 0)
             req.status = self.status.WAITING_FOR_REMOTE_KVS
             rec.update(blocks=blocks, admitted_t=time.monotonic())
+            admitted += 1
         self.waiting = still
 
     # -- the step ----------------------------------------------------------
     def step(self) -> None:
         self.steps += 1
+        start = time.monotonic()
+        try:
+            self._step()
+        finally:
+            self.max_step_s = max(self.max_step_s, time.monotonic() - start)
+
+    def _step(self) -> None:
         if self.spec.role == "D":
             self._schedule_d()
         meta = self.sched.build_connector_meta(SimpleNamespace())
@@ -303,6 +313,7 @@ class Engine:
             "hb_ids_sent": dict(self.hb_ids_sent),
             "notif_log": list(self.notif_log),
             "steps": self.steps,
+            "max_step_s": self.max_step_s,
             "free_blocks": len(self.free_blocks),
             "waiting": len(self.waiting),
         }

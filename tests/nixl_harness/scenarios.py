@@ -74,8 +74,9 @@ def print_summary(title: str, p_rep: dict[str, Any], ids: list[str], d_reps: lis
         hb = d["hb_sent"]
         print(
             f"   D{i} sent {hb['msgs']} heartbeat message(s), {hb['bytes']} bytes, largest {hb['max']} B, "
-            f"{hb['ids']} ids, {hb['failed']} failed"
+            f"{hb['ids']} ids, {hb['failed']} failed; longest D step {d['max_step_s']:.3f}s"
         )
+    print(f"   longest P step {p_rep['max_step_s']:.3f}s over {p_rep['steps']} steps")
 
 
 def prefill(p: Engine, tag: str, n: int, tokens: int = TOKENS) -> tuple[list[str], dict[str, Any]]:
@@ -157,3 +158,68 @@ def never_handed(fleet: Fleet, p_stock: bool) -> dict[str, Any]:
         rec = p_rep["reqs"][r]
         print(f"   {r}: request_finished -> free {rec['freed_t'] - rec['finished_t']:.3f}s (lease {LEASE}s)")
     return {"ids": ids, "p": p_rep}
+
+
+def big_heartbeats(fleet: Fleet, n: int, max_bytes: int) -> dict[str, Any]:
+    """``n`` queued requests heartbeated in messages of at most ``max_bytes``."""
+    extra = {"max_heartbeat_bytes": max_bytes}
+    blocks = n + 16  # one 32-token block per request, plus the null block
+    p = fleet.start("P", "p", extra=extra, num_blocks=blocks)
+    d = fleet.start("D", "d", extra=extra, num_blocks=blocks)
+    ids, params = prefill(p, "many", n, tokens=32)
+    hand_to_d(d, params, hold=True, tokens=32)
+    # Past one lease, so every request needed at least one renewal.
+    time.sleep(LEASE + 2)
+    during = p.report()
+    d.release()
+    p_rep = wait_freed(p, ids, timeout=60)
+    d_rep = d.report()
+    print_summary(f"{n} queued requests, max_heartbeat_bytes={max_bytes}", p_rep, ids, [d_rep])
+    hb_sizes = [size for _, _, size in during["notif_log"]]
+    print(f"   P received {len(hb_sizes)} heartbeat message(s) while D queued, largest {max(hb_sizes)} B")
+    return {"ids": ids, "during": during, "p": p_rep, "d": d_rep, "hb_sizes": hb_sizes}
+
+
+def rogue_during_happy_path(fleet: Fleet, p_stock: bool, n: int = 4) -> dict[str, Any]:
+    """A rogue agent floods P with garbage while D holds live requests."""
+    from .rogue import finish_rogue, run_rogue
+
+    p = fleet.start("P", "p", stock=p_stock)
+    d = fleet.start("D", "d")
+    ids, params = prefill(p, "victim", n)
+    hand_to_d(d, params, hold=True)
+    _, metadata = p.call("agent_metadata")
+    proc, conn = run_rogue(fleet.workdir, metadata)
+    try:
+        sent = finish_rogue(proc, conn)
+        time.sleep(1.5)  # let P drain what is in flight (arrival checks need >= 1 s)
+        during = p.report()
+        stats_during = p.stats()
+    finally:
+        if proc.is_alive():
+            proc.kill()
+    d.release()
+    try:
+        p_rep = wait_freed(p, ids, timeout=20)
+        served = True
+    except TimeoutError:
+        p_rep, served = p.report(), False
+    d_rep = d.report()
+    print_summary(f"rogue agent vs {'stock' if p_stock else 'our'} P", p_rep, ids, [d_rep])
+    print(
+        f"   rogue sent {sent['sent']} notification(s) ({sent['bytes']} B), {sent['failed']} send failure(s)"
+    )
+    errors = during["errors"]
+    print(f"   P step errors while flooded: {len(errors)}; live requests served afterwards: {served}")
+    for err in errors[:2]:
+        print("   first lines of a P step error:", err.strip().splitlines()[-1])
+    print(f"   P stats: {stats_during}")
+    return {
+        "ids": ids,
+        "during": during,
+        "stats": stats_during,
+        "p": p_rep,
+        "d": d_rep,
+        "served": served,
+        "sent": sent,
+    }

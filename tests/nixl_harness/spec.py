@@ -21,4 +21,8 @@ class EngineSpec:
     tp_size: int = 1
     kv_heads: int = 1
     step_s: float = 0.02
+    # D admits at most this many queued requests per step, like vLLM's
+    # max_num_seqs budget; reads of thousands issued in one step would
+    # stall the step (and its heartbeats) for seconds on this box.
+    max_admit: int = 128
     name: str = ""

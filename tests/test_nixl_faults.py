@@ -1,0 +1,53 @@
+"""Heartbeats bigger than one message, and a rogue NIXL agent, over real NIXL.
+
+Run with ``-s`` (or ``-rP``) to see the numbers and what a stock P does.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("nixl")
+from nixl_harness import Fleet  # noqa: E402
+from nixl_harness import scenarios as sc  # noqa: E402
+
+pytestmark = pytest.mark.nixl
+
+
+def test_thousands_of_queued_requests_renewed_in_bounded_messages(tmp_path) -> None:
+    max_bytes = 1024
+    with Fleet(tmp_path, lease=sc.LEASE) as fleet:
+        out = sc.big_heartbeats(fleet, n=2000, max_bytes=max_bytes)
+    during = out["during"]["reqs"]
+    ids = out["ids"]
+    assert not [r for r in ids if "freed_t" in during[r]], "a lease expired while D was queueing"
+    assert min(during[r]["hb"] for r in ids) >= 1, "a request was never renewed"
+    assert out["d"]["hb_sent"]["max"] <= max_bytes
+    assert max(out["hb_sizes"]) <= max_bytes
+    # 2000 ids of ~26 bytes cannot fit one 1 KiB message: the split really happened.
+    assert len(out["hb_sizes"]) > 2 * len(ids) * 26 // max_bytes
+    reqs = out["p"]["reqs"]
+    assert {reqs[r]["freed_reason"] for r in ids} == {"read"}
+    assert sc.data_mismatches(out["p"], out["d"], ids) == []
+    assert not out["p"]["errors"] and not out["d"]["errors"]
+
+
+def test_rogue_agent_cannot_crash_our_p_or_free_live_leases(tmp_path) -> None:
+    with Fleet(tmp_path, lease=sc.LEASE) as fleet:
+        out = sc.rogue_during_happy_path(fleet, p_stock=False)
+    assert out["sent"]["sent"] > 0
+    assert out["during"]["errors"] == []
+    assert not [r for r in out["ids"] if "freed_t" in out["during"]["reqs"][r]], "a live lease was freed"
+    assert sum(s.get("num_malformed_notifs", 0) for s in out["stats"]) > 0
+    assert out["served"]
+    reqs = out["p"]["reqs"]
+    assert {reqs[r]["freed_reason"] for r in out["ids"]} == {"read"}
+    assert sc.data_mismatches(out["p"], out["d"], out["ids"]) == []
+
+
+def test_rogue_agent_against_stock_p_is_documented(tmp_path) -> None:
+    """Not a failing test: records what vLLM 0.33.0's P does (expected: the
+    step raises on the first malformed message and loses the rest of it)."""
+    with Fleet(tmp_path, lease=sc.LEASE) as fleet:
+        out = sc.rogue_during_happy_path(fleet, p_stock=True)
+    assert out["sent"]["sent"] > 0
