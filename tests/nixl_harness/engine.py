@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import sys
 import time
 import traceback
@@ -56,8 +57,8 @@ class FakeBlocks:
 class RemoteRank:
     """A TP rank > 0 in a forked process; same ``step`` interface as Rank."""
 
-    def __init__(self, proc: Any, conn: Any) -> None:
-        self.proc, self.conn = proc, conn
+    def __init__(self, pid: int, conn: Any) -> None:
+        self.pid, self.conn = pid, conn
 
     def send_step(self, *args: Any) -> None:
         self.conn.send(("step", *args))
@@ -80,16 +81,21 @@ class Engine:
         os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(spec.side_channel_port)
         # A file store, not TCP: no port to race for on a shared machine.
         dist_file = os.path.join(spec.workdir, f"dist-{self.engine_id}")
-        # Fork the other TP ranks before anything here starts a thread.
+        # Fork the other TP ranks before anything here starts a thread. A
+        # bare os.fork: multiprocessing refuses children of a daemon process.
         self.remote: list[RemoteRank] = []
-        fork = mp.get_context("fork")
         for r in range(1, spec.tp_size):
-            mine, theirs = fork.Pipe()
-            proc = fork.Process(target=rank_main, args=(spec, r, dist_file, theirs), daemon=True)
-            proc.start()
+            mine, theirs = mp.Pipe()
+            pid = os.fork()
+            if pid == 0:
+                mine.close()
+                try:
+                    rank_main(spec, r, dist_file, theirs)
+                finally:
+                    os._exit(0)
             theirs.close()
             mine.send(self.engine_id)
-            self.remote.append(RemoteRank(proc, mine))
+            self.remote.append(RemoteRank(pid, mine))
         log("building config")
         self.vc = model.vllm_config(spec, self.engine_id)
         self.kv_config = model.kv_cache_config(spec)
@@ -332,7 +338,11 @@ class Engine:
                 rr.recv(10)
             except Exception:
                 pass
-            rr.proc.kill()
+            try:
+                os.kill(rr.pid, signal.SIGKILL)
+                os.waitpid(rr.pid, 0)
+            except OSError:
+                pass
         self.rank0.shutdown()
         try:
             self.sched.shutdown()

@@ -223,3 +223,27 @@ def rogue_during_happy_path(fleet: Fleet, p_stock: bool, n: int = 4) -> dict[str
         "served": served,
         "sent": sent,
     }
+
+
+def hetero_tp(fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 4) -> dict[str, Any]:
+    """P with TP 2 (two worker processes, one KV head each) and D with TP 1:
+    D reads both halves, heartbeats both P ranks, and each rank frees once."""
+    p = fleet.start("P", "p", stock=p_stock, tp_size=2, kv_heads=2)
+    d = fleet.start("D", "d", stock=d_stock, kv_heads=2)
+    ids, params = prefill(p, "tp", n)
+    hand_to_d(d, params, hold=True)
+    wait_for(
+        lambda: all(p.report()["reqs"][r].get("hb_ranks") == {0, 1} for r in ids),
+        15,
+        what="heartbeats on both P ranks",
+    )
+    d.release()
+    p_rep = wait_freed(p, ids, timeout=30)
+    d_rep = d.report()
+    print_summary(
+        f"P TP2 -> D TP1 (P {'stock' if p_stock else 'ours'}, D {'stock' if d_stock else 'ours'})",
+        p_rep,
+        ids,
+        [d_rep],
+    )
+    return {"ids": ids, "p": p_rep, "d": d_rep}
