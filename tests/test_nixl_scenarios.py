@@ -62,10 +62,13 @@ def test_d_killed_p_reclaims_after_extension_and_serves_new_d(tmp_path, p_stock:
         rec = reqs[r]
         assert rec["freed_reason"] == "expiry"
         assert rec["freed_t"] > out["killed_t"]
-        since_hb = rec["freed_t"] - rec["hb_last_t"]
-        # The last heartbeat set deadline = its arrival + extension; P frees
-        # on the first step at or after it.
-        assert sc.EXTENSION - 0.1 <= since_hb <= sc.EXTENSION + sc.STEP_SLACK, since_hb
+        # deadline = max(grant + lease, last heartbeat + extension); P frees
+        # on its first step at or after it.
+        deadline = max(rec["finished_t"] + sc.LEASE, rec["hb_last_t"] + sc.EXTENSION)
+        assert deadline - 0.1 <= rec["freed_t"] <= deadline + sc.STEP_SLACK, rec["freed_t"] - deadline
+        assert rec["hb_last_t"] + sc.EXTENSION >= rec["finished_t"] + sc.LEASE, (
+            "grant, not heartbeat, decided"
+        )
     reqs2 = out["p2"]["reqs"]
     assert {reqs2[r]["freed_reason"] for r in out["ids2"]} == {"read"}
     assert sc.data_mismatches(out["p2"], out["d2"], out["ids2"]) == []

@@ -128,8 +128,10 @@ def d_killed(fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 4) -> dict[str
     d1 = fleet.start("D", "d1", stock=d_stock)
     ids, params = prefill(p, "orphan", n)
     hand_to_d(d1, params, hold=True)
-    # Let a few heartbeats land so the free is driven by the last one.
-    wait_for(lambda: all(p.report()["reqs"][r].get("hb", 0) >= 2 for r in ids), 15, what="heartbeats on P")
+    # Heartbeats come every second and extend to arrival + 4 s; from the 4th
+    # on they push the deadline past the original grant + 6 s, so the free
+    # is driven by the last heartbeat, not by the grant.
+    wait_for(lambda: all(p.report()["reqs"][r].get("hb", 0) >= 4 for r in ids), 20, what="heartbeats on P")
     d1_rep = d1.report()
     killed_t = d1.kill()
     p_rep = wait_freed(p, ids, timeout=EXTENSION + LEASE + 10)
