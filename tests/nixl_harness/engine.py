@@ -12,6 +12,7 @@ named it (P), read done, freed and why, and per-head digests of the KV data.
 
 from __future__ import annotations
 
+import faulthandler
 import multiprocessing as mp
 import os
 import signal
@@ -354,8 +355,11 @@ def engine_main(spec: EngineSpec, conn: Any) -> None:
     """Child entry point: build, say ready, then step and serve commands."""
     redirect_output(spec, "engine")
     log(f"engine {spec.name} forked (vLLM preloaded: {'nixl_harness.preload' in sys.modules})")
+    # A start-up that hangs leaves every thread's Python stack in the log.
+    faulthandler.dump_traceback_later(30, repeat=True, file=sys.stderr)
     try:
         eng = Engine(spec)
+        faulthandler.cancel_dump_traceback_later()
         agent, _ = eng.rank0.agent_metadata()
         conn.send(("ok", {"engine_id": eng.engine_id, "agent": agent, "pid": os.getpid()}))
     except Exception:

@@ -63,7 +63,7 @@ class EngineError(RuntimeError):
 class Engine:
     """Handle on one engine process."""
 
-    def __init__(self, spec: EngineSpec, start_timeout: float = 180.0) -> None:
+    def __init__(self, spec: EngineSpec, start_timeout: float = 90.0) -> None:
         from .engine import engine_main
 
         ctx = context()
@@ -72,13 +72,27 @@ class Engine:
         self.proc = ctx.Process(target=engine_main, args=(spec, child), daemon=True)
         self.proc.start()
         child.close()
-        self.info = self._reply(start_timeout, "start")
+        try:
+            self.info = self._reply(start_timeout, "start")
+        except BaseException:
+            self.proc.kill()  # never leave a half-started engine behind
+            self.proc.join(5)
+            raise
         self.engine_id: str = self.info["engine_id"]
         self.pid: int = self.info["pid"]
 
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            with open(self.log, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return "(no log)"
+
     def _reply(self, timeout: float, what: str) -> Any:
         if not self.conn.poll(timeout):
-            raise TimeoutError(f"{self.spec.name}: no answer to {what!r} within {timeout}s; see {self.log}")
+            raise TimeoutError(
+                f"{self.spec.name}: no answer to {what!r} within {timeout}s; log tail:\n{self.log_tail()}"
+            )
         try:
             status, payload = self.conn.recv()
         except EOFError as exc:
