@@ -19,7 +19,9 @@ import logging
 import os
 import pickle
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from unittest import mock
@@ -378,42 +380,67 @@ def fmt_bytes(b: float) -> str:
     return f"{b / 2**20:.1f} MiB"
 
 
+def run_scenario(entry: tuple, quick: bool) -> dict:
+    key, label, fn, size, quick_size, target, twin_target = entry
+    n = quick_size if quick else size
+    res = fn(n, quick)
+    is_mem = key == "memory"
+    speedup = res["upstream"] / res["cython"]
+    row = {
+        "scenario": key, "label": label if not quick else f"{label} [n={n}]",
+        "cython": res["cython"], "python": res["python"], "upstream": res["upstream"],
+        "unit": "bytes" if is_mem else "ns",
+        "speedup_vs_upstream": speedup, "cython_vs_twin": res["python"] / res["cython"],
+        "target": target, "twin_target": twin_target,
+    }
+    if is_mem:
+        row["ok"] = res["cython"] <= res["upstream"]
+    else:
+        row["ok"] = (target is None or speedup >= target) and (
+            twin_target is None or row["cython_vs_twin"] >= twin_target)
+    return row
+
+
+def run_isolated(entry: tuple, quick: bool) -> dict:
+    """One scenario in a fresh interpreter, so that the heap left by another
+    scenario (fragmented arenas, scattered ids) does not bias this one."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "row.json")
+        cmd = [sys.executable, __file__, "--only", entry[0], "--row-json", out]
+        cmd += ["--quick"] if quick else []
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        with open(out) as fh:
+            return json.load(fh)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smaller sizes (demo); targets are for full size")
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     ap.add_argument("--only", nargs="*", help="scenario keys to run")
+    ap.add_argument("--in-process", action="store_true", help="run all scenarios in this interpreter")
+    ap.add_argument("--row-json", help=argparse.SUPPRESS)  # child mode of run_isolated
     args = ap.parse_args(argv)
     logging.getLogger("vllm").setLevel(logging.ERROR)
-    import vllm  # noqa: F401  (import once, outside the timings)
+    entries = [e for e in SCENARIOS if not args.only or e[0] in args.only]
+    entries = [e for e in entries if not (args.quick and e[4] is None)]
+    in_process = args.in_process or args.row_json or len(entries) == 1
+    if in_process:
+        import vllm  # noqa: F401  (import once, outside the timings)
 
     rows = []
-    for key, label, fn, size, quick_size, target, twin_target in SCENARIOS:
-        if args.only and key not in args.only:
-            continue
-        if args.quick and quick_size is None:
-            continue
-        n = quick_size if args.quick else size
-        res = fn(n, args.quick)
-        is_mem = key == "memory"
-        speedup = res["upstream"] / res["cython"]
-        row = {
-            "scenario": key, "label": label if not args.quick else f"{label} [n={n}]",
-            "cython": res["cython"], "python": res["python"], "upstream": res["upstream"],
-            "unit": "bytes" if is_mem else "ns",
-            "speedup_vs_upstream": speedup, "cython_vs_twin": res["python"] / res["cython"],
-            "target": target, "twin_target": twin_target,
-        }
-        if is_mem:
-            row["ok"] = res["cython"] <= res["upstream"]
-        else:
-            row["ok"] = (target is None or speedup >= target) and (
-                twin_target is None or row["cython_vs_twin"] >= twin_target)
+    for entry in entries:
+        row = run_scenario(entry, args.quick) if in_process else run_isolated(entry, args.quick)
         rows.append(row)
+        is_mem = row["unit"] == "bytes"
         fmt = fmt_bytes if is_mem else fmt_time
-        print(f"{row['label']:<58} cython {fmt(res['cython']):>10}  twin {fmt(res['python']):>10}  "
-              f"upstream {fmt(res['upstream']):>10}  x{speedup:,.1f} (twin x{row['cython_vs_twin']:.1f})",
-              file=sys.stderr, flush=True)
+        print(f"{row['label']:<58} cython {fmt(row['cython']):>10}  twin {fmt(row['python']):>10}  "
+              f"upstream {fmt(row['upstream']):>10}  x{row['speedup_vs_upstream']:,.1f} "
+              f"(twin x{row['cython_vs_twin']:.1f})", file=sys.stderr, flush=True)
+    if args.row_json:
+        with open(args.row_json, "w") as fh:
+            json.dump(rows[0], fh)
+        return 0
 
     print()
     head = f"| {'scenario':<58} | {'ours (Cython)':>13} | {'ours (twin)':>11} | {'upstream':>10} " \
