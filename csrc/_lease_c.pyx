@@ -71,7 +71,6 @@ cdef Py_ssize_t MIN_STALE_FOR_REBUILD = 64   # same constant as the twin
 cdef size_t MIN_INDEX_SIZE = 16            # a power of two
 cdef uint32_t EMPTY = 0                     # index cell values: slot + 1, or these
 cdef uint32_t DELETED = 0xFFFFFFFF
-cdef const char* HB = b"HB:"
 cdef long MAX_EXPECTED_CONSUMERS = 2147483647
 
 
@@ -404,10 +403,6 @@ cdef class LeaseTable:
 
     def __repr__(self):
         return f"<LeaseTable leases={self._live} extension={self._extension}>"
-
-    # -- hooks for the router (same module, C speed) --------------------
-    cdef inline bint _has(self, object req_id) except -1:
-        return self._find_str(req_id) >= 0
 
 
 cdef class NotificationRouter:
