@@ -156,9 +156,9 @@ def sweep_churn(n: int, quick: bool) -> dict[str, float]:
         for step in range(steps):
             now = float(step)
             # renew 1% (leases due in ~50 steps), grant 1% new
-            renew = live[(step + 50) * per % n:(step + 50) * per % n + per]
+            renew = live[(step + 50) * per % n : (step + 50) * per % n + per]
             payload = b"HB:" + ",".join(renew).encode()
-            new = ids[fresh:fresh + per]
+            new = ids[fresh : fresh + per]
             fresh += per
             if impl == "upstream":
                 w.nixl_wrapper.batch = {"d": [payload]}
@@ -180,7 +180,7 @@ def sweep_churn(n: int, quick: bool) -> dict[str, float]:
 def heartbeat(n: int, quick: bool) -> dict[str, float]:
     ids = req_ids(n)
     deadlines = [1e6] * n
-    payload = b"HB:" + ",".join(ids[::max(1, n // 1000)][:1000]).encode()
+    payload = b"HB:" + ",".join(ids[:: max(1, n // 1000)][:1000]).encode()
     out = {}
     for impl in ("cython", "python"):
         router = fill_ours(impl, ids, deadlines)
@@ -200,9 +200,11 @@ def mixed_batch(n: int, quick: bool) -> dict[str, float]:
     """1,000 read completions + 10 heartbeats of 1k ids in one batch."""
     ids = req_ids(n)
     done = ids[:1000]
-    hbs = [b"HB:" + ",".join(ids[1000 + k * 1000:2000 + k * 1000]).encode() for k in range(10)]
-    batch = {"d0": [f"{r}:1".encode() for r in done[:500]] + hbs[:5],
-             "d1": [f"{r}:1".encode() for r in done[500:]] + hbs[5:]}
+    hbs = [b"HB:" + ",".join(ids[1000 + k * 1000 : 2000 + k * 1000]).encode() for k in range(10)]
+    batch = {
+        "d0": [f"{r}:1".encode() for r in done[:500]] + hbs[:5],
+        "d1": [f"{r}:1".encode() for r in done[500:]] + hbs[5:],
+    }
     out = {}
     for impl in ("cython", "python"):
         router = fill_ours(impl, ids, [1e6] * n)
@@ -282,9 +284,9 @@ def d_build(n: int, quick: bool) -> dict[str, float]:
         samples = []
         lo, hi = 0, n
         for _ in range(ticks):
-            for rid in ids[lo:lo + n // 100]:
+            for rid in ids[lo : lo + n // 100]:
                 hb.untrack(rid)
-            for j, rid in enumerate(ids[hi:hi + n // 100]):
+            for j, rid in enumerate(ids[hi : hi + n // 100]):
                 hb.track(rid, engines[(hi + j) % 8], rid)
             lo += n // 100
             hi += n // 100
@@ -302,8 +304,10 @@ def d_build(n: int, quick: bool) -> dict[str, float]:
     w._remote_agents = {e: {0: e} for e in engines}
     w._hb_handshake_notif_only = False
     w._ensure_handshake = lambda *a, **k: None
-    by_engine = {e: metadata.HeartbeatInfo(req_ids=set(ids[i:n:8]), host="h", port=1, tp_size=1)
-                 for i, e in enumerate(engines)}
+    by_engine = {
+        e: metadata.HeartbeatInfo(req_ids=set(ids[i:n:8]), host="h", port=1, tp_size=1)
+        for i, e in enumerate(engines)
+    }
     meta = type("Meta", (), {"heartbeat_by_engine": by_engine})()
     out["upstream"] = per_call_ns(lambda: w._send_heartbeats(meta), 20, 7)
     return out
@@ -324,8 +328,10 @@ def d_pickle(n: int, quick: bool) -> dict[str, float]:
             hb.track(rid, engines[i % 8], rid)
         payload = {e: EngineHeartbeats(m, "h", 1, 1) for e, m in hb.messages().items()}
         out[impl] = per_call_ns(lambda p=payload: pickle.loads(pickle.dumps(p)), 200, 7)
-    up = {e: metadata.HeartbeatInfo(req_ids=set(ids[i::8]), host="h", port=1, tp_size=1)
-          for i, e in enumerate(engines)}
+    up = {
+        e: metadata.HeartbeatInfo(req_ids=set(ids[i::8]), host="h", port=1, tp_size=1)
+        for i, e in enumerate(engines)
+    }
     out["upstream"] = per_call_ns(lambda: pickle.loads(pickle.dumps(up)), 20, 7)
     return out
 
@@ -333,7 +339,7 @@ def d_pickle(n: int, quick: bool) -> dict[str, float]:
 def memory(n: int, quick: bool) -> dict[str, float]:
     """Bytes beyond the id strings for n leases after 10*n heartbeat extensions."""
     ids = req_ids(n)
-    payloads = [b"HB:" + ",".join(ids[k:k + 1000]).encode() for k in range(0, n, 1000)]
+    payloads = [b"HB:" + ",".join(ids[k : k + 1000]).encode() for k in range(0, n, 1000)]
     out = {}
     for impl in ("cython", "python"):
         LeaseTable, _, _ = load_impl(impl)
@@ -350,8 +356,11 @@ def memory(n: int, quick: bool) -> dict[str, float]:
             with mock.patch("time.perf_counter", return_value=float(rnd)):
                 w._handle_heartbeat(p[3:].decode())
     floats = {id(v): v for v in w._reqs_to_send.values()}  # heartbeats share float objects
-    out["upstream"] = float(sys.getsizeof(w._reqs_to_send) + sys.getsizeof(w._reqs_to_process)
-                            + sum(sys.getsizeof(v) for v in floats.values()))
+    out["upstream"] = float(
+        sys.getsizeof(w._reqs_to_send)
+        + sys.getsizeof(w._reqs_to_process)
+        + sum(sys.getsizeof(v) for v in floats.values())
+    )
     return out
 
 
@@ -387,17 +396,23 @@ def run_scenario(entry: tuple, quick: bool) -> dict:
     is_mem = key == "memory"
     speedup = res["upstream"] / res["cython"]
     row = {
-        "scenario": key, "label": label if not quick else f"{label} [n={n}]",
-        "cython": res["cython"], "python": res["python"], "upstream": res["upstream"],
+        "scenario": key,
+        "label": label if not quick else f"{label} [n={n}]",
+        "cython": res["cython"],
+        "python": res["python"],
+        "upstream": res["upstream"],
         "unit": "bytes" if is_mem else "ns",
-        "speedup_vs_upstream": speedup, "cython_vs_twin": res["python"] / res["cython"],
-        "target": target, "twin_target": twin_target,
+        "speedup_vs_upstream": speedup,
+        "cython_vs_twin": res["python"] / res["cython"],
+        "target": target,
+        "twin_target": twin_target,
     }
     if is_mem:
         row["ok"] = res["cython"] <= res["upstream"]
     else:
         row["ok"] = (target is None or speedup >= target) and (
-            twin_target is None or row["cython_vs_twin"] >= twin_target)
+            twin_target is None or row["cython_vs_twin"] >= twin_target
+        )
     return row
 
 
@@ -434,17 +449,23 @@ def main(argv: list[str] | None = None) -> int:
         rows.append(row)
         is_mem = row["unit"] == "bytes"
         fmt = fmt_bytes if is_mem else fmt_time
-        print(f"{row['label']:<58} cython {fmt(row['cython']):>10}  twin {fmt(row['python']):>10}  "
-              f"upstream {fmt(row['upstream']):>10}  x{row['speedup_vs_upstream']:,.1f} "
-              f"(twin x{row['cython_vs_twin']:.1f})", file=sys.stderr, flush=True)
+        print(
+            f"{row['label']:<58} cython {fmt(row['cython']):>10}  twin {fmt(row['python']):>10}  "
+            f"upstream {fmt(row['upstream']):>10}  x{row['speedup_vs_upstream']:,.1f} "
+            f"(twin x{row['cython_vs_twin']:.1f})",
+            file=sys.stderr,
+            flush=True,
+        )
     if args.row_json:
         with open(args.row_json, "w") as fh:
             json.dump(rows[0], fh)
         return 0
 
     print()
-    head = f"| {'scenario':<58} | {'ours (Cython)':>13} | {'ours (twin)':>11} | {'upstream':>10} " \
-           f"| {'speed-up':>10} | {'Cy/twin':>7} | {'target':>9} | ok |"
+    head = (
+        f"| {'scenario':<58} | {'ours (Cython)':>13} | {'ours (twin)':>11} | {'upstream':>10} "
+        f"| {'speed-up':>10} | {'Cy/twin':>7} | {'target':>9} | ok |"
+    )
     print(head)
     print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
     for r in rows:
@@ -455,9 +476,11 @@ def main(argv: list[str] | None = None) -> int:
         else:
             tgt = f">= {r['target']:,}x" if r["target"] else "-"
             sp = f"{r['speedup_vs_upstream']:,.1f}x"
-        print(f"| {r['label']:<58} | {fmt(r['cython']):>13} | {fmt(r['python']):>11} | "
-              f"{fmt(r['upstream']):>10} | {sp:>10} | {r['cython_vs_twin']:>6.1f}x | {tgt:>9} | "
-              f"{'yes' if r['ok'] else 'NO':<2} |")
+        print(
+            f"| {r['label']:<58} | {fmt(r['cython']):>13} | {fmt(r['python']):>11} | "
+            f"{fmt(r['upstream']):>10} | {sp:>10} | {r['cython_vs_twin']:>6.1f}x | {tgt:>9} | "
+            f"{'yes' if r['ok'] else 'NO':<2} |"
+        )
     if args.quick:
         print("\n(--quick: smaller sizes; the targets are defined for the full sizes of `make bench`)")
     if args.json:

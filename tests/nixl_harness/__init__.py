@@ -6,7 +6,7 @@ See ``engine.py`` for what one step does and ``fleet.py`` for the control
 protocol.
 """
 
-from .fleet import Engine, EngineError, Fleet, free_ports, wait_for
+from .fleet import Engine, EngineError, Fleet, SidePortTaken, free_ports, wait_for
 from .spec import EngineSpec
 
-__all__ = ["Engine", "EngineError", "EngineSpec", "Fleet", "free_ports", "wait_for"]
+__all__ = ["Engine", "EngineError", "EngineSpec", "Fleet", "SidePortTaken", "free_ports", "wait_for"]

@@ -23,6 +23,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from . import model
+from .fleet import PORT_TAKEN
 from .ranks import Rank, rank_main
 from .spec import EngineSpec
 
@@ -109,7 +110,7 @@ class Engine:
         handshakes = {(0, 0): self.rank0.handshake_metadata()}
         for i, rr in enumerate(self.remote, start=1):
             handshakes[(0, i)] = rr.recv(120)
-        self.sched.set_xfer_handshake_metadata_pp_aware(handshakes)
+        publish_handshakes(self.sched, handshakes, spec.side_channel_port)
         log("engine ready")
         self.free_blocks = list(range(1, spec.num_blocks))  # block 0 stays the null block
         self.reqs: dict[str, dict[str, Any]] = {}
@@ -349,6 +350,37 @@ class Engine:
             self.sched.shutdown()
         except Exception:
             pass
+
+
+def publish_handshakes(sched: Any, handshakes: dict[tuple[int, int], Any], port: int) -> None:
+    """Start the side-channel listener; fail fast (not hang) if its port is taken.
+
+    vLLM waits without a timeout for the listener thread to bind; a thread that
+    died on EADDRINUSE would leave us waiting forever.
+    """
+    import threading
+
+    done = threading.Event()
+    failure: list[BaseException] = []
+
+    def publish() -> None:
+        try:
+            sched.set_xfer_handshake_metadata_pp_aware(handshakes)
+        except BaseException as exc:
+            failure.append(exc)
+        finally:
+            done.set()
+
+    threading.Thread(target=publish, daemon=True, name="publish_handshakes").start()
+    deadline = time.monotonic() + 60
+    while not done.wait(0.1):
+        listener = getattr(sched.connector_scheduler, "_nixl_handshake_listener_t", None)
+        if listener is not None and not listener.is_alive():
+            raise RuntimeError(f"{PORT_TAKEN}: the handshake listener died binding port {port}")
+        if time.monotonic() > deadline:
+            raise TimeoutError("handshake listener not ready after 60 s")
+    if failure:
+        raise failure[0]
 
 
 def engine_main(spec: EngineSpec, conn: Any) -> None:

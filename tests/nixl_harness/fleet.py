@@ -11,11 +11,14 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
-import socket
 import time
 from typing import Any
 
+from tools.pd.procs import free_ports
+
 from .spec import EngineSpec
+
+__all__ = ["Engine", "EngineError", "Fleet", "SidePortTaken", "free_ports", "wait_for"]
 
 _CTX: Any = None
 
@@ -31,8 +34,9 @@ def context() -> Any:
         # Python 3.11's fork server does not apply the parent's sys.path
         # before preloading (and swallows the ImportError): hand it ours.
         tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        repo_dir = os.path.dirname(tests_dir)  # for tools.pd.procs
         old = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (tests_dir, old) if p)
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (tests_dir, repo_dir, old) if p)
         try:
             forkserver.ensure_running()
         finally:
@@ -44,20 +48,16 @@ def context() -> Any:
     return _CTX
 
 
-def free_ports(n: int) -> list[int]:
-    """Ports free right now (xdist-safe: the kernel picks them)."""
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
-
-
 class EngineError(RuntimeError):
     pass
+
+
+class SidePortTaken(EngineError):
+    """The handshake listener could not bind its port: another process took it first."""
+
+
+# Engine-side marker of a lost port race (see engine.publish_handshakes).
+PORT_TAKEN = "SIDE_CHANNEL_PORT_TAKEN"
 
 
 class Engine:
@@ -98,6 +98,8 @@ class Engine:
         except EOFError as exc:
             raise EngineError(f"{self.spec.name} died during {what!r}; see {self.log}") from exc
         if status != "ok":
+            if PORT_TAKEN in str(payload):
+                raise SidePortTaken(f"{self.spec.name}: {payload.strip().splitlines()[-1]}")
             raise EngineError(f"{self.spec.name} failed {what!r}:\n{payload}")
         return payload
 
@@ -155,19 +157,28 @@ class Fleet:
         self.engines: list[Engine] = []
 
     def start(self, role: str, name: str, stock: bool = False, **kw: Any) -> Engine:
-        (port,) = free_ports(1)
-        spec = EngineSpec(
-            role=role,
-            stock=stock,
-            workdir=self.workdir,
-            side_channel_port=port,
-            lease=self.lease,
-            name=name,
-            **kw,
-        )
-        eng = Engine(spec)
-        self.engines.append(eng)
-        return eng
+        # A port free when picked can be bound by someone else before the
+        # engine's listener binds it; pick another and start again.
+        for attempt in range(3):
+            (port,) = free_ports(1)
+            spec = EngineSpec(
+                role=role,
+                stock=stock,
+                workdir=self.workdir,
+                side_channel_port=port,
+                lease=self.lease,
+                name=name,
+                **kw,
+            )
+            try:
+                eng = Engine(spec)
+            except SidePortTaken:
+                if attempt == 2:
+                    raise
+                continue
+            self.engines.append(eng)
+            return eng
+        raise AssertionError("unreachable")
 
     def __enter__(self) -> Fleet:
         return self
