@@ -18,6 +18,17 @@ def test_defaults_match_upstream() -> None:
     assert (cfg.heartbeat_interval, cfg.lease_extension) == (0, 3)  # every step, as upstream
 
 
+def test_fencing_defaults() -> None:
+    cfg = LeaseConfig.from_extra_config({})
+    assert cfg.lease_fencing is True
+    assert cfg.lease_safety_margin == 5.0  # extension / 4, upstream's turn-2 margin
+    # A tight custom interval: the margin stays below half of extension - interval.
+    cfg = LeaseConfig.from_extra_config({"kv_lease_duration": 30, "heartbeat_interval": 18})
+    assert cfg.lease_safety_margin == 1.0
+    cfg = LeaseConfig.from_extra_config({"lease_safety_margin": 0, "lease_fencing": False})
+    assert (cfg.lease_safety_margin, cfg.lease_fencing) == (0.0, False)
+
+
 def test_overrides() -> None:
     cfg = LeaseConfig.from_extra_config(
         {"kv_lease_duration": 60, "heartbeat_interval": 2.5, "lease_extension": 7, "max_heartbeat_bytes": 999}
@@ -39,6 +50,11 @@ def test_overrides() -> None:
         ({"heartbeat_interval": 10, "lease_extension": 10}, "must be greater than heartbeat_interval"),
         ({"max_heartbeat_bytes": 64}, "max_heartbeat_bytes']=64"),
         ({"max_heartbeat_bytes": 4096.0}, "'max_heartbeat_bytes'"),
+        ({"lease_safety_margin": 15}, "below lease_extension - heartbeat_interval (15)"),
+        ({"lease_safety_margin": -1}, "lease_safety_margin']=-1"),
+        ({"lease_safety_margin": "2"}, "['lease_safety_margin'] must be a number"),
+        ({"lease_safety_margin": float("inf")}, "['lease_safety_margin'] must be a number"),
+        ({"lease_fencing": "yes"}, "['lease_fencing'] must be true or false"),
     ],
 )
 def test_bad_values_name_key_and_value(extra: dict, needle: str) -> None:

@@ -93,12 +93,14 @@ def histories(draw: st.DrawFn) -> dict:
         # Delivery delay below margin - |estimate error|: the assumption fencing rests on.
         delay = draw(st.floats(0.0, 0.999)) * (margin - abs(err))
         events.append((t, kind, send_time, delay))
-    return dict(
-        duration=duration, extension=extension, margin=margin, offset=offset, err=err, events=events
-    )
+    return dict(duration=duration, extension=extension, margin=margin, offset=offset, err=err, events=events)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=400,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(h=histories())
 def test_view_never_outlives_the_grantors_lease(core, h: dict) -> None:
     """P runs the real LeaseTable on its clock; D runs the view on its own.

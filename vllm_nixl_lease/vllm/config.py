@@ -42,6 +42,10 @@ class LeaseConfig:
     heartbeat_interval: float
     lease_extension: float
     max_heartbeat_bytes: int
+    # D fences a READ when its view of P's lease has this little left (holder_view.py).
+    lease_safety_margin: float = 0.0
+    # False: D reads whatever its view says (upstream behaviour).
+    lease_fencing: bool = True
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> LeaseConfig:
@@ -76,7 +80,30 @@ class LeaseConfig:
                 f"kv_connector_extra_config['max_heartbeat_bytes']={raw_max!r} is too small for one "
                 f"request id; use >= {MIN_HEARTBEAT_BYTES}"
             )
-        return cls(duration, interval, extension, raw_max)
+        # Default: a quarter of the extension (5 s for the default 30 s lease,
+        # upstream's margin for its turn-2 readback), and always below
+        # extension - interval so steady heartbeats never break the view.
+        room = extension - interval
+        if "lease_safety_margin" in extra:
+            margin = extra["lease_safety_margin"]
+            if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin):
+                raise LeaseConfigError(
+                    f"kv_connector_extra_config['lease_safety_margin'] must be a number, got {margin!r}"
+                )
+            if not 0 <= margin < room:
+                raise LeaseConfigError(
+                    f"kv_connector_extra_config['lease_safety_margin']={margin!r} must be >= 0 and below "
+                    f"lease_extension - heartbeat_interval ({room!r}): with a larger margin a queued "
+                    "request's view would lapse between two heartbeats and every such read be fenced"
+                )
+        else:
+            margin = min(extension / 4, room / 2)
+        fencing = extra.get("lease_fencing", True)
+        if not isinstance(fencing, bool):
+            raise LeaseConfigError(
+                f"kv_connector_extra_config['lease_fencing'] must be true or false, got {fencing!r}"
+            )
+        return cls(duration, interval, extension, raw_max, float(margin), fencing)
 
     @classmethod
     def from_vllm_config(cls, vllm_config: Any) -> LeaseConfig:

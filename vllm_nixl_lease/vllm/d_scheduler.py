@@ -15,12 +15,13 @@ from vllm.logger import init_logger
 
 from .. import HeartbeatTracker
 from .config import LeaseConfig
+from .fence_scheduler import LeaseViewSchedulerMixin
 from .metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
 
 logger = init_logger(__name__)
 
 
-class HeartbeatSchedulerMixin:
+class HeartbeatSchedulerMixin(LeaseViewSchedulerMixin):
     """Mixed in front of vLLM's pull/push scheduler classes."""
 
     lease_config: LeaseConfig
@@ -34,6 +35,7 @@ class HeartbeatSchedulerMixin:
         )
         # engine id -> (host, port, tp, dcp, pp) of the first live request, as upstream
         self._heartbeat_targets: dict[str, tuple[str, int, int, int, int]] = {}
+        self._setup_lease_views()
 
     def on_new_request(self, request: Any) -> None:
         # Upstream validates the remote fields and records the request in its
@@ -47,6 +49,7 @@ class HeartbeatSchedulerMixin:
         engine_id, remote_id = entry
         info = self._heartbeat_by_engine[engine_id]  # type: ignore[attr-defined]
         super()._stop_heartbeat(local_id)  # type: ignore[misc]
+        self._add_lease_view(local_id, engine_id, remote_id, request.kv_transfer_params)
         try:
             self.heartbeat_tracker.track(local_id, engine_id, remote_id)
         except (TypeError, ValueError) as exc:
@@ -64,6 +67,7 @@ class HeartbeatSchedulerMixin:
             )
 
     def _stop_heartbeat(self, req_id: str) -> None:
+        self._drop_lease_view(req_id)
         tracker = self.heartbeat_tracker
         engine_id = tracker.engine_of(req_id)
         if engine_id is not None:
@@ -81,4 +85,5 @@ class HeartbeatSchedulerMixin:
                 if target is not None and messages:
                     out[engine_id] = EngineHeartbeats(messages, *target)
         setattr(meta, LEASE_HEARTBEATS_ATTR, out)
+        self._attach_lease_views(meta)
         return meta

@@ -59,6 +59,11 @@ class HeartbeatSenderMixin:
         for engine_id, (hb, pairs) in retry.items():
             self._heartbeat_engine(engine_id, hb, pairs)
 
+    def _on_heartbeat_sent(
+        self, engine_id: str, messages: list[bytes], started: float, finished: float
+    ) -> None:
+        """Hook: ``messages`` reached every P rank of ``engine_id`` (read fencing uses it)."""
+
     def _from_stock_metadata(self, metadata: Any) -> dict[str, EngineHeartbeats]:
         # Metadata built by a stock scheduler (e.g. a test) carries id sets.
         out = {}
@@ -85,15 +90,18 @@ class HeartbeatSenderMixin:
             if fut is not None:
                 self._hb_waiting[engine_id] = (hb, fut)
                 return
-            agents = list(self._remote_agents[engine_id].values())  # type: ignore[attr-defined]
-            pairs = [(agent, msg) for agent in agents for msg in hb.messages]
         elif engine_id not in self._remote_agents:  # type: ignore[attr-defined]
             return  # engine evicted since the failure
         # A heartbeat means the router still pairs this P with us (upstream).
         self._engine_last_active[engine_id] = time.perf_counter()  # type: ignore[attr-defined]
+        fresh = pairs is None
+        if fresh:
+            agents = list(self._remote_agents[engine_id].values())  # type: ignore[attr-defined]
+            pairs = [(agent, msg) for agent in agents for msg in hb.messages]
         failed: list[tuple[str, bytes]] = []
         sent = ids = nbytes = 0
         wrapper = self.nixl_wrapper  # type: ignore[attr-defined]
+        started = time.perf_counter()
         for agent, msg in pairs:
             try:
                 wrapper.send_notif(agent, notif_msg=msg)
@@ -104,6 +112,13 @@ class HeartbeatSenderMixin:
             sent += 1
             ids += msg.count(b",") + 1
             nbytes += len(msg)
+        if fresh:
+            # A message renews D's lease views only once every P rank has it;
+            # retried sends (later, partial) never do: conservative.
+            failed_msgs = {msg for _, msg in failed}
+            delivered = [msg for msg in hb.messages if msg not in failed_msgs]
+            if delivered:
+                self._on_heartbeat_sent(engine_id, delivered, started, time.perf_counter())
         stats = self.xfer_stats
         stats.add("num_heartbeat_msgs_sent", sent)
         stats.add("num_heartbeat_ids_sent", ids)

@@ -1,4 +1,4 @@
-"""What the D scheduler hands its workers for heartbeats."""
+"""What the D scheduler hands its workers for heartbeats and read fencing."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 # Attribute set on upstream's NixlConnectorMetadata: engine id -> EngineHeartbeats.
 LEASE_HEARTBEATS_ATTR = "lease_heartbeats"
+# Attribute set on upstream's NixlConnectorMetadata: LeaseViewUpdates.
+LEASE_VIEWS_ATTR = "lease_views"
 
 
 @dataclass(slots=True)
@@ -22,3 +24,12 @@ class EngineHeartbeats:
     tp_size: int
     dcp_size: int = 1
     pp_size: int = 1
+
+
+@dataclass(slots=True)
+class LeaseViewUpdates:
+    """Lease views that start and end this step (see ``holder_view.py``)."""
+
+    # local request id -> (P engine id, P's request id, P's deadline on P's clock, extension)
+    new: dict[str, tuple[str, str, float, float]]
+    dropped: list[str]

@@ -9,9 +9,12 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_scheduler import Nix
 
 from .config import LeaseConfig
 from .d_scheduler import HeartbeatSchedulerMixin
+from .fence_scheduler import LeaseParamsSchedulerMixin
 
 
-class LeaseNixlPullConnectorScheduler(HeartbeatSchedulerMixin, NixlPullConnectorScheduler):
+class LeaseNixlPullConnectorScheduler(
+    LeaseParamsSchedulerMixin, HeartbeatSchedulerMixin, NixlPullConnectorScheduler
+):
     def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
         lease_config = LeaseConfig.from_vllm_config(vllm_config)
         super().__init__(vllm_config, engine_id, kv_cache_config)

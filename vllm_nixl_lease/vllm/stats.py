@@ -40,6 +40,15 @@ LEASE_COUNTERS: dict[str, tuple[str, str]] = {
         "vllm:nixl_lease_malformed_notifications",
         "Notifications on P that were neither HB: nor id:count (skipped, not raised).",
     ),
+    "num_reads_fenced": (
+        "vllm:nixl_lease_reads_fenced",
+        "READs D refused because its view of P's lease had less than lease_safety_margin left "
+        "(reported as failed loads: kv_load_failure_policy applies).",
+    ),
+    "num_heartbeat_views_renewed": (
+        "vllm:nixl_lease_views_renewed",
+        "Lease views on D moved forward by a heartbeat D sent in time.",
+    ),
 }
 # key -> (Prometheus name, help text); values in seconds.
 LEASE_HISTOGRAMS: dict[str, tuple[str, str]] = {
@@ -60,6 +69,7 @@ _REDUCED_COUNTERS = {
     "num_heartbeat_msgs_sent": "Num HB msgs sent",
     "num_heartbeat_send_failures": "Num HB send failures",
     "num_malformed_notifs": "Num malformed notifs",
+    "num_reads_fenced": "Num reads fenced",
 }
 ACTIVE_LEASES = "active_leases"  # items: [tp_rank, leases held after the step]
 ACTIVE_LEASES_METRIC = "vllm:nixl_lease_active"

@@ -9,6 +9,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPu
 
 from .config import LeaseConfig
 from .d_worker import HeartbeatSenderMixin
+from .fence_worker import ReadFenceMixin
 from .p_worker import LeaseSenderMixin
 from .push_lease import PushLeaseSenderMixin
 
@@ -25,12 +26,16 @@ class _LeaseWorkerSetup:
 
 
 class LeaseNixlPullConnectorWorker(
-    _LeaseWorkerSetup, LeaseSenderMixin, HeartbeatSenderMixin, NixlPullConnectorWorker
+    _LeaseWorkerSetup, ReadFenceMixin, LeaseSenderMixin, HeartbeatSenderMixin, NixlPullConnectorWorker
 ):
     def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
         lease_config = LeaseConfig.from_vllm_config(vllm_config)  # fail before NIXL setup
         super().__init__(vllm_config, engine_id, kv_cache_config)
         self._setup_lease(lease_config)
+
+    def _setup_lease(self, lease_config: LeaseConfig) -> None:
+        super()._setup_lease(lease_config)
+        self._setup_read_fence(lease_config)
 
 
 class LeaseNixlPushConnectorWorker(

@@ -1,0 +1,218 @@
+"""Read fencing through vLLM's real scheduler and worker classes: P reports its
+lease deadline, D ships views to its workers, heartbeats renew them and a READ
+whose view is about to lapse becomes a failed load instead."""
+
+from __future__ import annotations
+
+import logging
+import time
+from types import SimpleNamespace
+
+import pytest
+from vllm_support import (
+    STOCK_PULL_WORKER,
+    Clock,
+    fake_request,
+    make_kv_cache_config,
+    make_worker,
+    remote_prefill_params,
+    shared_vllm_config,
+)
+
+from vllm_nixl_lease.vllm.fence_scheduler import PARAM_LEASE_DEADLINE, PARAM_LEASE_EXTENSION
+from vllm_nixl_lease.vllm.metadata import EngineHeartbeats, LeaseViewUpdates
+from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
+from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
+
+LEASE = 12  # extension 8, interval 2, default margin min(8 / 4, (8 - 2) / 2) = 2
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    c = Clock()
+    monkeypatch.setattr(time, "perf_counter", c)
+    return c
+
+
+@pytest.fixture(scope="module")
+def scheduler_factory(tmp_path_factory: pytest.TempPathFactory):
+    root = tmp_path_factory.mktemp("fence")
+
+    def make(extra: dict | None = None) -> LeaseNixlPullConnectorScheduler:
+        from vllm.config import set_current_vllm_config
+
+        vc = shared_vllm_config(root, {"kv_lease_duration": LEASE, **(extra or {})})
+        with set_current_vllm_config(vc):
+            return LeaseNixlPullConnectorScheduler(vc, "engine-under-test", make_kv_cache_config())
+
+    return make
+
+
+def _finished_prefill(req_id: str) -> SimpleNamespace:
+    from vllm.v1.request import RequestStatus
+
+    return SimpleNamespace(
+        request_id=req_id,
+        kv_transfer_params={"do_remote_decode": True},
+        status=RequestStatus.FINISHED_LENGTH_CAPPED,
+        num_computed_tokens=64,
+    )
+
+
+def test_p_reports_its_lease_deadline_and_extension(scheduler_factory, clock: Clock) -> None:
+    sched = scheduler_factory()
+    delay, params = sched.request_finished(_finished_prefill("p-1"), ([3, 4],))
+    assert delay and params["do_remote_prefill"]
+    assert params[PARAM_LEASE_DEADLINE] == sched._reqs_need_send["p-1"] == clock.now + LEASE
+    assert params[PARAM_LEASE_EXTENSION] == LEASE * 2 // 3
+    # Nothing to hold (no blocks): no lease, no deadline.
+    delay, params = sched.request_finished(_finished_prefill("p-2"), ([],))
+    assert not delay and PARAM_LEASE_DEADLINE not in params
+
+
+def _d_params(engine: str, remote_id: str, deadline: float | None, extension: float | None = 8.0) -> dict:
+    params = remote_prefill_params(engine, remote_id)
+    if deadline is not None:
+        params[PARAM_LEASE_DEADLINE] = deadline
+        params[PARAM_LEASE_EXTENSION] = extension
+    return params
+
+
+def test_d_scheduler_ships_views_and_drops(scheduler_factory, clock: Clock) -> None:
+    sched = scheduler_factory()
+    sched.on_new_request(fake_request("d1", **_d_params("P", "p1", 5000.0)))
+    sched.on_new_request(fake_request("d2", **_d_params("P", "p2", 5001.0)))
+    meta = sched.build_connector_meta(None)
+    assert meta.lease_views == LeaseViewUpdates(
+        {"d1": ("P", "p1", 5000.0, 8.0), "d2": ("P", "p2", 5001.0, 8.0)}, []
+    )
+    sched.update_connector_output(SimpleNamespace(finished_recving={"d1"}))  # read done
+    sched.on_new_request(fake_request("d3", **_d_params("P", "p3", 5002.0)))
+    sched._stop_heartbeat("d3")  # aborted before it was ever shipped: nothing to drop
+    sched._stop_heartbeat("d9")  # never seen
+    assert sched.build_connector_meta(None).lease_views == LeaseViewUpdates({}, ["d1"])
+    assert sched.build_connector_meta(None).lease_views == LeaseViewUpdates({}, [])
+
+
+def test_d_scheduler_without_deadline_logs_once_per_engine(
+    scheduler_factory, clock: Clock, caplog: pytest.LogCaptureFixture
+) -> None:
+    sched = scheduler_factory()
+    logger = logging.getLogger("vllm_nixl_lease.vllm.fence_scheduler")
+    logger.propagate = True
+    with caplog.at_level(logging.INFO, logger=logger.name):
+        for i in range(3):
+            sched.on_new_request(fake_request(f"s{i}", **_d_params("StockP", f"p{i}", None)))
+        sched.on_new_request(fake_request("bad1", **_d_params("OurP", "b1", float("nan"))))
+        sched.on_new_request(fake_request("bad2", **_d_params("OurP", "b2", 5000.0, "8")))
+        sched.on_new_request(fake_request("bad3", **_d_params("OurP", "b3", True)))
+    assert sched.build_connector_meta(None).lease_views.new == {}
+    off = [r for r in caplog.records if "reports no lease deadline" in r.getMessage()]
+    assert len(off) == 1 and "StockP" in off[0].getMessage()
+    bad = [r for r in caplog.records if "malformed lease fields" in r.getMessage()]
+    assert len(bad) == 3 and all(r.levelno == logging.WARNING for r in bad)
+    assert len(sched.heartbeat_tracker) == 6  # still heartbeated, as upstream
+
+
+def test_fencing_can_be_switched_off(scheduler_factory, clock: Clock) -> None:
+    sched = scheduler_factory({"lease_fencing": False})
+    sched.on_new_request(fake_request("d1", **_d_params("P", "p1", 5000.0)))
+    assert sched.build_connector_meta(None).lease_views.new == {}
+
+
+class _Meta:
+    def __init__(self, views: LeaseViewUpdates | None = None, heartbeats: dict | None = None) -> None:
+        self.lease_views = views
+        self.lease_heartbeats = heartbeats or {}
+        self.reqs_to_recv: dict = {}
+        self.reqs_in_batch: set = set()
+        self.reqs_not_processed: set = set()
+        self.reqs_to_send: dict = {}
+        self.scheduler_clock = 0.0
+        self.heartbeat_by_engine: dict = {}
+
+
+@pytest.fixture
+def d_worker(clock: Clock, monkeypatch: pytest.MonkeyPatch):
+    """Our pull worker connected to P (clock offset +500 s); stock reads recorded, not issued."""
+    worker = make_worker(LeaseNixlPullConnectorWorker, LEASE)
+    worker._remote_agents["P"] = {(0, 0): "p-agent-0", (0, 1): "p-agent-1"}
+    worker._engine_clock_offset["P"] = 500.0
+    worker._invalid_remote_engines = set()
+    worker._recv_failures = set()
+    worker._failed_remote_engines = set()
+    reads: list[str] = []
+    monkeypatch.setattr(
+        STOCK_PULL_WORKER, "_read_blocks_for_req", lambda self, req_id, meta: reads.append(req_id)
+    )
+    worker.reads = reads
+    return worker
+
+
+def _recv_meta(engine: str = "P", blocks: tuple = ([1, 2],)) -> SimpleNamespace:
+    return SimpleNamespace(local_block_ids=blocks, remote=SimpleNamespace(engine_id=engine))
+
+
+def _views(worker, **deadlines: float) -> None:
+    for local_id, deadline in deadlines.items():
+        worker.lease_views.add(local_id, "P", "p" + local_id[1:], deadline, 8.0)
+
+
+def test_read_goes_ahead_while_the_view_has_room(d_worker, clock: Clock) -> None:
+    _views(d_worker, d1=clock.now + 500.0 + 10.0)  # 10 s left on P's clock
+    clock.advance(7.9)
+    d_worker._read_blocks_for_req("d1", _recv_meta())
+    assert d_worker.reads == ["d1"] and d_worker._recv_failures == set()
+
+
+def test_read_is_fenced_when_the_view_is_about_to_lapse(d_worker, clock: Clock) -> None:
+    _views(d_worker, d1=clock.now + 500.0 + 10.0)
+    clock.advance(8.0)  # exactly the 2 s margin left
+    d_worker._read_blocks_for_req("d1", _recv_meta())
+    assert d_worker.reads == []
+    assert d_worker._recv_failures == {"d1"}  # -> invalid blocks -> kv_load_failure_policy
+    assert sum(d_worker.xfer_stats.data["num_reads_fenced"]) == 1
+    assert "d1" not in d_worker.lease_views
+
+
+def test_not_fenced_without_view_handshake_or_blocks(d_worker, clock: Clock) -> None:
+    _views(d_worker, d2=clock.now + 500.0 + 1.0, d3=clock.now + 500.0 + 1.0)
+    d_worker._read_blocks_for_req("d1", _recv_meta())  # no view (stock P): upstream behaviour
+    d_worker._read_blocks_for_req("d2", _recv_meta(blocks=([],)))  # nothing to read: P gets notified
+    d_worker.lease_views.add("d4", "Q", "p4", 0.0, 8.0)
+    d_worker._read_blocks_for_req("d4", _recv_meta("Q"))  # not connected: upstream defers it
+    assert d_worker.reads == ["d1", "d2", "d4"]
+    assert sum(d_worker.xfer_stats.data["num_reads_fenced"]) == 0
+    d_worker._read_blocks_for_req("d3", _recv_meta())
+    assert d_worker.reads == ["d1", "d2", "d4"] and d_worker._recv_failures == {"d3"}
+
+
+def test_heartbeat_to_every_p_rank_renews_the_view(d_worker, clock: Clock) -> None:
+    _views(d_worker, d1=clock.now + 500.0 + 10.0, d2=clock.now + 500.0 + 10.0)
+    clock.advance(5.0)
+    hb = EngineHeartbeats([b"HB:p1", b"HB:p2"], "127.0.0.1", 5600, 2)
+    d_worker.nixl_wrapper.fail_sends = 1  # the first send (p1 to rank 0) fails
+    d_worker._send_heartbeats(_Meta(heartbeats={"P": hb}))
+    assert d_worker.lease_views.remaining("d1", clock.now, 500.0) == pytest.approx(5.0)  # not renewed
+    assert d_worker.lease_views.remaining("d2", clock.now, 500.0) == pytest.approx(8.0)
+    assert sum(d_worker.xfer_stats.data["num_heartbeat_views_renewed"]) == 1
+    # The retry next step reaches rank 0 later than rank 1: it never renews.
+    d_worker._send_heartbeats(_Meta())
+    assert d_worker.lease_views.remaining("d1", clock.now, 500.0) == pytest.approx(5.0)
+    clock.advance(3.5)
+    d_worker._read_blocks_for_req("d1", _recv_meta())
+    d_worker._read_blocks_for_req("d2", _recv_meta())
+    assert d_worker.reads == ["d2"] and d_worker._recv_failures == {"d1"}
+
+
+def test_start_load_kv_adds_views_before_reads_and_drops_after(d_worker, clock: Clock, monkeypatch) -> None:
+    seen: list[bool] = []
+    monkeypatch.setattr(
+        STOCK_PULL_WORKER, "start_load_kv", lambda self, meta: seen.append("d1" in self.lease_views)
+    )
+    new = {"d1": ("P", "p1", clock.now + 510.0, 8.0)}
+    d_worker.start_load_kv(_Meta(LeaseViewUpdates(new, [])))
+    d_worker.start_load_kv(_Meta(LeaseViewUpdates({}, ["d1"])))
+    assert seen == [True, True] and "d1" not in d_worker.lease_views
+    d_worker.start_load_kv(_Meta(None))  # metadata from a stock scheduler
+    assert seen == [True, True, False]
