@@ -1,7 +1,9 @@
 """Real `vllm serve` P/D pairs behind vllm-router: one pair per connector, reused across its scenarios.
 
 Run after the parallel suite and one at a time (`pytest -m e2e -p no:xdist`): each server needs a
-core and ~3 GB. Connectors: env PD_E2E_CONNECTORS (default "stock,lease"; "hook" also works).
+core and ~3 GB. Connectors: env PD_E2E_CONNECTORS (default "stock,lease"; "hook" also works). In
+the "lease" run the D started after the kill loads ours through the import hook under the stock
+name `NixlConnector` (VLLM_NIXL_LEASE=1), so both adoption paths serve without a third start-up.
 """
 
 from __future__ import annotations
@@ -19,8 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: `tool
 from tools.pd.launcher import BUILD, VENV_CPU, VENV_ROUTER, PDCluster, PDConfig
 
 LEASE_S = 15  # >= 15 s: stock P spins a core with an unread lease, stalling other processes for seconds
-D_BLOCKS = 20  # D holds one max-length request ...
-D_MAX_SEQS = 1  # ... and runs one at a time: the rest queue on D, heartbeating P
+D_MAX_SEQS = 1  # D runs one request at a time: behind a blocker the rest queue on D, heartbeating P
 CONNECTORS = [c for c in os.environ.get("PD_E2E_CONNECTORS", "stock,lease").split(",") if c]
 RESULTS: dict[str, dict[str, object]] = {}  # connector -> measured numbers, compared at the end
 
@@ -33,7 +34,6 @@ def pd(request: pytest.FixtureRequest) -> Iterator[PDCluster]:
     cfg = PDConfig(
         connector=conn,
         lease_s=LEASE_S,
-        d_num_blocks=D_BLOCKS,
         d_max_num_seqs=D_MAX_SEQS,
         log_dir=BUILD / "e2e-logs" / conn,
     )

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import http.client
 import json
 import re
+import socket
+import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -98,3 +102,63 @@ def metric_sum(text: str, name: str) -> float:
 
 def metric(url: str, name: str, timeout: float = 5.0) -> float:
     return metric_sum(metrics_text(url, timeout), name)
+
+
+class Blocker:
+    """A long streamed completion sent straight to one server that occupies it until `release()`.
+
+    With `--max-num-seqs 1` on D this is "D is slow": requests routed meanwhile wait in D's queue
+    while P holds their KV under a lease. Closing the connection makes the server abort the request
+    (vLLM cancels a request whose client disconnected), so the hold lasts exactly as long as the
+    caller wants, whatever the machine's speed.
+    """
+
+    def __init__(self, url: str, prompt: str, max_tokens: int, max_s: float) -> None:
+        u = urllib.parse.urlsplit(url)
+        self._conn = http.client.HTTPConnection(u.hostname or "127.0.0.1", u.port, timeout=max_s)
+        self.started = threading.Event()  # first token streamed: the server is running it
+        self.finished_early = False  # the server completed it before release(): hold too short
+        self.released = False
+        self.error = ""
+        self.tokens = 0
+        self.t_start = time.time()
+        payload = {"model": MODEL, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                   "ignore_eos": True, "stream": True}  # fmt: skip
+        self._thread = threading.Thread(target=self._run, args=(payload,), daemon=True)
+        self._thread.start()
+
+    def _run(self, payload: dict) -> None:
+        try:
+            self._conn.request(
+                "POST", "/v1/completions", json.dumps(payload), {"Content-Type": "application/json"}
+            )
+            resp = self._conn.getresponse()
+            if resp.status != 200:
+                self.error = f"HTTP {resp.status}: {resp.read(200)!r}"
+                return
+            for raw in resp:
+                line = raw.strip()
+                if line == b"data: [DONE]":
+                    self.finished_early = not self.released
+                    return
+                if line.startswith(b"data: "):
+                    self.tokens += 1
+                    self.started.set()
+        except Exception as e:  # noqa: BLE001 - reset by release() or by a killed server: recorded
+            if not self.released:
+                self.error = f"{type(e).__name__}: {e}"
+
+    def wait_started(self, timeout: float) -> bool:
+        return self.started.wait(timeout)
+
+    def release(self) -> None:
+        """Disconnect: the server aborts the request and frees its slot."""
+        self.released = True
+        sock = self._conn.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        self._conn.close()
+        self._thread.join(timeout=10)

@@ -10,6 +10,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -22,6 +23,9 @@ VENV_CPU = Path(os.environ.get("PD_VENV_CPU", ROOT / ".venv-cpu"))
 VENV_ROUTER = Path(os.environ.get("PD_VENV_ROUTER", ROOT / ".venv-router"))
 BUILD = ROOT / ".build"
 MODEL_NAME = "tiny"
+# Routed prompts must span at least one KV block: a one-token prompt gives D nothing to read, so
+# P's lease on it is never released by a read and expires later, in the middle of a measurement.
+WARMUP_PROMPT = "Once upon a time there was a small model with random weights. " * 3
 
 # name -> (kv_connector, extra env). "hook" loads ours through the import hook under the stock name.
 CONNECTORS: dict[str, tuple[str, dict[str, str]]] = {
@@ -52,8 +56,13 @@ class PDConfig:
     d_num_blocks: int | None = None  # cap D's KV blocks so requests queue on D
     d_max_num_seqs: int | None = None  # 1 serialises D: the rest wait in its queue
     block_size: int = 32
-    max_model_len: int = 512
+    max_model_len: int = 2048  # room for a long blocker request on D (tools.pd.client.Blocker)
     startup_timeout_s: float = 300.0
+    # Each server's whole process tree (API server, engine core, worker) gets its own core, so a P
+    # engine that spins on an unread lease cannot starve D's heartbeats, and a slightly raised
+    # priority keeps both responsive beside other jobs (skipped silently without the privilege).
+    pin_cpus: bool = True
+    nice: int = field(default_factory=lambda: int(os.environ.get("PD_NICE", "-5")))
     log_dir: Path = field(default_factory=lambda: BUILD / "pd-logs" / time.strftime("%Y%m%d-%H%M%S"))
     router: bool = True
 
@@ -75,6 +84,8 @@ class PDCluster:
         _check_venvs(cfg.router)
         self.cfg = cfg
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
+        for old in cfg.log_dir.glob("*.log"):  # timings are parsed from these: no earlier run's lines
+            old.unlink()
         self.model_dir = ensure_assets(VENV_CPU / "bin" / "python", BUILD)
         self.logging_cfg = cfg.log_dir / "logging.json"
         self.logging_cfg.write_text(json.dumps(_LOGGING))
@@ -83,6 +94,12 @@ class PDCluster:
         self.decode: Managed | None = None
         self.router: Managed | None = None
         self._d_gen = 0
+        self.d_connector = cfg.connector
+        self.progress: Callable[[str], None] | None = None  # e.g. print: start-up milestones
+
+    def _note(self, msg: str) -> None:
+        if self.progress:
+            self.progress(msg)
 
     # -- URLs ------------------------------------------------------------------------------------
     @property
@@ -98,8 +115,10 @@ class PDCluster:
         return f"http://127.0.0.1:{self.r_port}"
 
     # -- processes -------------------------------------------------------------------------------
-    def _server(self, role: str, port: int, side: int, cpu: str, extra: list[str], log: Path) -> Managed:
-        name, conn_env = CONNECTORS[self.cfg.connector]
+    def _server(
+        self, role: str, port: int, side: int, cpu: int, extra: list[str], log: Path, connector: str
+    ) -> Managed:
+        name, conn_env = CONNECTORS[connector]
         ktc = {
             "kv_connector": name,
             "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
@@ -123,7 +142,7 @@ class PDCluster:
         env.update(
             VLLM_TARGET_DEVICE="cpu",
             VLLM_CPU_KVCACHE_SPACE="1",
-            VLLM_CPU_OMP_THREADS_BIND=cpu,  # one core each: unpinned, a 16-token request took 8 s
+            VLLM_CPU_OMP_THREADS_BIND=str(cpu),  # one core each: unpinned, a 16-token request took 8 s
             VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
             VLLM_NIXL_SIDE_CHANNEL_PORT=str(side),
             VLLM_LOGGING_CONFIG_PATH=str(self.logging_cfg),
@@ -135,18 +154,21 @@ class PDCluster:
             PATH=f"{VENV_CPU / 'bin'}:{env.get('PATH', '')}",
             **conn_env,
         )
-        return Managed(role, argv, env, log)
+        pin = {cpu} if self.cfg.pin_cpus and (os.cpu_count() or 1) > 1 else None
+        return Managed(role, argv, env, log, cpus=pin, nice=self.cfg.nice)
 
-    def _cpu(self, which: int) -> str:
+    def _cpu(self, which: int) -> int:
         n = os.cpu_count() or 1
-        return str(which % n)
+        return which % n
 
     def start_prefill(self) -> None:
         self.prefill = self._server(
-            "prefill", self.p_port, self.p_side, self._cpu(0), [], self.cfg.log_dir / "prefill.log"
-        )
+            "prefill", self.p_port, self.p_side, self._cpu(0), [], self.cfg.log_dir / "prefill.log",
+            self.cfg.connector,
+        )  # fmt: skip
 
-    def start_decode(self) -> None:
+    def start_decode(self, connector: str | None = None) -> None:
+        """Start D, with `connector` instead of the cluster's (e.g. a restarted D through the hook)."""
         extra: list[str] = []
         if self.cfg.d_num_blocks is not None:
             extra += ["--num-gpu-blocks-override", str(self.cfg.d_num_blocks)]
@@ -154,7 +176,9 @@ class PDCluster:
             extra += ["--max-num-seqs", str(self.cfg.d_max_num_seqs)]
         self._d_gen += 1
         log = self.cfg.log_dir / f"decode{self._d_gen}.log"
-        self.decode = self._server("decode", self.d_port, self.d_side, self._cpu(1), extra, log)
+        conn = connector or self.cfg.connector
+        self.decode = self._server("decode", self.d_port, self.d_side, self._cpu(1), extra, log, conn)
+        self.d_connector = conn
 
     def start_router(self) -> None:
         argv = [
@@ -169,12 +193,18 @@ class PDCluster:
         self.router = Managed("router", argv, dict(os.environ), self.cfg.log_dir / "router.log")
 
     def _wait(self, proc: Managed, url: str, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+        t0 = time.monotonic()
+        deadline = t0 + timeout
+        next_note = t0 + 15
         while time.monotonic() < deadline:
             if not proc.alive():
                 raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}):\n{proc.log_tail()}")
             if client.healthy(url):
+                self._note(f"{proc.name} healthy ({url})")
                 return
+            if self.progress and time.monotonic() >= next_note:
+                self._note(f"  waiting for {proc.name}: {time.monotonic() - t0:.0f}s (log {proc.log_path})")
+                next_note += 15
             time.sleep(0.5)
         raise TimeoutError(f"{proc.name} not healthy after {timeout:.0f}s:\n{proc.log_tail()}")
 
@@ -201,7 +231,7 @@ class PDCluster:
         deadline = time.monotonic() + timeout
         last: object = None
         while time.monotonic() < deadline:
-            last = client.complete(self.r_url, "hi", max_tokens=2, timeout=20)
+            last = client.complete(self.r_url, WARMUP_PROMPT, max_tokens=2, timeout=20)
             if last.ok:
                 return
             time.sleep(1.0)
@@ -212,10 +242,10 @@ class PDCluster:
         assert self.decode is not None
         return self.decode.kill()
 
-    def restart_decode(self) -> None:
+    def restart_decode(self, connector: str | None = None) -> None:
         if self.decode is not None and self.decode.alive():
             self.decode.kill()
-        self.start_decode()
+        self.start_decode(connector)
         self.wait_decode()
 
     def close(self) -> None:

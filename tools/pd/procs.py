@@ -45,6 +45,14 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
+def _try(fn: object, *args: object) -> bool:
+    try:
+        fn(*args)  # type: ignore[operator]
+    except OSError:  # not permitted (nice < 0 without CAP_SYS_NICE) or no such CPU: run unpinned
+        return False
+    return True
+
+
 def _children_map() -> dict[int, list[int]]:
     kids: dict[int, list[int]] = {}
     for entry in os.listdir("/proc"):
@@ -75,7 +83,15 @@ def descendants(pid: int) -> list[int]:
 class Managed:
     """A child started in its own session, with stdout+stderr going to `log_path`."""
 
-    def __init__(self, name: str, argv: Sequence[str], env: Mapping[str, str], log_path: Path) -> None:
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        env: Mapping[str, str],
+        log_path: Path,
+        cpus: set[int] | None = None,
+        nice: int = 0,
+    ) -> None:
         self.name = name
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -90,6 +106,10 @@ class Managed:
         )
         self.pid = self.popen.pid
         _LIVE.append(self)
+        # Set right after exec, before the interpreter has imported anything or spawned its engine
+        # and worker processes, which inherit both. Not a preexec_fn: callers have threads running.
+        self.pinned = _try(os.sched_setaffinity, self.pid, cpus) if cpus else False
+        self.reniced = _try(os.setpriority, os.PRIO_PROCESS, self.pid, nice) if nice else False
 
     def alive(self) -> bool:
         return self.popen.poll() is None

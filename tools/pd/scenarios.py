@@ -1,4 +1,11 @@
-"""The P/D stories shared by the e2e tests and the demo. Timings come from P's log and metrics."""
+"""The P/D stories shared by the e2e tests and the demo. Timings come from P's log and metrics.
+
+"D is slow" is made deterministic instead of depending on the machine's speed: D runs with
+`--max-num-seqs 1` and a `client.Blocker` (one long streamed request sent straight to D) occupies
+its only slot. Requests routed meanwhile are prefilled on P, whose KV then waits under a lease
+while they queue on D; D heartbeats them. Releasing the blocker (the client disconnects, D aborts
+it) lets D read and serve them; killing D instead leaves P to reclaim them.
+"""
 
 from __future__ import annotations
 
@@ -13,21 +20,33 @@ from tools.pd.launcher import PDCluster
 EXPIRED = "vllm:nixl_num_kv_expired_reqs"
 NOTIF_AFTER_EXPIRY = "vllm:nixl_num_notifications_after_expiry"
 XFER_TIME_COUNT = "vllm:nixl_xfer_time_seconds_count"  # one sample per finished NIXL read on D
+LEASE_ACTIVE = "vllm:nixl_lease_active"  # ours only
 
+# One, two and four KV blocks of 32 tokens (a one-token prompt gives D nothing to read and leaves
+# an unread lease on P).
 PROMPTS = [
-    "Hello",  # well under one block
-    "The quick brown fox jumps over the lazy dog. " * 4,  # ~2 blocks of 32
-    "Heartbeats renew the lease while the request waits in the decode queue. " * 8,  # several blocks
+    "Hello, how are you today? I am fine, thank you very much. "
+    "Numbers like 0 1 2 3 4 5 6 7 8 9 10 100 1000 appear in text too.",
+    "The quick brown fox jumps over the lazy dog. " * 4,
+    "Heartbeats renew the lease while the request waits in the decode queue. " * 8,
 ]
+BLOCKER_PROMPT = "Once upon a time there was a small model with random weights."
 
 
 def burst_prompts(n: int, tag: str) -> list[str]:
-    # Distinct prompts: no prefix sharing, each request its own lease.
-    return [f"{tag} {i}: the router sends each request to prefill first." for i in range(n)]
+    # Distinct (no prefix sharing: each request its own lease) and longer than one block.
+    return [
+        f"{tag} {i}: " + "The router sends each request to prefill first and then to decode. " * 2
+        for i in range(n)
+    ]
 
 
 def lease_extension(lease_s: int) -> int:
     return lease_s * 2 // 3  # upstream's integer arithmetic
+
+
+def lease_interval(lease_s: int) -> int:
+    return lease_s // 6  # D's heartbeat period (upstream's integer arithmetic)
 
 
 @dataclass
@@ -49,7 +68,11 @@ def equality(pd: PDCluster, max_tokens: int = 24, timeout: float = 60.0) -> Equa
         if not (alone.ok and routed.ok):
             raise AssertionError(f"request failed: P alone {alone.error!r}, routed {routed.error!r}")
         pairs.append((alone.text, routed.text))
-    return Equality(pairs, client.metric(pd.d_url, XFER_TIME_COUNT) - before)
+    # D counts a read when its step reports it; give the metric a moment.
+    deadline = time.time() + 5
+    while (n := client.metric(pd.d_url, XFER_TIME_COUNT) - before) < len(pairs) and time.time() < deadline:
+        time.sleep(0.3)
+    return Equality(pairs, n)
 
 
 class Burst:
@@ -69,166 +92,183 @@ class Burst:
         return out
 
 
+def block_decode(pd: PDCluster, max_s: float, start_timeout: float = 60.0) -> client.Blocker:
+    """Occupy D's single slot with a long streamed request (released by the caller or by D's death)."""
+    blocker = client.Blocker(pd.d_url, BLOCKER_PROMPT, pd.cfg.max_model_len - 64, max_s)
+    if not blocker.wait_started(start_timeout):
+        blocker.release()
+        raise AssertionError(f"D did not start the blocker request in {start_timeout}s: {blocker.error}")
+    return blocker
+
+
+def queue_behind(pd: PDCluster, n: int, tag: str, max_tokens: int, timeout: float) -> Burst:
+    """Route `n` requests while D is blocked; return once D's own gauge shows them all waiting."""
+    burst = Burst(pd.r_url, burst_prompts(n, tag), max_tokens, timeout)
+    deadline = time.time() + 30
+    waiting = 0.0
+    while time.time() < deadline:
+        waiting = client.metric(pd.d_url, "vllm:num_requests_waiting", timeout=3.0)
+        if waiting >= n:
+            return burst
+        if any(f.done() for f in burst.futures):
+            break
+        time.sleep(0.2)
+    done = [f.result() for f in burst.futures if f.done()]
+    raise AssertionError(
+        f"{n} routed requests did not all queue on D (waiting {waiting:.0f}; done early: {done})"
+    )
+
+
 @dataclass
 class Overload:
     results: list[client.Result]
+    held_s: float  # how long D was blocked after the burst was sent
     wall_s: float
     expired: float  # lease expiries counted on P during the run (must be 0)
     notifs_after_expiry: float
     heartbeats: int  # P log lines where a heartbeat extended >= 1 lease
-    max_latency_s: float
+    max_hb_gap_s: float  # longest pause between those lines while the requests were queued
+    min_latency_s: float
 
 
-def overload(pd: PDCluster, n: int, max_tokens: int, timeout: float = 120.0) -> Overload:
-    """Queue `n` long requests on a capped D for longer than the lease; all must complete."""
+def overload(pd: PDCluster, n: int, hold_s: float, max_tokens: int = 16, timeout: float = 120.0) -> Overload:
+    """Block D for `hold_s` with `n` routed requests queued behind it; all must complete."""
+    assert pd.prefill is not None
     exp0 = client.metric(pd.p_url, EXPIRED)
-    burst = Burst(pd.r_url, burst_prompts(n, "overload"), max_tokens, timeout)
+    nae0 = client.metric(pd.p_url, NOTIF_AFTER_EXPIRY)
+    blocker = block_decode(pd, max_s=hold_s + 60)
+    try:
+        burst = queue_behind(pd, n, "overload", max_tokens, timeout)
+        time.sleep(max(0.0, burst.t_start + hold_s - time.time()))
+    finally:
+        blocker.release()
+    t_release = time.time()
+    if blocker.finished_early or blocker.error:
+        raise AssertionError(
+            f"D finished or lost the blocker before the hold ended: {blocker.error or 'done'}"
+        )
     results = burst.results()
     t_end = time.time()
-    ev = plog.parse(pd.prefill.log_path)  # type: ignore[union-attr]
+    ev = plog.parse(pd.prefill.log_path)
+    hbs = ev.heartbeats_between(burst.t_start, t_release)
+    gaps = [b - a for a, b in zip([burst.t_start, *hbs], [*hbs, t_release], strict=True)]
     return Overload(
         results=results,
+        held_s=t_release - burst.t_start,
         wall_s=t_end - burst.t_start,
         expired=client.metric(pd.p_url, EXPIRED) - exp0,
-        notifs_after_expiry=client.metric(pd.p_url, NOTIF_AFTER_EXPIRY),
-        heartbeats=len(ev.heartbeats_between(burst.t_start, t_end)),
-        max_latency_s=max((r.elapsed for r in results), default=0.0),
+        notifs_after_expiry=client.metric(pd.p_url, NOTIF_AFTER_EXPIRY) - nae0,
+        heartbeats=len(hbs),
+        max_hb_gap_s=max(gaps),
+        min_latency_s=min((r.elapsed for r in results), default=0.0),
     )
 
 
 @dataclass
 class Reclaim:
+    n_queued: int
     kill_ts: float
     last_hb_ts: float | None
     expiries: list[tuple[float, str]]
     expired_metric: float  # P's expiry counter delta (metrics, not logs)
+    leases_at_kill: float | None  # P's lease gauge just before the kill (ours only)
     notifs_after_expiry_before_kill: float
     results: list[client.Result]
     p_healthy_after: bool
-    served_after_restart: bool
     restart_s: float
     extension_s: int
+    after_restart: Equality | None = None
     timeline: list[tuple[float, float]] = field(default_factory=list)  # (wall, P active leases)
 
     @property
     def reclaim_after_last_hb_s(self) -> float | None:
         if not self.expiries or self.last_hb_ts is None:
             return None
-        return max(t for t, _ in self.expiries) - self.last_hb_ts
+        return round(max(t for t, _ in self.expiries) - self.last_hb_ts, 3)
 
     @property
     def reclaim_after_kill_s(self) -> float | None:
-        return max(t for t, _ in self.expiries) - self.kill_ts if self.expiries else None
+        return round(max(t for t, _ in self.expiries) - self.kill_ts, 3) if self.expiries else None
 
 
 def _poll_active(url: str, out: list[tuple[float, float]], stop: threading.Event, every: float) -> None:
     while not stop.is_set():
         text = client.metrics_text(url, timeout=3.0)
         if text:
-            out.append((time.time(), client.metric_sum(text, "vllm:nixl_lease_active")))
+            out.append((time.time(), client.metric_sum(text, LEASE_ACTIVE)))
         stop.wait(every)
 
 
-def wait_queued_on_d(pd: PDCluster, burst: Burst, settle_s: float, min_waiting: int = 2) -> float:
-    """Sleep until `settle_s` after the burst, then until D reports >= `min_waiting` queued requests.
-
-    Kill timing must not depend on the machine's speed: D's own gauge says requests are queued.
-    """
-    time.sleep(max(0.0, burst.t_start + settle_s - time.time()))
-    deadline = time.time() + 60
-    waiting = 0.0
-    while time.time() < deadline and not all(f.done() for f in burst.futures):
-        waiting = client.metric(pd.d_url, "vllm:num_requests_waiting", timeout=3.0)
-        # D may already have fetched a queued request's KV; where P exports its lease gauge
-        # (ours), also require unread leases on P. Stock has no such gauge.
-        p_text = client.metrics_text(pd.p_url, timeout=3.0)
-        leased_ok = (
-            "vllm:nixl_lease_active" not in p_text or client.metric_sum(p_text, "vllm:nixl_lease_active") >= 1
-        )
-        if waiting >= min_waiting and leased_ok:
-            return waiting
-        time.sleep(0.3)
-    raise AssertionError(f"D never had {min_waiting} queued requests (last {waiting}): load too small")
+def wait_reclaim(pd: PDCluster, exp0: float, n: int, kill_ts: float, window_s: float) -> float:
+    """Until P's expiry counter has grown by `n` and the log shows them, or `window_s` after the kill."""
+    assert pd.prefill is not None
+    expired = 0.0
+    while time.time() < kill_ts + window_s:
+        expired = client.metric(pd.p_url, EXPIRED, timeout=3.0) - exp0
+        if expired >= n and len(plog.parse(pd.prefill.log_path).expiries_after(kill_ts - 1)) >= expired:
+            break
+        time.sleep(0.5)
+    return client.metric(pd.p_url, EXPIRED, timeout=3.0) - exp0
 
 
 def kill_and_reclaim(
-    pd: PDCluster, n: int, max_tokens: int, settle_s: float, timeout: float = 120.0, restart: bool = True
+    pd: PDCluster,
+    n: int,
+    settle_s: float,
+    reclaim_window_s: float,
+    restart_connector: str | None = None,
+    restart: bool = True,
+    timeout: float = 120.0,
 ) -> Reclaim:
-    """Queue `n` requests on D, `kill -9` D's tree after `settle_s`, wait for P to reclaim, restart D."""
+    """Queue `n` requests behind a blocked D, `kill -9` D's tree `settle_s` later, wait for P to
+    reclaim (at most `reclaim_window_s` after the kill), then start a new D and serve through it."""
     assert pd.prefill is not None
     ext = lease_extension(pd.cfg.lease_s)
     exp0 = client.metric(pd.p_url, EXPIRED)
+    nae0 = client.metric(pd.p_url, NOTIF_AFTER_EXPIRY)
     timeline: list[tuple[float, float]] = []
     stop = threading.Event()
     poller = threading.Thread(target=_poll_active, args=(pd.p_url, timeline, stop, 0.5), daemon=True)
     poller.start()
+    blocker = block_decode(pd, max_s=settle_s + 120)
     try:
-        burst = Burst(pd.r_url, burst_prompts(n, "reclaim"), max_tokens, timeout)
-        wait_queued_on_d(pd, burst, settle_s)
-        notifs_before = client.metric(pd.p_url, NOTIF_AFTER_EXPIRY)
+        burst = queue_behind(pd, n, "reclaim", 16, timeout)
+        time.sleep(max(0.0, burst.t_start + settle_s - time.time()))
+        if blocker.finished_early:
+            raise AssertionError("D finished the blocker before the kill: the queued requests were served")
+        p_text = client.metrics_text(pd.p_url, timeout=3.0)
+        leases = client.metric_sum(p_text, LEASE_ACTIVE) if LEASE_ACTIVE in p_text else None
+        nae_before = client.metric_sum(p_text, NOTIF_AFTER_EXPIRY) - nae0
         kill_ts = pd.kill_decode()
         results = burst.results()  # in-flight requests must fail fast, not hang
-        # P reclaims at last heartbeat + extension; wait for that plus slack, bounded.
-        deadline = time.time() + ext + 20
-        expired = 0.0
-        while time.time() < deadline:
-            expired = client.metric(pd.p_url, EXPIRED, timeout=3.0) - exp0
-            ev = plog.parse(pd.prefill.log_path)
-            if expired > 0 and len(ev.expiries_after(kill_ts - 1)) >= expired and time.time() > kill_ts + ext:
-                break
-            time.sleep(0.5)
-        time.sleep(1.0)  # one more metrics/log flush
-        expired = client.metric(pd.p_url, EXPIRED, timeout=3.0) - exp0
+        t0 = time.time()
+        if restart:  # start-up (a minute, on D's own core) overlaps P's reclaim wait
+            pd.start_decode(restart_connector)
+        expired = wait_reclaim(pd, exp0, n, kill_ts, reclaim_window_s)
         ev = plog.parse(pd.prefill.log_path)
         p_ok = client.healthy(pd.p_url)
-        served, restart_s = False, 0.0
+        after, restart_s = None, 0.0
         if restart:
-            t0 = time.time()
-            pd.restart_decode()
+            pd.wait_decode()
             restart_s = time.time() - t0
             pd.wait_router_sees_decode(timeout=60)
-            served = client.complete(pd.r_url, PROMPTS[1], 8, timeout=60).ok
+            after = equality(pd)
     finally:
+        blocker.release()
         stop.set()
         poller.join(timeout=5)
     return Reclaim(
+        n_queued=n,
         kill_ts=kill_ts,
         last_hb_ts=ev.last_heartbeat_before(kill_ts),
         expiries=ev.expiries_after(kill_ts - 1),
         expired_metric=expired,
-        notifs_after_expiry_before_kill=notifs_before,
+        leases_at_kill=leases,
+        notifs_after_expiry_before_kill=nae_before,
         results=results,
         p_healthy_after=p_ok,
-        served_after_restart=served,
         restart_s=restart_s,
         extension_s=ext,
+        after_restart=after,
         timeline=timeline,
     )
-
-
-@dataclass
-class Load:
-    """Burst sizing from a measured decode speed, so D's queue outlives the lease on any machine."""
-
-    max_tokens: int
-    n: int
-    s_per_token: float
-
-
-# Long outputs keep D's few KV blocks busy; with short ones D fetched the KV of its queued
-# requests early (freeing P's leases) and nothing was left to renew or reclaim.
-def size_load(
-    pd: PDCluster,
-    queue_s: float,
-    per_request_s: float = 4.0,
-    max_tokens_cap: int = 440,
-    min_tokens: int = 300,
-) -> Load:
-    probe = 48
-    r = client.complete(pd.p_url, "calibrate", probe, timeout=120)
-    if not r.ok:
-        raise AssertionError(f"calibration request failed: {r.error}")
-    spt = max(r.elapsed / probe, 1e-3)
-    max_tokens = int(min(max_tokens_cap, max(min_tokens, per_request_s / spt)))
-    n = int(min(40, max(5, queue_s / (max_tokens * spt) + 2)))
-    return Load(max_tokens=max_tokens, n=n, s_per_token=spt)
