@@ -53,7 +53,11 @@ _LOGGING = {
 class PDConfig:
     connector: str = "stock"
     lease_s: int = 30
-    d_num_blocks: int | None = None  # cap D's KV blocks so requests queue on D
+    # KV blocks per server (`--num-gpu-blocks-override`; 512 x 32 tokens, 32 MiB here). Without
+    # it the CPU backend allocates and NIXL registers 1 GiB: 32768 descriptors at start-up, and a
+    # killed D took over 10 s to exit under load, its sockets (and P's view of them) staying open.
+    num_blocks: int = 512
+    d_num_blocks: int | None = None  # D only, instead of num_blocks
     d_max_num_seqs: int | None = None  # 1 serialises D: the rest wait in its queue
     block_size: int = 32
     max_model_len: int = 2048  # room for a long blocker request on D (tools.pd.client.Blocker)
@@ -163,15 +167,15 @@ class PDCluster:
 
     def start_prefill(self) -> None:
         self.prefill = self._server(
-            "prefill", self.p_port, self.p_side, self._cpu(0), [], self.cfg.log_dir / "prefill.log",
+            "prefill", self.p_port, self.p_side, self._cpu(0),
+            ["--num-gpu-blocks-override", str(self.cfg.num_blocks)], self.cfg.log_dir / "prefill.log",
             self.cfg.connector,
         )  # fmt: skip
 
     def start_decode(self, connector: str | None = None) -> None:
         """Start D, with `connector` instead of the cluster's (e.g. a restarted D through the hook)."""
         extra: list[str] = []
-        if self.cfg.d_num_blocks is not None:
-            extra += ["--num-gpu-blocks-override", str(self.cfg.d_num_blocks)]
+        extra += ["--num-gpu-blocks-override", str(self.cfg.d_num_blocks or self.cfg.num_blocks)]
         if self.cfg.d_max_num_seqs is not None:
             extra += ["--max-num-seqs", str(self.cfg.d_max_num_seqs)]
         self._d_gen += 1
