@@ -21,7 +21,7 @@ CONNECTOR_TESTS := tests/test_connector_differential.py tests/test_connector_hea
 ROUTER_VENV := .venv-router
 
 .PHONY: all venv venv-cpu venv-router build build-cpu test test-core test-twin test-vllm032 test-e2e \
-	lint bench demo demo-pd clean
+	lint bench bench-quick demo demo-pd clean
 
 all: build
 
@@ -86,24 +86,34 @@ test-twin: build
 test-vllm032: build-cpu
 	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 $(CPU_VPY) -m pytest -n auto -p no:cacheprovider -q $(CONNECTOR_TESTS)
 
-test: lint test-core test-twin test-vllm032
+# The end-to-end tests come last and run serially: each starts a real P/D pair
+# (one core each) and nothing else may compete with it.
+test: lint test-core test-twin test-vllm032 test-e2e
 
-# Real `vllm serve` P/D pairs behind vllm-router, one pair at a time (not yet
-# part of `make test`: see issue 5's notes on CPU starvation on 2 cores).
+# Real `vllm serve` P/D pairs behind vllm-router, stock connector then ours,
+# one pair at a time (about 6 minutes on 2 cores).
 test-e2e: build build-cpu venv-router
 	$(VPY) -m pytest -m e2e -p no:xdist -p no:cacheprovider -rxXs tests/e2e
 
 bench: build
 	$(VPY) tools/bench_core.py --json .build/bench.json
 
-demo: build
+bench-quick: build
 	@mkdir -p .build
 	$(VPY) tools/bench_core.py --quick --json .build/bench-quick.json
 
-# The P/D story with real servers (issue 5, in progress): timeline PNG + JSON in .build/demo.
-demo-pd: build build-cpu venv-router
+# matplotlib draws the demo's timeline; only the demo needs it.
+$(VENV)/.demo-deps: $(VENV)/.deps
 	$(VPY) -m pip install $(PIP_QUIET) matplotlib
+	touch $@
+
+# The main job: a real P/D pair behind vllm-router through the import hook;
+# serve, queue past the lease on a busy D, kill D, reclaim, new D. Progress on
+# stdout, table at the end, timeline PNG + JSON summary in .build/demo.
+demo: build build-cpu venv-router $(VENV)/.demo-deps
 	$(VPY) tools/demo.py
+
+demo-pd: demo
 
 clean:
 	rm -rf build .build *.egg-info vllm_nixl_lease/*.so

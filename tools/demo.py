@@ -1,8 +1,12 @@
 """`make demo`: real `vllm serve` prefill + decode behind vllm-router, with our lease connector.
 
-Story: serve requests; make D slow so requests queue beyond the lease and watch the leases being
-renewed; `kill -9` D and watch P reclaim; start a new D and serve again. Prints a table, writes
-`.build/demo/timeline.png` and `.build/demo/summary.json`.
+By default both servers are configured exactly as for stock vLLM (`"kv_connector": "NixlConnector"`)
+and `VLLM_NIXL_LEASE=1` makes the import hook load ours: the no-config-change adoption path.
+
+Story: serve a stream of requests; make D slow (a long request occupies D's only slot) so routed
+requests queue beyond the lease and watch P's leases being renewed; queue more and `kill -9` D and
+watch P reclaim them; start a new D and serve again. Prints a table, writes
+`.build/demo/timeline.png` and `.build/demo/summary.json`. Exit status 0 only if the story held.
 """
 
 from __future__ import annotations
@@ -21,129 +25,174 @@ from tools.pd.procs import install_signal_handlers  # noqa: E402
 from tools.pd.timeline import Sampler, plot  # noqa: E402
 
 T0 = time.time()
+N_QUEUED = 4
 
 
 def say(msg: str) -> None:
     print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
 
 
-def _progress(sampler: Sampler, until: float, every: float = 3.0) -> None:
+def _progress(sampler: Sampler, until: float, every: float = 3.0, extra: str = "") -> None:
+    time.sleep(1.0)  # let the sampler see the requests just sent
     while time.time() < until:
         s = sampler.latest()
         if s:
-            say(f"  leased on P: {s.active:3.0f}   renewals: {s.renewed:5.0f}   expired: {s.expired:3.0f}")
-        time.sleep(every)
+            say(f"   leased on P: {s.active:2.0f}   lease renewals so far: {s.renewed:4.0f}   "
+                f"expired: {s.expired:2.0f}{extra}")  # fmt: skip
+        time.sleep(min(every, max(0.0, until - time.time())))
 
 
 def run(connector: str, lease_s: int, out_dir: Path) -> dict:
-    cfg = PDConfig(connector=connector, lease_s=lease_s, d_num_blocks=20, d_max_num_seqs=1,
-                   log_dir=out_dir / "logs")  # fmt: skip
+    cfg = PDConfig(connector=connector, lease_s=lease_s, d_max_num_seqs=1, log_dir=out_dir / "logs")
     name, env = CONNECTORS[connector]
-    how = f"{name} + {env}" if env else name
-    say(f"starting P, D and vllm-router (connector {how}, lease {lease_s}s)")
-    with PDCluster(cfg) as pd:
+    how = f'"{name}" with {" ".join(f"{k}={v}" for k, v in env.items())}' if env else f'"{name}"'
+    ext = scenarios.lease_extension(lease_s)
+    say(f"starting P (core 0), D (core 1) and vllm-router: kv_connector {how}, lease {lease_s}s, "
+        f"heartbeat every {scenarios.lease_interval(lease_s)}s extends it to now + {ext}s")  # fmt: skip
+    pd = PDCluster(cfg)
+    pd.progress = lambda m: say("   " + m.strip())
+    with pd:
         say(f"ready: P {pd.p_url}  D {pd.d_url}  router {pd.r_url}")
         sampler = Sampler(pd.p_url).start()
         t_traffic = time.time()
+        exp_start = client.metric(pd.p_url, scenarios.EXPIRED)
+
+        say("1. a stream of requests through router -> P (prefill) -> D (decode, KV read over NIXL)")
         eq = scenarios.equality(pd)
-        say(f"1. served {len(eq.pairs)} requests via router -> P -> D; NIXL reads on D: {eq.transfers:.0f}; "
-            f"greedy output equals P alone: {eq.equal}")  # fmt: skip
+        stream = client.complete_many(pd.r_url, scenarios.burst_prompts(6, "stream"), 16, timeout=60)
+        n_ok = sum(r.ok for r in stream) + len(eq.pairs)
+        say(f"   {len(eq.pairs) + len(stream)} routed requests, {n_ok} ok; NIXL reads on D: "
+            f"{eq.transfers:.0f}+; greedy output equals P alone: {eq.equal}")  # fmt: skip
 
-        load = scenarios.size_load(pd, queue_s=lease_s * 2.2)
-        say(f"2. D runs one request at a time; sending {load.n} x {load.max_tokens} tokens: they queue on D")
-        burst = scenarios.Burst(pd.r_url, scenarios.burst_prompts(load.n, "demo"), load.max_tokens, 180)
-        ext = scenarios.lease_extension(lease_s)
-        settle = lease_s + 3  # queued beyond the lease: only renewals keep these leases alive
-        _progress(sampler, burst.t_start + settle)
-        scenarios.wait_queued_on_d(pd, burst, settle)
-        pre_kill = sampler.latest()
+        hold = lease_s + 8
+        say(f"2. D is slow: a long request holds its only slot; {N_QUEUED} routed requests queue behind it "
+            f"for {hold}s, longer than the {lease_s}s lease")  # fmt: skip
+        sampler.mark("D slow")
+        blocker = scenarios.block_decode(pd, max_s=hold + 60)
+        try:
+            burst = scenarios.queue_behind(pd, N_QUEUED, "slow", 16, timeout=120)
+            _progress(sampler, burst.t_start + hold)
+        finally:
+            blocker.release()
+        sampler.mark("D free")
+        slow = burst.results()
+        exp_slow = client.metric(pd.p_url, scenarios.EXPIRED) - exp_start
+        say(f"   D free again: {sum(r.ok for r in slow)}/{len(slow)} queued requests served after waiting "
+            f"{min(r.elapsed for r in slow):.0f}-{max(r.elapsed for r in slow):.0f}s; leases expired while D "
+            f"was alive: {exp_slow:.0f}")  # fmt: skip
 
-        sampler.mark("D killed (kill -9)")
-        t_kill = pd.kill_decode()
-        say(f"3. kill -9 of D's process tree with {pre_kill.active if pre_kill else '?'} leases held on P")
+        say(f"3. {N_QUEUED} more requests queue behind a slow D, then kill -9 of D's whole process tree")
+        exp0 = client.metric(pd.p_url, scenarios.EXPIRED)
+        settle = (lease_s - ext) + scenarios.lease_interval(lease_s) + 2.5
+        blocker = scenarios.block_decode(pd, max_s=settle + 120)
+        sampler.mark("D slow")
+        try:
+            burst = scenarios.queue_behind(pd, N_QUEUED, "crash", 16, timeout=120)
+            _progress(sampler, burst.t_start + settle)
+            pre_kill = sampler.latest()
+            sampler.mark("D killed")
+            t_kill = pd.kill_decode()
+        finally:
+            blocker.release()
         results = burst.results()
         failed = [r for r in results if not r.ok]
-        say(f"   router: {len(results) - len(failed)} finished before the crash, {len(failed)} failed fast "
-            f"(max {max((r.t_end - t_kill for r in failed), default=0):.1f}s after the kill)")  # fmt: skip
-        _wait_reclaim(pd, sampler, t_kill, ext)
+        held = pre_kill.active if pre_kill else float("nan")
+        say(f"   D killed holding {held:.0f} leases on P; router: {len(failed)} "
+            f"in-flight requests failed fast (HTTP {sorted({r.status for r in failed})}, within "
+            f"{max((r.t_end - t_kill for r in failed), default=0):.1f}s)")  # fmt: skip
+        say("   a new D starts on D's core meanwhile (about a minute); P waits out the dead one's leases")
+        t_r = time.time()
+        pd.start_decode()
+        deadline = t_kill + ext + 12
+        while time.time() < deadline:
+            s = sampler.latest()
+            if client.metric(pd.p_url, scenarios.EXPIRED, timeout=3.0) - exp0 >= N_QUEUED:
+                break
+            active = s.active if s else float("nan")
+            say(f"   leased on P: {active:2.0f}   (D dead for {time.time() - t_kill:4.1f}s)")
+            time.sleep(min(2.0, max(0.0, deadline - time.time())))
+        reclaimed = client.metric(pd.p_url, scenarios.EXPIRED, timeout=3.0) - exp0
         ev = plog.parse(pd.prefill.log_path)  # type: ignore[union-attr]
         last_hb = ev.last_heartbeat_before(t_kill)
         expiries = ev.expiries_after(t_kill - 1)
         t_reclaim = max((t for t, _ in expiries), default=None)
         if t_reclaim:
-            sampler.mark("P reclaimed")
-        reclaim = (t_reclaim - last_hb) if (t_reclaim and last_hb) else None
-        say(f"   P reclaimed {len(expiries)} lease(s) "
-            f"{reclaim:.1f}s after D's last heartbeat (extension {ext}s)" if reclaim is not None
-            else "   P reclaimed nothing (no queued leases at the kill)")  # fmt: skip
+            sampler.events.append((t_reclaim, "P reclaimed"))
+        reclaim = round(t_reclaim - last_hb, 2) if (t_reclaim and last_hb) else None
+        say(f"   P reclaimed {reclaimed:.0f} lease(s) {reclaim}s after D's last heartbeat "
+            f"(P's log; extension {ext}s), {t_reclaim - t_kill:.1f}s after the kill"
+            if reclaim is not None and t_reclaim else "   P reclaimed nothing")  # fmt: skip
 
-        say("4. starting a new D")
-        t_r = time.time()
-        pd.restart_decode()
+        say("4. waiting for the new D")
+        pd.wait_decode()
         pd.wait_router_sees_decode(timeout=90)
         sampler.mark("new D ready")
-        after = [client.complete(pd.r_url, p, 16, timeout=60) for p in scenarios.PROMPTS]
-        n_ok = sum(r.ok for r in after)
-        say(f"   new D ready in {time.time() - t_r:.0f}s; {n_ok}/{len(after)} requests served")
-        time.sleep(1.5)
+        after = scenarios.equality(pd)
+        say(f"   new D ready in {time.time() - t_r:.0f}s; {len(after.pairs)} requests served through it, "
+            f"output equals P alone: {after.equal}")  # fmt: skip
+        time.sleep(1.0)
         sampler.stop()
+        expired_alive = sum(1 for t, _ in ev.expiries if t_traffic <= t < t_kill)
 
     final = sampler.latest()
     summary = {
         "connector": connector,
         "kv_connector": name,
+        "env": env,
         "lease_s": lease_s,
         "extension_s": ext,
-        "requests_sent": len(eq.pairs) * 2 + load.n + len(after) + 1,
-        "outputs_equal_p_alone": eq.equal,
-        "transfers_phase1": eq.transfers,
+        "requests_routed": 2 * len(eq.pairs) + len(stream) + 2 * N_QUEUED,
+        "outputs_equal_p_alone": eq.equal and after.equal,
+        "nixl_transfers_on_d": eq.transfers + after.transfers + len(slow),
         "leases_granted": final.granted if final else None,
         "renewals": final.renewed if final else None,
-        "heartbeat_log_lines": len(ev.heartbeats),
         "max_leased": max((s.active for s in sampler.samples), default=0),
-        # From the start of the story: a router warm-up request may leave one lease behind before.
-        "expired_while_d_alive": sum(1 for t, _ in ev.expiries if t_traffic <= t < t_kill),
+        "queued_beyond_lease_served": sum(r.ok for r in slow),
+        "queued_wait_s": [round(r.elapsed, 1) for r in slow],
+        "expired_while_d_alive": expired_alive,
         "leases_at_kill": pre_kill.active if pre_kill else None,
-        "reclaimed": len(expiries),
+        "reclaimed": reclaimed,
         "reclaim_after_last_heartbeat_s": reclaim,
+        "reclaim_after_kill_s": round(t_reclaim - t_kill, 2) if t_reclaim else None,
         "inflight_failed_fast": len(failed),
-        "served_after_new_d": sum(r.ok for r in after),
+        "new_d_ready_s": round(sampler.events[-1][0] - t_r, 1),
+        "served_after_new_d": len(after.pairs),
         "timeline": [(round(s.t - t_traffic, 2), s.active, s.renewed, s.expired) for s in sampler.samples],
-        "events": [(round(t - t_traffic, 2), label) for t, label in sampler.events],
+        "events": [(round(t - t_traffic, 2), label) for t, label in sorted(sampler.events)],
         "wall_s": round(time.time() - T0, 1),
     }
     png = plot(sampler, ev.heartbeats, t_traffic, out_dir / "timeline.png",
-               f"P/D lease timeline ({name}, lease {lease_s}s)", lease_s)  # fmt: skip
+               f"P/D lease timeline: {how}, lease {lease_s}s", lease_s)  # fmt: skip
     summary["png"] = str(png) if png else None
     return summary
 
 
-def _wait_reclaim(pd: PDCluster, sampler: Sampler, t_kill: float, ext: int) -> None:
-    # Our P reclaims at last heartbeat + extension; show the countdown, bounded.
-    deadline = t_kill + ext + 15
-    while time.time() < deadline:
-        s = sampler.latest()
-        if s and s.active == 0 and time.time() > t_kill + ext - 2:
-            return
-        say(f"  leased on P: {s.active if s else '?':>3}   (D dead for {time.time() - t_kill:4.1f}s)")
-        time.sleep(2.0)
+def _leased_over_time(timeline: list[tuple[float, float, float, float]], step: float = 10.0) -> str:
+    out, next_t = [], 0.0
+    for t, active, _r, _e in timeline:
+        if t >= next_t:
+            out.append(f"{t:.0f}s:{active:.0f}")
+            next_t = t + step
+    return " ".join(out)
 
 
-def table(s: dict) -> str:
+def table(s: dict, timeline: list) -> str:
     r = s["reclaim_after_last_heartbeat_s"]
-    reclaim = f"{r:.1f}s (extension {s['extension_s']}s)" if r is not None else "n/a"
+    reclaim = f"{r:.2f}s after D's last heartbeat (extension {s['extension_s']}s)" if r is not None else "n/a"
     rows = [
-        ("requests sent", s["requests_sent"]),
-        ("NIXL transfers (phase 1)", f"{s['transfers_phase1']:.0f}"),
-        ("leases granted on P", s["leases_granted"]),
-        ("lease renewals (heartbeat ids)", s["renewals"]),
-        ("max leased requests on P", f"{s['max_leased']:.0f}"),
-        ("expired while D alive", s["expired_while_d_alive"]),
-        ("leases held at D crash", s["leases_at_kill"]),
-        ("reclaimed after crash", s["reclaimed"]),
-        ("reclaim after last heartbeat", reclaim),
+        ("requests routed", s["requests_routed"]),
+        ("greedy output equals P alone", s["outputs_equal_p_alone"]),
+        ("NIXL transfers (reads on D)", f"{s['nixl_transfers_on_d']:.0f}"),
+        ("leases granted on P", f"{s['leases_granted']:.0f}"),
+        ("lease renewals (heartbeat ids)", f"{s['renewals']:.0f}"),
+        ("queued past the lease, served", f"{s['queued_beyond_lease_served']} (waited {s['queued_wait_s']})"),
+        ("leases expired while D alive", s["expired_while_d_alive"]),
+        ("leases held at D crash", f"{s['leases_at_kill']:.0f}"),
+        ("reclaimed after crash", f"{s['reclaimed']:.0f}"),
+        ("reclaim time", reclaim),
         ("in-flight requests failed fast", s["inflight_failed_fast"]),
         ("served after new D", s["served_after_new_d"]),
+        ("leased requests over time", _leased_over_time(timeline)),
         ("wall time", f"{s['wall_s']}s"),
     ]  # fmt: skip
     w = max(len(k) for k, _ in rows)
@@ -152,7 +201,7 @@ def table(s: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--connector", choices=sorted(CONNECTORS), default="lease")
+    ap.add_argument("--connector", choices=sorted(CONNECTORS), default="hook")
     ap.add_argument("--lease", type=int, default=15)
     ap.add_argument("--out", type=Path, default=BUILD / "demo")
     args = ap.parse_args(argv)
@@ -160,11 +209,18 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     summary = run(args.connector, args.lease, args.out)
     timeline = summary.pop("timeline")
-    print("\n" + table(summary))
+    print("\n" + table(summary, timeline))
     (args.out / "summary.json").write_text(json.dumps({**summary, "timeline": timeline}, indent=2))
     print(f"\n  summary: {args.out / 'summary.json'}\n  timeline: {summary['png']}")
-    ok = summary["outputs_equal_p_alone"] and not summary["expired_while_d_alive"]
-    ok = ok and summary["served_after_new_d"] > 0
+    ok = (
+        summary["outputs_equal_p_alone"]
+        and summary["expired_while_d_alive"] == 0
+        and summary["queued_beyond_lease_served"] == N_QUEUED
+        and summary["reclaimed"] == N_QUEUED
+        and summary["served_after_new_d"] > 0
+    )
+    if not ok:
+        print("\n  the story did not hold: see the table above and the logs in", args.out / "logs")
     return 0 if ok else 1
 
 

@@ -84,11 +84,22 @@ def plot(
     active = [s.active for s in sampler.samples]
     expired = [s.expired for s in sampler.samples]
     ax.step(xs, active, where="post", color="tab:blue", label="leased requests on P")
-    ax.step(xs, expired, where="post", color="tab:red", label="expired (reclaimed)")
-    colors = {"D killed (kill -9)": "tab:red", "P reclaimed": "tab:green", "new D ready": "tab:purple"}
-    for t, label in sampler.events:
+    ax.step(xs, expired, where="post", color="tab:red", label="expired on P (cumulative)")
+    colors = {"D killed": "tab:red", "P reclaimed": "tab:green", "new D ready": "tab:purple"}
+    ax.set_ylim(0, max([*active, *expired, 1.0]) * 1.25)
+    busy_since, shaded = None, False
+    for t, label in sorted(sampler.events):  # D busy: requests queue on D, their leases wait on P
+        if label == "D slow":
+            busy_since = t
+        elif busy_since is not None and label in ("D free", "D killed"):
+            ax.axvspan(busy_since - t0, t - t0, color="tab:orange", alpha=0.12,
+                       label=None if shaded else "D busy: requests queue on D, heartbeats renew")  # fmt: skip
+            busy_since, shaded = None, True
+    for t, label in sorted(sampler.events):
+        if label in ("D slow", "D free"):
+            continue
         ax.axvline(t - t0, color=colors.get(label, "grey"), linestyle="--", linewidth=1)
-        ax.annotate(label, (t - t0, ax.get_ylim()[1] * 0.95), rotation=90, fontsize=8, va="top", ha="right")
+        ax.annotate(label, (t - t0, ax.get_ylim()[1] * 0.97), rotation=90, fontsize=8, va="top", ha="right")
     ax.set_ylabel("requests")
     ax.set_title(title)
     ax.legend(loc="upper left", fontsize=8)
