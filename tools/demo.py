@@ -71,7 +71,7 @@ def run(connector: str, lease_s: int, out_dir: Path) -> dict:
         blocker = scenarios.block_decode(pd, max_s=hold + 60)
         try:
             burst = scenarios.queue_behind(pd, N_QUEUED, "slow", 16, timeout=120)
-            _progress(sampler, burst.t_start + hold)
+            _progress(sampler, burst.t_queued + hold)
         finally:
             blocker.release()
         sampler.mark("D free")
@@ -88,7 +88,7 @@ def run(connector: str, lease_s: int, out_dir: Path) -> dict:
         sampler.mark("D slow")
         try:
             burst = scenarios.queue_behind(pd, N_QUEUED, "crash", 16, timeout=120)
-            _progress(sampler, burst.t_start + settle)
+            _progress(sampler, burst.t_queued + settle)
             pre_kill = sampler.latest()
             sampler.mark("D killed")
             t_kill = pd.kill_decode()

@@ -28,7 +28,7 @@ def test_greedy_output_through_router_equals_p_alone(pd: PDCluster) -> None:
 
 
 def test_overloaded_decode_keeps_leases_alive(pd: PDCluster) -> None:
-    ov = scenarios.overload(pd, N_QUEUED, hold_s=LEASE_S * 1.4)
+    ov = scenarios.overload(pd, N_QUEUED, hold_s=LEASE_S * 1.3)
     RESULTS[pd.cfg.connector]["overload"] = {
         "n": N_QUEUED, "held_s": round(ov.held_s, 1), "wall_s": round(ov.wall_s, 1),
         "min_latency_s": round(ov.min_latency_s, 1), "heartbeats": ov.heartbeats,

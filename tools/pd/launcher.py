@@ -61,7 +61,7 @@ class PDConfig:
     d_max_num_seqs: int | None = None  # 1 serialises D: the rest wait in its queue
     block_size: int = 32
     max_model_len: int = 2048  # room for a long blocker request on D (tools.pd.client.Blocker)
-    startup_timeout_s: float = 300.0
+    startup_timeout_s: float = 600.0  # measured 80-140 s; generous for a machine busy with other jobs
     # Each server's whole process tree (API server, engine core, worker) gets its own core, so a P
     # engine that spins on an unread lease cannot starve D's heartbeats, and a slightly raised
     # priority keeps both responsive beside other jobs (skipped silently without the privilege).

@@ -85,6 +85,7 @@ class Burst:
             self._ex.submit(client.complete, url, p, max_tokens, timeout) for p in prompts
         ]
         self._timeout = timeout
+        self.t_queued = self.t_start  # set by queue_behind()
 
     def results(self) -> list[client.Result]:
         out = [f.result(timeout=self._timeout + 10) for f in self.futures]
@@ -102,13 +103,15 @@ def block_decode(pd: PDCluster, max_s: float, start_timeout: float = 60.0) -> cl
 
 
 def queue_behind(pd: PDCluster, n: int, tag: str, max_tokens: int, timeout: float) -> Burst:
-    """Route `n` requests while D is blocked; return once D's own gauge shows them all waiting."""
+    """Route `n` requests while D is blocked; return once D's own gauge shows them all waiting
+    (`burst.t_queued`): from then on each of them waits on D while P holds its lease."""
     burst = Burst(pd.r_url, burst_prompts(n, tag), max_tokens, timeout)
-    deadline = time.time() + 30
+    deadline = time.time() + 60
     waiting = 0.0
     while time.time() < deadline:
         waiting = client.metric(pd.d_url, "vllm:num_requests_waiting", timeout=3.0)
         if waiting >= n:
+            burst.t_queued = time.time()
             return burst
         if any(f.done() for f in burst.futures):
             break
@@ -132,14 +135,14 @@ class Overload:
 
 
 def overload(pd: PDCluster, n: int, hold_s: float, max_tokens: int = 16, timeout: float = 120.0) -> Overload:
-    """Block D for `hold_s` with `n` routed requests queued behind it; all must complete."""
+    """Block D until `n` routed requests have all waited `hold_s` in its queue; all must complete."""
     assert pd.prefill is not None
     exp0 = client.metric(pd.p_url, EXPIRED)
     nae0 = client.metric(pd.p_url, NOTIF_AFTER_EXPIRY)
     blocker = block_decode(pd, max_s=hold_s + 60)
     try:
         burst = queue_behind(pd, n, "overload", max_tokens, timeout)
-        time.sleep(max(0.0, burst.t_start + hold_s - time.time()))
+        time.sleep(max(0.0, burst.t_queued + hold_s - time.time()))
     finally:
         blocker.release()
     t_release = time.time()
@@ -154,7 +157,7 @@ def overload(pd: PDCluster, n: int, hold_s: float, max_tokens: int = 16, timeout
     gaps = [b - a for a, b in zip([burst.t_start, *hbs], [*hbs, t_release], strict=True)]
     return Overload(
         results=results,
-        held_s=t_release - burst.t_start,
+        held_s=t_release - burst.t_queued,
         wall_s=t_end - burst.t_start,
         expired=client.metric(pd.p_url, EXPIRED) - exp0,
         notifs_after_expiry=client.metric(pd.p_url, NOTIF_AFTER_EXPIRY) - nae0,
@@ -233,7 +236,7 @@ def kill_and_reclaim(
     blocker = block_decode(pd, max_s=settle_s + 120)
     try:
         burst = queue_behind(pd, n, "reclaim", 16, timeout)
-        time.sleep(max(0.0, burst.t_start + settle_s - time.time()))
+        time.sleep(max(0.0, burst.t_queued + settle_s - time.time()))
         if blocker.finished_early:
             raise AssertionError("D finished the blocker before the kill: the queued requests were served")
         p_text = client.metrics_text(pd.p_url, timeout=3.0)
