@@ -167,12 +167,13 @@ def run(connector: str, lease_s: int, out_dir: Path) -> dict:
     return summary
 
 
-def _leased_over_time(timeline: list[tuple[float, float, float, float]], step: float = 10.0) -> str:
-    out, next_t = [], 0.0
+def _leased_over_time(timeline: list[tuple[float, float, float, float]]) -> str:
+    """`t:leased` at every change of P's lease gauge (seconds since the start of traffic)."""
+    out, last = [], None
     for t, active, _r, _e in timeline:
-        if t >= next_t:
+        if active != last:
             out.append(f"{t:.0f}s:{active:.0f}")
-            next_t = t + step
+            last = active
     return " ".join(out)
 
 
