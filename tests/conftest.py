@@ -46,3 +46,21 @@ def load_core(name: str) -> types.SimpleNamespace:
 @pytest.fixture(params=IMPLEMENTATIONS)
 def core(request: pytest.FixtureRequest) -> types.SimpleNamespace:
     return load_core(request.param)
+
+
+@pytest.fixture
+def lease_logs(caplog: pytest.LogCaptureFixture):
+    """caplog for our loggers: they hand records to the "vllm" logger, which
+    vLLM may have configured not to propagate to the root (caplog's) handler."""
+    import logging
+
+    ours = logging.getLogger("vllm_nixl_lease")
+    saved = ours.handlers, ours.level, ours.propagate
+    # Only caplog's handler: the forwarder could reach it a second time via the root.
+    ours.handlers, ours.propagate = [caplog.handler], False
+    ours.setLevel(logging.DEBUG)
+    try:
+        yield caplog
+    finally:
+        ours.handlers, ours.propagate = saved[0], saved[2]
+        ours.setLevel(saved[1])

@@ -135,15 +135,13 @@ def test_deadline_rebased_onto_worker_clock(clock: Clock) -> None:
     assert p_step(ours) == {"r"}
 
 
-def test_one_warning_per_step_and_debug_lines(clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
+def test_one_warning_per_step_and_debug_lines(clock: Clock, lease_logs: pytest.LogCaptureFixture) -> None:
     ours = make_worker(LeaseNixlPullConnectorWorker, LEASE)
     ids = tuple(f"r{i}" for i in range(8))
     p_step(ours, p_meta(clock, in_batch=ids, to_send=dict.fromkeys(ids, LEASE)))
     clock.advance(LEASE)
-    logger = logging.getLogger("vllm_nixl_lease.vllm.p_worker")
-    logger.propagate = True
-    with caplog.at_level(logging.DEBUG, logger="vllm_nixl_lease.vllm.p_worker"):
-        assert p_step(ours) == set(ids)
+    caplog = lease_logs
+    assert p_step(ours) == set(ids)
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
     debugs = [
         r for r in caplog.records if r.levelno == logging.DEBUG and "Releasing expired" in r.getMessage()

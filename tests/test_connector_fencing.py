@@ -95,17 +95,15 @@ def test_d_scheduler_ships_views_and_drops(scheduler_factory, clock: Clock) -> N
 
 
 def test_d_scheduler_without_deadline_logs_once_per_engine(
-    scheduler_factory, clock: Clock, caplog: pytest.LogCaptureFixture
+    scheduler_factory, clock: Clock, lease_logs: pytest.LogCaptureFixture
 ) -> None:
     sched = scheduler_factory()
-    logger = logging.getLogger("vllm_nixl_lease.vllm.fence_scheduler")
-    logger.propagate = True
-    with caplog.at_level(logging.INFO, logger=logger.name):
-        for i in range(3):
-            sched.on_new_request(fake_request(f"s{i}", **_d_params("StockP", f"p{i}", None)))
-        sched.on_new_request(fake_request("bad1", **_d_params("OurP", "b1", float("nan"))))
-        sched.on_new_request(fake_request("bad2", **_d_params("OurP", "b2", 5000.0, "8")))
-        sched.on_new_request(fake_request("bad3", **_d_params("OurP", "b3", True)))
+    caplog = lease_logs
+    for i in range(3):
+        sched.on_new_request(fake_request(f"s{i}", **_d_params("StockP", f"p{i}", None)))
+    sched.on_new_request(fake_request("bad1", **_d_params("OurP", "b1", float("nan"))))
+    sched.on_new_request(fake_request("bad2", **_d_params("OurP", "b2", 5000.0, "8")))
+    sched.on_new_request(fake_request("bad3", **_d_params("OurP", "b3", True)))
     assert sched.build_connector_meta(None).lease_views.new == {}
     off = [r for r in caplog.records if "reports no lease deadline" in r.getMessage()]
     assert len(off) == 1 and "StockP" in off[0].getMessage()
