@@ -85,3 +85,57 @@ def test_request_never_handed_to_d_expires_at_grant_plus_lease(tmp_path, p_stock
         assert rec.get("hb", 0) == 0
         assert sc.LEASE - 0.1 <= rec["freed_t"] - rec["finished_t"] <= sc.LEASE + sc.STEP_SLACK
     _no_errors(out["p"])
+
+
+def _frozen_counts(out: dict) -> tuple[int, int, int]:
+    ids, d_reqs = out["ids"], out["d"]["reqs"]
+    failed = sum(bool(d_reqs[sc.d_id(r)].get("failed")) for r in ids)
+    after = sum(s.get("num_notifications_after_expiry", 0) for s in out["p_stats"])
+    fenced = sum(s.get("num_reads_fenced", 0) for s in out["d_stats"])
+    return failed, after, fenced
+
+
+def _assert_p_expired_and_reused(out: dict) -> None:
+    reqs = out["p_at_thaw"]["reqs"]
+    assert {reqs[r]["freed_reason"] for r in out["ids"]} == {"expiry"}, "P should have let every lease lapse"
+    assert all(out["p"]["reqs"][r].get("delay_free") for r in out["reuse_ids"])
+
+
+@pytest.mark.parametrize(
+    "p_skew,d_skew",
+    [pytest.param(0.0, 0.0, id="same-clock"), pytest.param(3600.0, -1800.0, id="skewed-clocks")],
+)
+def test_frozen_d_never_reads_freed_blocks(tmp_path, p_skew: float, d_skew: float) -> None:
+    """Our P and D: D stalls past its view of the lease, P frees and reuses the
+    blocks; on resume D fences every read (a failed load, recomputed by vLLM)."""
+    with Fleet(tmp_path, lease=sc.LEASE) as fleet:
+        out = sc.d_frozen(fleet, p_stock=False, d_stock=False, p_skew=p_skew, d_skew=d_skew)
+    _assert_p_expired_and_reused(out)
+    failed, after, fenced = _frozen_counts(out)
+    n = len(out["ids"])
+    assert (failed, fenced) == (n, n), "every pending read must be fenced and reported as a failed load"
+    assert after == 0, "D read (and acknowledged) blocks after P freed them"
+    _no_errors(out["p"], out["d"])
+
+
+def test_frozen_stock_d_reads_freed_blocks(tmp_path) -> None:
+    """What vLLM 0.33.0's D does in the same situation (our P, so the hazard is
+    not ours): it reads the reused blocks and gets other requests' KV. Proves the
+    scenario really creates the hazard the fencing test guards against."""
+    with Fleet(tmp_path, lease=sc.LEASE) as fleet:
+        out = sc.d_frozen(fleet, p_stock=False, d_stock=True)
+    _assert_p_expired_and_reused(out)
+    failed, after, fenced = _frozen_counts(out)
+    assert failed == 0 and fenced == 0
+    assert after == len(out["ids"]), "P should count every late read"
+    assert sc.data_mismatches(out["p"], out["d"], out["ids"]), "stock D read the blocks before reuse?"
+
+
+def test_frozen_d_with_stock_p_reads_as_upstream(tmp_path) -> None:
+    """A stock P reports no deadline: our D says so once and does not fence."""
+    with Fleet(tmp_path, lease=sc.LEASE) as fleet:
+        out = sc.d_frozen(fleet, p_stock=True, d_stock=False)
+    _assert_p_expired_and_reused(out)
+    failed, after, fenced = _frozen_counts(out)
+    assert failed == 0 and fenced == 0 and after == len(out["ids"])
+    assert out["d_log"].count("reports no lease deadline") == 1

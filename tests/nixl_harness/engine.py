@@ -43,6 +43,11 @@ def redirect_output(spec: EngineSpec, what: str) -> None:
     os.close(fd)
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    # No `vllm serve` here to configure logging: INFO and up from vLLM and
+    # from us (forwarded to the "vllm" logger) into this log, as a server logs.
+    import logging
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
 
 
 class FakeBlocks:
@@ -389,6 +394,11 @@ def engine_main(spec: EngineSpec, conn: Any) -> None:
     log(f"engine {spec.name} forked (vLLM preloaded: {'nixl_harness.preload' in sys.modules})")
     # A start-up that hangs leaves every thread's Python stack in the log.
     faulthandler.dump_traceback_later(30, repeat=True, file=sys.stderr)
+    if spec.clock_skew:
+        # vLLM reads time.perf_counter at call time: every deadline, the
+        # handshake's clock echo and the sweeps move with it (not NIXL's own).
+        real = time.perf_counter
+        time.perf_counter = lambda: real() + spec.clock_skew  # type: ignore[assignment]
     try:
         eng = Engine(spec)
         faulthandler.cancel_dump_traceback_later()

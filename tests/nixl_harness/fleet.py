@@ -127,6 +127,35 @@ class Engine:
     def stats(self) -> list[dict[str, Any]]:
         return self.call("stats")
 
+    def freeze(self) -> None:
+        """SIGSTOP the engine and its TP ranks: a D whose forward loop stalls."""
+        for pid in self._family():
+            os.kill(pid, signal.SIGSTOP)
+
+    def thaw(self) -> None:
+        for pid in self._family():
+            os.kill(pid, signal.SIGCONT)
+
+    def send_only(self, cmd: str, **kwargs: Any) -> None:
+        """Queue a command (e.g. for a frozen engine); collect it with ``collect``."""
+        self.conn.send((cmd, kwargs))
+
+    def collect(self, cmd: str, timeout: float = 60.0) -> Any:
+        return self._reply(timeout, cmd)
+
+    def _family(self) -> list[int]:
+        pids, todo = [], [self.pid]
+        while todo:
+            pid = todo.pop()
+            pids.append(pid)
+            try:
+                for tid in os.listdir(f"/proc/{pid}/task"):
+                    with open(f"/proc/{pid}/task/{tid}/children") as f:
+                        todo.extend(int(c) for c in f.read().split())
+            except OSError:
+                pass
+        return pids
+
     def kill(self) -> float:
         """SIGKILL the engine (and, via the pipe EOF, its TP ranks); return when."""
         os.kill(self.pid, signal.SIGKILL)

@@ -249,3 +249,58 @@ def hetero_tp(fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 4) -> dict[st
         [d_rep],
     )
     return {"ids": ids, "p": p_rep, "d": d_rep}
+
+
+def d_frozen(
+    fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 4, p_skew: float = 0.0, d_skew: float = 0.0
+) -> dict[str, Any]:
+    """D's forward loop stalls (SIGSTOP) with reads pending until P's leases
+    lapse and P reuses the blocks for new prefills; then D resumes and is let
+    read.  A D that reads now gets someone else's KV (HTTP 200 in real life)."""
+    blocks = -(-TOKENS // 32)
+    # P holds exactly n requests: the prefills after the expiry reuse the freed blocks.
+    p = fleet.start("P", "p", stock=p_stock, num_blocks=n * blocks + 1, clock_skew=p_skew)
+    d = fleet.start("D", "d", stock=d_stock, clock_skew=d_skew)
+    ids, params = prefill(p, "frozen", n)
+    hand_to_d(d, params, hold=True)
+    wait_for(lambda: all(p.report()["reqs"][r].get("hb", 0) >= 2 for r in ids), 20, what="heartbeats on P")
+    d.freeze()
+    try:
+        frozen_t = time.monotonic()
+        p_expired = wait_freed(p, ids, timeout=LEASE + 10)
+        reuse_ids, _ = prefill(p, "reuse", n)  # overwrites the freed blocks
+        d.send_only("release", ids=None)
+        frozen_s = time.monotonic() - frozen_t
+    finally:
+        d.thaw()
+    d.collect("release")
+
+    def loads_done() -> dict[str, Any] | None:
+        rep = d.report()
+        return rep if all("read_t" in rep["reqs"][d_id(r)] for r in ids) else None
+
+    d_rep = wait_for(loads_done, 30, what="D finishing its loads")
+    time.sleep(1.0)  # let P take in any late completion notification
+    p_rep = p.report()
+    out = {
+        "ids": ids,
+        "reuse_ids": reuse_ids,
+        "frozen_s": frozen_s,
+        "p_at_thaw": p_expired,
+        "p": p_rep,
+        "d": d_rep,
+        "p_stats": p.stats(),
+        "d_stats": d.stats(),
+        "d_log": open(d.log, errors="replace").read(),
+    }
+    failed = sum(bool(d_rep["reqs"][d_id(r)].get("failed")) for r in ids)
+    after = sum(s.get("num_notifications_after_expiry", 0) for s in out["p_stats"])
+    fenced = sum(s.get("num_reads_fenced", 0) for s in out["d_stats"])
+    wrong = len(data_mismatches(p_rep, d_rep, ids)) - failed
+    who = f"P {'stock' if p_stock else 'ours'}, D {'stock' if d_stock else 'ours'}"
+    print(
+        f"\n== D frozen {frozen_s:.1f}s ({who}, "
+        f"skew P {p_skew:+g}s D {d_skew:+g}s): loads failed {failed}/{n}, fenced {fenced}, "
+        f"P notifications after expiry {after}, reads returning other requests' KV {wrong}"
+    )
+    return out

@@ -26,3 +26,5 @@ class EngineSpec:
     # stall the step (and its heartbeats) for seconds on this box.
     max_admit: int = 128
     name: str = ""
+    # Seconds added to this engine's time.perf_counter (P and D clocks skewed).
+    clock_skew: float = 0.0
