@@ -69,6 +69,8 @@ class PDConfig:
     nice: int = field(default_factory=lambda: int(os.environ.get("PD_NICE", "-5")))
     log_dir: Path = field(default_factory=lambda: BUILD / "pd-logs" / time.strftime("%Y%m%d-%H%M%S"))
     router: bool = True
+    # Merged into kv_connector_extra_config of both servers (e.g. {"idle_step_sleep_ms": 0}).
+    kv_extra: dict = field(default_factory=dict)
 
 
 def _check_venvs(router: bool) -> None:
@@ -127,7 +129,7 @@ class PDCluster:
             "kv_connector": name,
             "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
             "kv_buffer_device": "cpu",
-            "kv_connector_extra_config": {"kv_lease_duration": self.cfg.lease_s},
+            "kv_connector_extra_config": {"kv_lease_duration": self.cfg.lease_s, **self.cfg.kv_extra},
         }
         argv = [
             str(VENV_CPU / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
