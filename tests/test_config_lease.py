@@ -27,6 +27,8 @@ def test_fencing_defaults() -> None:
     assert cfg.lease_safety_margin == 1.0
     cfg = LeaseConfig.from_extra_config({"lease_safety_margin": 0, "lease_fencing": False})
     assert (cfg.lease_safety_margin, cfg.lease_fencing) == (0.0, False)
+    assert LeaseConfig.from_extra_config({}).idle_step_sleep_s == 0.001
+    assert LeaseConfig.from_extra_config({"idle_step_sleep_ms": 0}).idle_step_sleep_s == 0.0
 
 
 def test_overrides() -> None:
@@ -55,6 +57,9 @@ def test_overrides() -> None:
         ({"lease_safety_margin": "2"}, "['lease_safety_margin'] must be a number"),
         ({"lease_safety_margin": float("inf")}, "['lease_safety_margin'] must be a number"),
         ({"lease_fencing": "yes"}, "['lease_fencing'] must be true or false"),
+        ({"idle_step_sleep_ms": -1}, "['idle_step_sleep_ms'] must be a number from 0 (off) to 100, got -1"),
+        ({"idle_step_sleep_ms": 500}, "got 500"),
+        ({"idle_step_sleep_ms": "1"}, "got '1'"),
     ],
 )
 def test_bad_values_name_key_and_value(extra: dict, needle: str) -> None:

@@ -14,6 +14,8 @@ from typing import Any
 
 DEFAULT_LEASE_DURATION = 30
 DEFAULT_MAX_HEARTBEAT_BYTES = 8192
+DEFAULT_IDLE_STEP_SLEEP_MS = 1.0
+MAX_IDLE_STEP_SLEEP_MS = 100.0
 # Smallest heartbeat message accepted: "HB:" plus room for one long request id
 # (vLLM ids with router prefixes and random suffixes run to ~100 bytes).
 MIN_HEARTBEAT_BYTES = 256
@@ -46,6 +48,8 @@ class LeaseConfig:
     lease_safety_margin: float = 0.0
     # False: D reads whatever its view says (upstream behaviour).
     lease_fencing: bool = True
+    # Pause of an empty P step while only unread leases keep the engine busy (idle.py).
+    idle_step_sleep_s: float = DEFAULT_IDLE_STEP_SLEEP_MS / 1000
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> LeaseConfig:
@@ -103,7 +107,17 @@ class LeaseConfig:
             raise LeaseConfigError(
                 f"kv_connector_extra_config['lease_fencing'] must be true or false, got {fencing!r}"
             )
-        return cls(duration, interval, extension, raw_max, float(margin), fencing)
+        idle_ms = extra.get("idle_step_sleep_ms", DEFAULT_IDLE_STEP_SLEEP_MS)
+        if (
+            isinstance(idle_ms, bool)
+            or not isinstance(idle_ms, (int, float))
+            or not 0 <= idle_ms <= MAX_IDLE_STEP_SLEEP_MS
+        ):
+            raise LeaseConfigError(
+                f"kv_connector_extra_config['idle_step_sleep_ms'] must be a number from 0 (off) to "
+                f"{MAX_IDLE_STEP_SLEEP_MS:g}, got {idle_ms!r}"
+            )
+        return cls(duration, interval, extension, raw_max, float(margin), fencing, idle_ms / 1000)
 
     @classmethod
     def from_vllm_config(cls, vllm_config: Any) -> LeaseConfig:

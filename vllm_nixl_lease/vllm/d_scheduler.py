@@ -16,6 +16,7 @@ from vllm.logger import init_logger
 from .. import HeartbeatTracker
 from .config import LeaseConfig
 from .fence_scheduler import LeaseViewSchedulerMixin
+from .idle import LEASE_IDLE_ATTR, step_is_idle
 from .metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
 
 logger = init_logger(__name__)
@@ -86,4 +87,5 @@ class HeartbeatSchedulerMixin(LeaseViewSchedulerMixin):
                     out[engine_id] = EngineHeartbeats(messages, *target)
         setattr(meta, LEASE_HEARTBEATS_ATTR, out)
         self._attach_lease_views(meta)
+        setattr(meta, LEASE_IDLE_ATTR, step_is_idle(scheduler_output, meta))
         return meta

@@ -10,6 +10,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPu
 from .config import LeaseConfig
 from .d_worker import HeartbeatSenderMixin
 from .fence_worker import ReadFenceMixin
+from .idle import IdleStepMixin
 from .p_worker import LeaseSenderMixin
 from .push_lease import PushLeaseSenderMixin
 
@@ -23,10 +24,16 @@ class _LeaseWorkerSetup:
         """
         self._setup_lease_sender(lease_config)  # type: ignore[attr-defined]
         self._setup_heartbeat_sender(lease_config.max_heartbeat_bytes)  # type: ignore[attr-defined]
+        self._setup_idle_pause(lease_config.idle_step_sleep_s)  # type: ignore[attr-defined]
 
 
 class LeaseNixlPullConnectorWorker(
-    _LeaseWorkerSetup, ReadFenceMixin, LeaseSenderMixin, HeartbeatSenderMixin, NixlPullConnectorWorker
+    _LeaseWorkerSetup,
+    ReadFenceMixin,
+    IdleStepMixin,
+    LeaseSenderMixin,
+    HeartbeatSenderMixin,
+    NixlPullConnectorWorker,
 ):
     def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
         lease_config = LeaseConfig.from_vllm_config(vllm_config)  # fail before NIXL setup
@@ -39,7 +46,7 @@ class LeaseNixlPullConnectorWorker(
 
 
 class LeaseNixlPushConnectorWorker(
-    _LeaseWorkerSetup, PushLeaseSenderMixin, HeartbeatSenderMixin, NixlPushConnectorWorker
+    _LeaseWorkerSetup, IdleStepMixin, PushLeaseSenderMixin, HeartbeatSenderMixin, NixlPushConnectorWorker
 ):
     def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
         lease_config = LeaseConfig.from_vllm_config(vllm_config)
