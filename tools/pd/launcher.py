@@ -71,6 +71,8 @@ class PDConfig:
     router: bool = True
     # Merged into kv_connector_extra_config of both servers (e.g. {"idle_step_sleep_ms": 0}).
     kv_extra: dict = field(default_factory=dict)
+    # Top-level --kv-transfer-config keys for both servers (e.g. kv_load_failure_policy).
+    kv_transfer: dict = field(default_factory=dict)
 
 
 def _check_venvs(router: bool) -> None:
@@ -130,6 +132,7 @@ class PDCluster:
             "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
             "kv_buffer_device": "cpu",
             "kv_connector_extra_config": {"kv_lease_duration": self.cfg.lease_s, **self.cfg.kv_extra},
+            **self.cfg.kv_transfer,
         }
         argv = [
             str(VENV_CPU / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
