@@ -49,6 +49,18 @@ def core(request: pytest.FixtureRequest) -> types.SimpleNamespace:
 
 
 @pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch):
+    """``time.perf_counter`` replaced by a hand-driven ``fake_clock.Clock``."""
+    import time
+
+    from fake_clock import Clock
+
+    c = Clock()
+    monkeypatch.setattr(time, "perf_counter", c)
+    return c
+
+
+@pytest.fixture
 def lease_logs(caplog: pytest.LogCaptureFixture):
     """caplog for our loggers: they hand records to the "vllm" logger, which
     vLLM may have configured not to propagate to the root (caplog's) handler."""

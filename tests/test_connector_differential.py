@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
 
 import pytest
 from vllm_support import STOCK_PULL_WORKER as NixlPullConnectorWorker
@@ -15,13 +14,6 @@ from vllm_support import Clock, make_worker, p_meta, p_step
 from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
 
 LEASE = 12  # extension 8, like upstream's d * 2 // 3
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(time, "perf_counter", c)
-    return c
 
 
 def _counts(worker) -> tuple[int, int]:

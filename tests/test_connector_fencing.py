@@ -5,7 +5,6 @@ whose view is about to lapse becomes a failed load instead."""
 from __future__ import annotations
 
 import logging
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -25,13 +24,6 @@ from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
 from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
 
 LEASE = 12  # extension 8, interval 2, default margin min(8 / 4, (8 - 2) / 2) = 2
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(time, "perf_counter", c)
-    return c
 
 
 @pytest.fixture(scope="module")

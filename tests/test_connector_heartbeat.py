@@ -22,13 +22,6 @@ from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
 from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
 
 
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(time, "perf_counter", c)
-    return c
-
-
 @pytest.fixture(scope="module")
 def scheduler_factory(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("hb")

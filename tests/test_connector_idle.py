@@ -23,13 +23,6 @@ LEASE = 30
 
 
 @pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(time, "perf_counter", c)
-    return c
-
-
-@pytest.fixture
 def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
     out: list[float] = []
     monkeypatch.setattr(time, "sleep", out.append)

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import functools
-import time
 
 import prometheus_client
-import pytest
 from vllm_support import Clock, make_worker, p_meta, p_step
 
 from vllm_nixl_lease.vllm.connector import LeaseNixlPullConnector
@@ -14,13 +12,6 @@ from vllm_nixl_lease.vllm.stats import LEASE_COUNTERS, LeaseKVConnectorStats
 from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
 
 LABELS = {"model_name": "tiny", "engine": "0"}
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(time, "perf_counter", c)
-    return c
 
 
 def _prom(registry: prometheus_client.CollectorRegistry):

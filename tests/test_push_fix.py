@@ -3,8 +3,6 @@ keys the lease by its own (suffixed) id, so upstream never renews it."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from vllm_support import STOCK_PUSH_WORKER, Clock, make_worker, p_meta, p_step
 
@@ -13,13 +11,6 @@ from vllm_nixl_lease.vllm.workers import LeaseNixlPushConnectorWorker
 LEASE = 12  # extension 8
 P_ID = "cmpl-4b1d2c-0-1a2b3c4d"  # P's internal id: router id + "-<8 hex>"
 ROUTER_ID = "cmpl-4b1d2c-0"  # what D puts in its heartbeats
-
-
-@pytest.fixture
-def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
-    c = Clock()
-    monkeypatch.setattr(time, "perf_counter", c)
-    return c
 
 
 def _heartbeat(worker, payload: str) -> None:

@@ -20,6 +20,7 @@ from typing import Any
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 import pytest  # noqa: E402
+from fake_clock import Clock  # noqa: E402,F401  (re-exported for the connector tests)
 
 vllm = pytest.importorskip("vllm")
 
@@ -51,20 +52,6 @@ TINY_LLAMA = {
     "head_dim": 32,
     "torch_dtype": "float32",
 }
-
-
-class Clock:
-    """Stand-in for ``time.perf_counter``."""
-
-    def __init__(self, now: float = 1000.0) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-    def advance(self, dt: float) -> float:
-        self.now += dt
-        return self.now
 
 
 class FakeNixlWrapper:
