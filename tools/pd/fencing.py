@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     install_signal_handlers()
     cfg = PDConfig(
-        connector="lease", lease_s=args.lease, num_blocks=80, d_num_blocks=20, d_max_num_seqs=1,
+        connector="lease", lease_s=args.lease, num_blocks=80, d_max_num_seqs=1,
         kv_transfer={"kv_load_failure_policy": "recompute"},
         kv_extra={"lease_fencing": False} if args.no_fence else {},
         log_dir=BUILD / "fencing" / ("off" if args.no_fence else "on"),
