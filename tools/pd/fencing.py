@@ -82,7 +82,10 @@ def frozen_decode(pd: PDCluster, n: int = 4, max_tokens: int = 16, timeout: floa
         _signal_tree(d_pid, signal.SIGCONT)
     frozen_s = time.time() - t_freeze
     results = burst.results()
-    time.sleep(1.0)  # metrics settle
+    # An idle P engine does not step, so D's late completion notifications (if any) would wait
+    # unread in its NIXL agent: one request makes P step and count them.
+    client.complete(pd.p_url, CHURN_PROMPT, max_tokens=2, timeout=60)
+    time.sleep(1.5)  # metrics settle
     return Frozen(
         references=references,
         results=results,
