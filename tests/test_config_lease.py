@@ -27,8 +27,8 @@ def test_fencing_defaults() -> None:
     assert cfg.lease_safety_margin == 1.0
     cfg = LeaseConfig.from_extra_config({"lease_safety_margin": 0, "lease_fencing": False})
     assert (cfg.lease_safety_margin, cfg.lease_fencing) == (0.0, False)
-    assert LeaseConfig.from_extra_config({}).idle_step_sleep_s == 0.001
-    assert LeaseConfig.from_extra_config({"idle_step_sleep_ms": 0}).idle_step_sleep_s == 0.0
+    assert LeaseConfig.from_extra_config({}).idle_step_sleep_s == 0.0  # opt-in
+    assert LeaseConfig.from_extra_config({"idle_step_sleep_ms": 1}).idle_step_sleep_s == 0.001
 
 
 def test_overrides() -> None:

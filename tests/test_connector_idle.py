@@ -55,7 +55,7 @@ def p_worker(clock: Clock, monkeypatch: pytest.MonkeyPatch):
     monkeypatch.setattr(STOCK_PULL_WORKER, "start_load_kv", lambda self, meta: None)
 
     def make(extra: dict | None = None):
-        worker = make_worker(LeaseNixlPullConnectorWorker, LEASE, extra)
+        worker = make_worker(LeaseNixlPullConnectorWorker, LEASE, extra or {"idle_step_sleep_ms": 1})
         worker._reqs_to_process.add("r1")
         worker._reqs_to_send["r1"] = clock.now + LEASE  # an unread lease
         return worker

@@ -7,6 +7,10 @@ or gone burns a whole core doing nothing.  When the scheduler marks a step idle
 no notification and has no read in flight, the worker pauses for
 ``idle_step_sleep_ms`` (never past the next lease deadline).  A request that
 arrives meanwhile waits at most that long.
+
+Off by default: with vLLM's multiprocess executor the process waiting on the
+other end of the shared-memory queue busy-waits (sched_yield) for a second
+after each message, so the pause only moves the spinning (README "Idle P").
 """
 
 from __future__ import annotations
