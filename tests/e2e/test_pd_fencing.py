@@ -13,7 +13,7 @@ import pytest
 from tools.pd import fencing
 from tools.pd.launcher import BUILD, VENV_CPU, VENV_ROUTER, PDCluster, PDConfig
 
-from .conftest import D_MAX_SEQS, LEASE_S, RESULTS
+from .conftest import D_MAX_SEQS, LEASE_S, RESULTS, _dump
 
 pytestmark = pytest.mark.e2e
 # P's cache just above one max-length sequence (2048 tokens / 32): the churn cycles it quickly.
@@ -34,6 +34,7 @@ def pd_fence() -> Iterator[PDCluster]:
     )
     with PDCluster(cfg) as cluster:
         yield cluster
+    _dump()
 
 
 def test_frozen_decode_recomputes_instead_of_reading_freed_blocks(pd_fence: PDCluster) -> None:
