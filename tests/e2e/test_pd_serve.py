@@ -16,6 +16,7 @@ from .conftest import CONNECTORS, LEASE_S, RESULTS
 pytestmark = pytest.mark.e2e
 RECLAIM_SLACK_S = 2.0
 N_QUEUED = 4  # requests queued on the blocked D
+FAIL_FAST_S = 10.0  # the router must fail requests in flight on a killed D within this
 
 
 def test_greedy_output_through_router_equals_p_alone(pd: PDCluster) -> None:
@@ -70,7 +71,13 @@ def test_kill_decode_p_reclaims_and_serves_new_decode(pd: PDCluster) -> None:
     assert len(failed) == N_QUEUED, "every queued request must fail once D is gone"
     for r in failed:
         assert r.status >= 500 or r.status == 0
-        assert r.t_end - rc.kill_ts < 10.0, "an in-flight request hung after D died"
+    slowest = max(r.t_end - rc.kill_ts for r in failed)
+    if not ours and slowest >= FAIL_FAST_S:
+        # Seen in 2 of 9 runs, stock only (ours: 0.35-0.96 s in every run): the router failed the
+        # in-flight requests only when stock P expired the dead D's leases, not when D died.
+        pytest.xfail(f"stock: in-flight requests failed {slowest:.1f}s after the kill, with P's expiry "
+                     f"of the dead D's leases ({rc.reclaim_after_kill_s}s after the kill)")  # fmt: skip
+    assert slowest < FAIL_FAST_S, "an in-flight request hung after D died"
     assert rc.p_healthy_after
     if not ours and rc.expired_metric < N_QUEUED:
         pytest.xfail(f"stock P reclaimed {rc.expired_metric:.0f} of {N_QUEUED} leases of a dead D "
