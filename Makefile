@@ -91,7 +91,7 @@ test-vllm032: build-cpu
 test: lint test-core test-twin test-vllm032 test-e2e
 
 # Real `vllm serve` P/D pairs behind vllm-router, stock connector then ours,
-# one pair at a time (about 6 minutes on 2 cores).
+# one pair at a time (4.5-8.5 minutes measured on 2 cores).
 test-e2e: build build-cpu venv-router
 	$(VPY) -m pytest -m e2e -p no:xdist -p no:cacheprovider -rxXs tests/e2e
 
