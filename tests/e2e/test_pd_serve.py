@@ -73,8 +73,9 @@ def test_kill_decode_p_reclaims_and_serves_new_decode(pd: PDCluster) -> None:
         assert r.status >= 500 or r.status == 0
     slowest = max(r.t_end - rc.kill_ts for r in failed)
     if not ours and slowest >= FAIL_FAST_S:
-        # Seen in 2 of 9 runs, stock only (ours: 0.35-0.96 s in every run): the router failed the
-        # in-flight requests only when stock P expired the dead D's leases, not when D died.
+        # Seen in 3 of 10 runs (twice stock alone, once stock and ours: 8.5 s and 11.0 s); otherwise
+        # 0.35-1.0 s. When slow, the router failed the in-flight requests within ~1 s after P
+        # expired the dead D's leases, not when D died. Cause not found; ours stays strict.
         pytest.xfail(f"stock: in-flight requests failed {slowest:.1f}s after the kill, with P's expiry "
                      f"of the dead D's leases ({rc.reclaim_after_kill_s}s after the kill)")  # fmt: skip
     assert slowest < FAIL_FAST_S, "an in-flight request hung after D died"
@@ -103,9 +104,10 @@ def test_ours_matches_stock_and_reclaims_no_later() -> None:
     if "stock" not in RESULTS or len(RESULTS) < 2:
         pytest.skip(f"needs stock and ours in one run (PD_E2E_CONNECTORS={','.join(CONNECTORS)})")
     stock = RESULTS["stock"]
-    for name, ours in RESULTS.items():
-        if name == "stock":
+    for name in CONNECTORS:  # RESULTS also holds other modules' numbers (e.g. "fencing")
+        if name == "stock" or name not in RESULTS:
             continue
+        ours = RESULTS[name]
         assert ours.get("outputs") == stock.get("outputs")
         s_rc, o_rc = stock.get("reclaim"), ours.get("reclaim")
         assert isinstance(s_rc, dict) and isinstance(o_rc, dict)
