@@ -14,7 +14,7 @@ import signal
 import time
 from typing import Any
 
-from tools.pd.procs import free_ports
+from tools.pd.procs import descendants, free_ports
 
 from .spec import EngineSpec
 
@@ -144,17 +144,7 @@ class Engine:
         return self._reply(timeout, cmd)
 
     def _family(self) -> list[int]:
-        pids, todo = [], [self.pid]
-        while todo:
-            pid = todo.pop()
-            pids.append(pid)
-            try:
-                for tid in os.listdir(f"/proc/{pid}/task"):
-                    with open(f"/proc/{pid}/task/{tid}/children") as f:
-                        todo.extend(int(c) for c in f.read().split())
-            except OSError:
-                pass
-        return pids
+        return [self.pid, *descendants(self.pid)]
 
     def kill(self) -> float:
         """SIGKILL the engine (and, via the pipe EOF, its TP ranks); return when."""
