@@ -70,7 +70,7 @@ def run(connector: str, lease_s: int, out_dir: Path) -> dict:
         sampler.mark("D slow")
         blocker = scenarios.block_decode(pd, max_s=hold + 60)
         try:
-            burst = scenarios.queue_behind(pd, N_QUEUED, "slow", 16, timeout=120)
+            burst = scenarios.queue_behind(pd, N_QUEUED, "slow", 16, 120, blocker)
             _progress(sampler, burst.t_queued + hold)
         finally:
             blocker.release()
@@ -87,7 +87,7 @@ def run(connector: str, lease_s: int, out_dir: Path) -> dict:
         blocker = scenarios.block_decode(pd, max_s=settle + 120)
         sampler.mark("D slow")
         try:
-            burst = scenarios.queue_behind(pd, N_QUEUED, "crash", 16, timeout=120)
+            burst = scenarios.queue_behind(pd, N_QUEUED, "crash", 16, 120, blocker)
             _progress(sampler, burst.t_queued + settle)
             pre_kill = sampler.latest()
             sampler.mark("D killed")
@@ -113,7 +113,7 @@ def run(connector: str, lease_s: int, out_dir: Path) -> dict:
             time.sleep(min(2.0, max(0.0, deadline - time.time())))
         reclaimed = client.metric(pd.p_url, scenarios.EXPIRED, timeout=3.0) - exp0
         ev = plog.parse(pd.prefill.log_path)  # type: ignore[union-attr]
-        last_hb = ev.last_heartbeat_before(t_kill)
+        last_hb = ev.last_heartbeat_of_killed(t_kill)
         expiries = ev.expiries_after(t_kill - 1)
         t_reclaim = max((t for t, _ in expiries), default=None)
         if t_reclaim:

@@ -58,7 +58,7 @@ def frozen_decode(pd: PDCluster, n: int = 4, max_tokens: int = 16, timeout: floa
     nae0 = client.metric(pd.p_url, NOTIF_AFTER_EXPIRY)
     fenced0 = client.metric(pd.d_url, FENCED)
     blocker = block_decode(pd, max_s=timeout)
-    burst = queue_behind(pd, n, "frozen", max_tokens, timeout)
+    burst = queue_behind(pd, n, "frozen", max_tokens, timeout, blocker)
     # A couple of heartbeats first, so the leases on P are heartbeat-driven when D stops.
     time.sleep(2 * max(1, pd.cfg.lease_s // 6) + 1)
     d_pid = pd.decode.pid

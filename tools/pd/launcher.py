@@ -16,7 +16,7 @@ from pathlib import Path
 
 from tools.pd import client
 from tools.pd.assets import ensure_assets
-from tools.pd.procs import Managed, free_ports, install_signal_handlers
+from tools.pd.procs import Managed, free_ports, install_signal_handlers, raise_own_priority
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_CPU = Path(os.environ.get("PD_VENV_CPU", ROOT / ".venv-cpu"))
@@ -63,8 +63,9 @@ class PDConfig:
     max_model_len: int = 2048  # room for a long blocker request on D (tools.pd.client.Blocker)
     startup_timeout_s: float = 600.0  # measured 80-140 s; generous for a machine busy with other jobs
     # Each server's whole process tree (API server, engine core, worker) gets its own core, so a P
-    # engine that spins on an unread lease cannot starve D's heartbeats, and a slightly raised
-    # priority keeps both responsive beside other jobs (skipped silently without the privilege).
+    # engine that spins on an unread lease cannot starve D's heartbeats. The driver (this process)
+    # raises its own priority to `nice` before starting anything, so servers, router and client all
+    # run at one priority, above other jobs (kept as is without the privilege).
     pin_cpus: bool = True
     nice: int = field(default_factory=lambda: int(os.environ.get("PD_NICE", "-5")))
     log_dir: Path = field(default_factory=lambda: BUILD / "pd-logs" / time.strftime("%Y%m%d-%H%M%S"))
@@ -104,6 +105,7 @@ class PDCluster:
         self._d_gen = 0
         self.d_connector = cfg.connector
         self.progress: Callable[[str], None] | None = None  # e.g. print: start-up milestones
+        self.priority_raised = False
 
     def _note(self, msg: str) -> None:
         if self.progress:
@@ -163,12 +165,12 @@ class PDCluster:
             PATH=f"{VENV_CPU / 'bin'}:{env.get('PATH', '')}",
             **conn_env,
         )
-        pin = {cpu} if self.cfg.pin_cpus and (os.cpu_count() or 1) > 1 else None
-        return Managed(role, argv, env, log, cpus=pin, nice=self.cfg.nice)
+        pin = {cpu} if self.cfg.pin_cpus and len(os.sched_getaffinity(0)) > 1 else None
+        return Managed(role, argv, env, log, cpus=pin)
 
     def _cpu(self, which: int) -> int:
-        n = os.cpu_count() or 1
-        return which % n
+        allowed = sorted(os.sched_getaffinity(0))  # not cpu_count(): a container may allow fewer
+        return allowed[which % len(allowed)]
 
     def start_prefill(self) -> None:
         self.prefill = self._server(
@@ -223,6 +225,7 @@ class PDCluster:
 
     def start(self) -> PDCluster:
         """Start P and D together (imports are single-threaded: 2 cores overlap them), then the router."""
+        self.priority_raised = raise_own_priority(self.cfg.nice)
         self.start_prefill()
         self.start_decode()
         assert self.prefill is not None

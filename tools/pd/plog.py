@@ -31,6 +31,13 @@ class LeaseEvents:
     def expiries_after(self, t: float) -> list[tuple[float, str]]:
         return [e for e in self.expiries if e[0] >= t]
 
+    def last_heartbeat_of_killed(self, kill_ts: float) -> float | None:
+        """The last heartbeat P applied from a D killed at `kill_ts`: one D sent just before the
+        kill can reach P just after it (seen: logged 3 ms later, making the reclaim look 2 s
+        late), so this is the last one before P's first reclaim, not before the kill."""
+        reclaims = self.expiries_after(kill_ts - 1)
+        return self.last_heartbeat_before(min(t for t, _ in reclaims) if reclaims else kill_ts + 1.0)
+
 
 def parse(path: Path) -> LeaseEvents:
     ev = LeaseEvents()

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from tools.pd import client, plog
 from tools.pd.launcher import PDCluster
+from tools.pd.procs import busiest
 
 EXPIRED = "vllm:nixl_num_kv_expired_reqs"
 NOTIF_AFTER_EXPIRY = "vllm:nixl_num_notifications_after_expiry"
@@ -102,8 +103,10 @@ def block_decode(pd: PDCluster, max_s: float, start_timeout: float = 60.0) -> cl
     return blocker
 
 
-def queue_behind(pd: PDCluster, n: int, tag: str, max_tokens: int, timeout: float) -> Burst:
-    """Route `n` requests while D is blocked; return once D's own gauge shows them all waiting
+def queue_behind(
+    pd: PDCluster, n: int, tag: str, max_tokens: int, timeout: float, blocker: client.Blocker
+) -> Burst:
+    """Route `n` requests while `blocker` holds D; return once D's own gauge shows them all waiting
     (`burst.t_queued`): from then on each of them waits on D while P holds its lease."""
     burst = Burst(pd.r_url, burst_prompts(n, tag), max_tokens, timeout)
     deadline = time.time() + 60
@@ -113,12 +116,14 @@ def queue_behind(pd: PDCluster, n: int, tag: str, max_tokens: int, timeout: floa
         if waiting >= n:
             burst.t_queued = time.time()
             return burst
-        if any(f.done() for f in burst.futures):
+        if blocker.finished_early or blocker.error or any(f.done() for f in burst.futures):
             break
         time.sleep(0.2)
     done = [f.result() for f in burst.futures if f.done()]
     raise AssertionError(
-        f"{n} routed requests did not all queue on D (waiting {waiting:.0f}; done early: {done})"
+        f"{n} routed requests did not all queue on D in {time.time() - burst.t_start:.0f}s (waiting "
+        f"{waiting:.0f}; blocker: {blocker.tokens} tokens, finished early {blocker.finished_early}, "
+        f"error {blocker.error!r}; done early: {done}); busiest processes:\n{busiest()}"
     )
 
 
@@ -141,7 +146,7 @@ def overload(pd: PDCluster, n: int, hold_s: float, max_tokens: int = 16, timeout
     nae0 = client.metric(pd.p_url, NOTIF_AFTER_EXPIRY)
     blocker = block_decode(pd, max_s=hold_s + 60)
     try:
-        burst = queue_behind(pd, n, "overload", max_tokens, timeout)
+        burst = queue_behind(pd, n, "overload", max_tokens, timeout, blocker)
         time.sleep(max(0.0, burst.t_queued + hold_s - time.time()))
     finally:
         blocker.release()
@@ -235,7 +240,7 @@ def kill_and_reclaim(
     poller.start()
     blocker = block_decode(pd, max_s=settle_s + 120)
     try:
-        burst = queue_behind(pd, n, "reclaim", 16, timeout)
+        burst = queue_behind(pd, n, "reclaim", 16, timeout, blocker)
         time.sleep(max(0.0, burst.t_queued + settle_s - time.time()))
         if blocker.finished_early:
             raise AssertionError("D finished the blocker before the kill: the queued requests were served")
@@ -263,7 +268,7 @@ def kill_and_reclaim(
     return Reclaim(
         n_queued=n,
         kill_ts=kill_ts,
-        last_hb_ts=ev.last_heartbeat_before(kill_ts),
+        last_hb_ts=ev.last_heartbeat_of_killed(kill_ts),
         expiries=ev.expiries_after(kill_ts - 1),
         expired_metric=expired,
         leases_at_kill=leases,

@@ -1,0 +1,99 @@
+"""The P/D harness's own helpers (tools.pd): log parsing and process priority."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tools.pd import plog, procs
+
+ROOT = Path(__file__).resolve().parents[1]
+T = 1796000000.0  # log lines carry epoch seconds
+
+
+def _log(tmp_path: Path, lines: list[str]) -> Path:
+    p = tmp_path / "prefill.log"
+    p.write_text("\n".join(lines) + "\n")
+    return p
+
+
+def test_heartbeat_in_flight_at_the_kill_counts_as_the_last(tmp_path: Path) -> None:
+    # D sent a heartbeat just before the kill at T + 100; P logged it 3 ms after.
+    path = _log(tmp_path, [
+        "1796000096.000 DEBUG 1 vllm_nixl_lease: Heartbeat extended 4 of 4 lease(s)",
+        "1796000098.000 DEBUG 1 vllm_nixl_lease: Heartbeat extended 4 of 4 lease(s)",
+        "1796000100.003 DEBUG 1 vllm_nixl_lease: Heartbeat extended 4 of 4 lease(s)",
+        "1796000110.004 DEBUG 1 vllm_nixl_lease: Releasing expired KV blocks for request r1 which ...",
+        "1796000120.000 DEBUG 1 vllm_nixl_lease: Heartbeat extended 1 of 1 lease(s)",  # a new D's
+    ])  # fmt: skip
+    ev = plog.parse(path)
+    assert ev.last_heartbeat_before(T + 100.0) == pytest.approx(T + 98.0)
+    assert ev.last_heartbeat_of_killed(T + 100.0) == pytest.approx(T + 100.003)
+    assert ev.expiries_after(T + 99.0) == [(pytest.approx(T + 110.004), "r1")]
+
+
+def test_no_reclaim_yet_takes_heartbeats_up_to_a_second_after_the_kill(tmp_path: Path) -> None:
+    path = _log(tmp_path, [
+        "1796000099.500 DEBUG 1 x: Heartbeat extended lease for request r1",
+        "1796000100.400 DEBUG 1 x: Heartbeat extended lease for request r1",
+        "1796000105.000 DEBUG 1 x: Heartbeat extended lease for request r2",
+    ])  # fmt: skip
+    assert plog.parse(path).last_heartbeat_of_killed(T + 100.0) == pytest.approx(T + 100.4)
+
+
+_PRIORITY_PROBE = """
+import os, subprocess, sys, threading
+sys.path.insert(0, sys.argv[1])
+from tools.pd.procs import raise_own_priority
+want = int(sys.argv[2])
+threading.Thread(target=threading.Event().wait, args=(5,), daemon=True).start()  # an existing thread
+ok = raise_own_priority(want)
+tids = os.listdir("/proc/self/task")
+nices = sorted({os.getpriority(os.PRIO_PROCESS, int(t)) for t in tids})
+child = subprocess.run([sys.executable, "-c", "import os; print(os.getpriority(os.PRIO_PROCESS, 0))"],
+                       capture_output=True, text=True, check=True).stdout.strip()
+print(ok, len(tids), nices, child)
+"""
+
+
+def _probe(start_nice: int, want: int) -> list[str]:
+    out = subprocess.run(
+        ["nice", "-n", str(start_nice), sys.executable, "-c", _PRIORITY_PROBE, str(ROOT), str(want)],
+        capture_output=True, text=True, check=True, timeout=60,
+    ).stdout.split(maxsplit=2)  # fmt: skip
+    ok, threads, rest = out
+    nices, child = rest.rsplit(maxsplit=1)
+    return [ok, threads, nices, child]
+
+
+def test_raised_priority_reaches_every_thread_and_every_child() -> None:
+    ok, threads, nices, child = _probe(10, 7)
+    assert int(threads) >= 2
+    if os.geteuid() == 0 or ok == "True":  # raising needs CAP_SYS_NICE
+        assert (ok, nices, child) == ("True", "[7]", "7")
+    else:
+        assert (nices, child) == ("[10]", "10")
+
+
+def test_priority_is_never_lowered() -> None:
+    ok, _threads, nices, child = _probe(10, 15)
+    assert (ok, nices, child) == ("True", "[10]", "10")
+
+
+def test_busiest_names_a_process_that_spins() -> None:
+    spin = subprocess.Popen(
+        [sys.executable, "-c", "import time\nt = time.time() + 20\nwhile time.time() < t: pass"]
+    )
+    try:
+        time.sleep(0.3)
+        report = procs.busiest(window_s=1.0, top=50)
+    finally:
+        spin.kill()
+        spin.wait()
+    line = next(x for x in report.splitlines() if f"pid {spin.pid:>7} " in x)
+    assert float(line.split("%")[0].split()[-1]) > 5  # at least some of a core, under any load
