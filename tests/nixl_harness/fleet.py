@@ -14,7 +14,7 @@ import signal
 import time
 from typing import Any
 
-from tools.pd.procs import descendants, free_ports
+from tools.pd.procs import free_ports, signal_tree
 
 from .spec import EngineSpec
 
@@ -129,12 +129,10 @@ class Engine:
 
     def freeze(self) -> None:
         """SIGSTOP the engine and its TP ranks: a D whose forward loop stalls."""
-        for pid in self._family():
-            os.kill(pid, signal.SIGSTOP)
+        signal_tree(self.pid, signal.SIGSTOP)
 
     def thaw(self) -> None:
-        for pid in self._family():
-            os.kill(pid, signal.SIGCONT)
+        signal_tree(self.pid, signal.SIGCONT)
 
     def send_only(self, cmd: str, **kwargs: Any) -> None:
         """Queue a command (e.g. for a frozen engine); collect it with ``collect``."""
@@ -142,9 +140,6 @@ class Engine:
 
     def collect(self, cmd: str, timeout: float = 60.0) -> Any:
         return self._reply(timeout, cmd)
-
-    def _family(self) -> list[int]:
-        return [self.pid, *descendants(self.pid)]
 
     def kill(self) -> float:
         """SIGKILL the engine (and, via the pipe EOF, its TP ranks); return when."""

@@ -7,14 +7,13 @@ recomputes the prompts (kv_load_failure_policy=recompute) and answers exactly as
 
 from __future__ import annotations
 
-import os
 import signal
 import time
 from dataclasses import dataclass
 
 from tools.pd import client
 from tools.pd.launcher import PDCluster
-from tools.pd.procs import descendants
+from tools.pd.procs import signal_tree
 from tools.pd.scenarios import EXPIRED, NOTIF_AFTER_EXPIRY, block_decode, burst_prompts, queue_behind
 
 FENCED = "vllm:nixl_lease_reads_fenced"
@@ -37,14 +36,6 @@ class Frozen:
         return sum(r.text != ref for r, ref in zip(self.results, self.references, strict=True))
 
 
-def _signal_tree(pid: int, sig: int) -> None:
-    for p in [pid, *descendants(pid)]:
-        try:
-            os.kill(p, sig)
-        except ProcessLookupError:
-            pass
-
-
 def frozen_decode(pd: PDCluster, n: int = 4, max_tokens: int = 16, timeout: float = 240.0) -> Frozen:
     assert pd.decode is not None
     prompts = burst_prompts(n, "frozen")
@@ -62,7 +53,7 @@ def frozen_decode(pd: PDCluster, n: int = 4, max_tokens: int = 16, timeout: floa
     # A couple of heartbeats first, so the leases on P are heartbeat-driven when D stops.
     time.sleep(2 * max(1, pd.cfg.lease_s // 6) + 1)
     d_pid = pd.decode.pid
-    _signal_tree(d_pid, signal.SIGSTOP)
+    signal_tree(d_pid, signal.SIGSTOP)
     t_freeze = time.time()
     churned = 0
     try:
@@ -79,7 +70,7 @@ def frozen_decode(pd: PDCluster, n: int = 4, max_tokens: int = 16, timeout: floa
             churned += 1
         blocker.release()  # D aborts it on resume and takes the queued requests
     finally:
-        _signal_tree(d_pid, signal.SIGCONT)
+        signal_tree(d_pid, signal.SIGCONT)
     frozen_s = time.time() - t_freeze
     results = burst.results()
     # An idle P engine does not step, so D's late completion notifications (if any) would wait

@@ -105,7 +105,6 @@ class PDCluster:
         self._d_gen = 0
         self.d_connector = cfg.connector
         self.progress: Callable[[str], None] | None = None  # e.g. print: start-up milestones
-        self.priority_raised = False
 
     def _note(self, msg: str) -> None:
         if self.progress:
@@ -225,7 +224,7 @@ class PDCluster:
 
     def start(self) -> PDCluster:
         """Start P and D together (imports are single-threaded: 2 cores overlap them), then the router."""
-        self.priority_raised = raise_own_priority(self.cfg.nice)
+        raise_own_priority(self.cfg.nice)  # where not permitted, all keep the driver's priority
         self.start_prefill()
         self.start_decode()
         assert self.prefill is not None

@@ -9,7 +9,7 @@ import signal
 import socket
 import subprocess
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 _LIVE: list[Managed] = []
@@ -71,8 +71,8 @@ def raise_own_priority(nice: int) -> bool:
     return ok
 
 
-def _children_map() -> dict[int, list[int]]:
-    kids: dict[int, list[int]] = {}
+def _proc_stats() -> Iterator[tuple[int, str, list[bytes]]]:
+    """(pid, command name, the /proc/PID/stat fields after the name) of every live process."""
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -82,8 +82,14 @@ def _children_map() -> dict[int, list[int]]:
         except OSError:
             continue
         # The command name may contain spaces and parentheses: split after the last ')'.
-        fields = stat[stat.rfind(b")") + 2 :].split()
-        kids.setdefault(int(fields[1]), []).append(int(entry))
+        name = stat[stat.find(b"(") + 1 : stat.rfind(b")")].decode(errors="replace")
+        yield int(entry), name, stat[stat.rfind(b")") + 2 :].split()
+
+
+def _children_map() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for pid, _name, fields in _proc_stats():
+        kids.setdefault(int(fields[1]), []).append(pid)
     return kids
 
 
@@ -92,28 +98,17 @@ def busiest(window_s: float = 0.5, top: int = 8) -> str:
     failure message, it shows starvation or another job's load that a client timeout hides."""
 
     def sample() -> dict[int, tuple[int, int, str]]:
-        out = {}
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat", "rb") as fh:
-                    stat = fh.read()
-            except OSError:
-                continue
-            name = stat[stat.find(b"(") + 1 : stat.rfind(b")")].decode(errors="replace")
-            f = stat[stat.rfind(b")") + 2 :].split()
-            out[int(entry)] = (int(f[11]) + int(f[12]), int(f[16]), name)  # utime+stime, nice
-        return out
+        # utime + stime (clock ticks), nice
+        return {pid: (int(f[11]) + int(f[12]), int(f[16]), name) for pid, name, f in _proc_stats()}
 
     a = sample()
     time.sleep(window_s)
     b = sample()
     hz = os.sysconf("SC_CLK_TCK")
-    rows = sorted(((b[p][0] - a[p][0]) * 100 / hz / window_s, p, b[p][1], b[p][2]) for p in b if p in a)[
-        ::-1
-    ][:top]
-    return "\n".join(f"  pid {p:>7} nice {ni:>3} {cpu:5.0f}% {name}" for cpu, p, ni, name in rows)
+    rows = sorted(
+        ((b[p][0] - a[p][0]) * 100 / hz / window_s, p, b[p][1], b[p][2]) for p in b if p in a
+    )  # fmt: skip
+    return "\n".join(f"  pid {p:>7} nice {ni:>3} {cpu:5.0f}% {name}" for cpu, p, ni, name in rows[::-1][:top])
 
 
 def descendants(pid: int) -> list[int]:
@@ -125,6 +120,15 @@ def descendants(pid: int) -> list[int]:
             out.append(child)
             todo.append(child)
     return out
+
+
+def signal_tree(pid: int, sig: int) -> None:
+    """Send `sig` to `pid` and all its descendants; one that has exited meanwhile is skipped."""
+    for p in [pid, *descendants(pid)]:
+        try:
+            os.kill(p, sig)
+        except ProcessLookupError:
+            pass
 
 
 class Managed:
