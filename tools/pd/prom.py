@@ -67,15 +67,14 @@ class Prometheus:
             raise FileNotFoundError(f"prometheus not installed: {INSTALL_HINT}")
         self.data = Path(tempfile.mkdtemp(prefix="demo-prom-"))
         (self.port,) = free_ports(1)
-        jobs = "".join(
-            f"  - job_name: {job}\n    static_configs:\n      - targets: {json.dumps(hosts)}\n"
-            for job, hosts in targets.items()
-        )
+        every = f"{round(scrape_s * 1000)}ms"
         cfg = self.data / "prometheus.yml"
-        cfg.write_text(
-            f"global:\n  scrape_interval: {scrape_s}s\n  scrape_timeout: {scrape_s}s\n"
-            f"  evaluation_interval: {scrape_s}s\nrule_files:\n  - {RULES}\nscrape_configs:\n{jobs}"
-        )
+        cfg.write_text(yaml.safe_dump({
+            "global": {"scrape_interval": every, "scrape_timeout": every, "evaluation_interval": every},
+            "rule_files": [str(RULES)],
+            "scrape_configs": [{"job_name": job, "static_configs": [{"targets": hosts}]}
+                               for job, hosts in targets.items()],
+        }))  # fmt: skip
         argv = [exe, f"--config.file={cfg}", f"--storage.tsdb.path={self.data / 'tsdb'}",
                 f"--web.listen-address=127.0.0.1:{self.port}", "--log.level=warn"]  # fmt: skip
         self.proc = Managed("prometheus", argv, {"PATH": "/usr/bin:/bin"}, log_dir / "prometheus.log")
