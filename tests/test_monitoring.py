@@ -53,3 +53,12 @@ def test_dashboard_queries_name_lease_metrics() -> None:
     names = prom.metric_names()
     assert "vllm:nixl_lease_active" in names and "vllm:nixl_lease_reads_fenced_total" in names
     assert all(n.startswith("vllm:") for n in names)
+
+
+def test_exposed_names_reads_the_text_format() -> None:
+    text = (
+        "# HELP vllm:nixl_lease_active x\n# TYPE vllm:nixl_lease_active gauge\n"
+        'vllm:nixl_lease_active{engine="0",model_name="tiny"} 3.0\n'
+        "vllm:nixl_lease_granted_total 7\n"
+    )
+    assert prom.exposed_names([text, ""]) == {"vllm:nixl_lease_active", "vllm:nixl_lease_granted_total"}

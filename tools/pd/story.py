@@ -86,6 +86,7 @@ def run_side(pd: PDCluster, ours: bool, say: Callable[[str], None]) -> list[Chap
     say(f"3. {CHAPTERS[3]}: SIGSTOP D with {N_QUEUED} requests queued, P expires and reuses, SIGCONT")
     ch = Chapter(3, time.time())
     fr = fencing.frozen_decode(pd, n=N_QUEUED)
+    ch.events = [(fr.t_freeze, "D frozen"), (fr.t_freeze + fr.frozen_s, "D resumes")]
     wrong_200 = sum(r.ok and r.text != ref for r, ref in zip(fr.results, fr.references, strict=True))
     ok = sum(r.ok for r in fr.results)
     ch.numbers = {

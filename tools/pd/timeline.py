@@ -73,7 +73,8 @@ def plot(
                     else:
                         ax.step(xs, ys, where="post", color=_COLORS[label], label=label)
             for t, label in ch.events:
-                ax.axvline(t - ch.t0, color="tab:red" if "kill" in label else "tab:green", linestyle="--")
+                color = "tab:red" if ("kill" in label or "frozen" in label) else "tab:green"
+                ax.axvline(t - ch.t0, color=color, linestyle="--")
                 ax.annotate(label, (t - ch.t0, 0.95), xycoords=("data", "axes fraction"), fontsize=7,
                             rotation=90, va="top", ha="right")  # fmt: skip
             ax.text(0.99, 0.5, _summary_text(ch, _KEYS[ch.n]), transform=ax.transAxes, fontsize=7,
