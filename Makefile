@@ -20,7 +20,7 @@ CONNECTOR_TESTS := tests/test_connector_differential.py tests/test_connector_hea
 
 ROUTER_VENV := .venv-router
 
-.PHONY: all venv venv-cpu venv-router build build-cpu test test-core test-twin test-vllm032 test-e2e \
+.PHONY: all venv venv-cpu venv-router prometheus build build-cpu test test-core test-twin test-vllm032 test-e2e \
 	lint bench bench-quick demo demo-pd clean
 
 all: build
@@ -70,11 +70,24 @@ $(ROUTER_VENV)/.deps: Makefile
 
 venv-router: $(ROUTER_VENV)/.deps
 
+# Debian's Prometheus (server + promtool): the alert-rule unit tests in `make test` and the real
+# Prometheus that watches `make demo`. Installed when we are root on Debian/Ubuntu; otherwise the
+# rule tests skip and the demo runs without Prometheus, both saying how to install it. The package
+# may start a system service: stopped, the demo runs its own by PID with a temporary data dir.
+prometheus:
+	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's prometheus package (server + promtool)"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      prometheus >/dev/null; } || echo "apt-get install prometheus failed: rule tests and demo Prometheus skip"; \
+	    { service prometheus stop || true; } >/dev/null 2>&1; \
+	  else echo "promtool missing: sudo apt-get install -y prometheus (rule tests and demo Prometheus skip)"; fi; }
+
 lint: build
 	$(VENV)/bin/ruff check .
 
 # The parallel suite with the Cython core active (its absence is an error).
-test-core: build
+test-core: build prometheus
 	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 $(VPY) -m pytest -n auto -m "not e2e" -p no:cacheprovider -q
 
 # The connector on the pure-Python twin, through the environment switch (the
@@ -92,7 +105,7 @@ test: lint test-core test-twin test-vllm032 test-e2e
 
 # Real `vllm serve` P/D pairs behind vllm-router, stock connector then ours,
 # one pair at a time (4.5-8.5 minutes measured on 2 cores).
-test-e2e: build build-cpu venv-router
+test-e2e: build build-cpu venv-router prometheus
 	$(VPY) -m pytest -m e2e -p no:xdist -p no:cacheprovider -rxXs tests/e2e
 
 bench: build
@@ -107,11 +120,13 @@ $(VENV)/.demo-deps: $(VENV)/.deps
 	$(VPY) -m pip install $(PIP_QUIET) matplotlib
 	touch $@
 
-# The main job: a real P/D pair behind vllm-router through the import hook;
-# serve, queue past the lease on a busy D, kill D, reclaim, new D. Progress on
-# stdout, table at the end, timeline PNG + JSON summary in .build/demo.
-demo: build build-cpu venv-router $(VENV)/.demo-deps
-	$(VPY) tools/demo.py
+# The main job: stock vLLM and ours side by side, each a real P/D pair behind
+# vllm-router, watched by a real Prometheus running the shipped alert rules:
+# routed = P alone, D queued past the lease, D frozen while P reuses its blocks,
+# D killed. Progress on stdout, a table at the end, the figure and summary.json
+# in .build/demo; exit status 1 if any claim did not hold.
+demo: build build-cpu venv-router $(VENV)/.demo-deps prometheus
+	$(VPY) -m tools.demo
 
 demo-pd: demo
 

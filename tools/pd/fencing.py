@@ -30,6 +30,7 @@ class Frozen:
     churned: int  # P-alone requests that reused P's blocks while D was frozen
     fenced: float  # D's fenced reads
     notifs_after_expiry: float  # P: completion notifications for leases it had dropped
+    t_freeze: float = 0.0  # wall time of the SIGSTOP (D resumes frozen_s later)
 
     @property
     def mismatches(self) -> int:
@@ -85,6 +86,7 @@ def frozen_decode(pd: PDCluster, n: int = 4, max_tokens: int = 16, timeout: floa
         churned=churned,
         fenced=client.metric(pd.d_url, FENCED) - fenced0,
         notifs_after_expiry=client.metric(pd.p_url, NOTIF_AFTER_EXPIRY) - nae0,
+        t_freeze=t_freeze,
     )
 
 

@@ -1,114 +1,111 @@
-"""Samples P's lease metrics over time (a background thread) and draws the demo's PNG timeline."""
+"""The demo's figure: one panel per chapter, stock and ours side by side, every series read back
+from the demo's Prometheus (what an operator would see), plus chapter 5 from the fleet benchmark."""
 
 from __future__ import annotations
 
-import threading
-import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.pd import client
+from tools.pd.prom import Prometheus
+from tools.pd.story import CHAPTERS, Chapter
 
-ACTIVE = "vllm:nixl_lease_active"
-HB_IDS = "vllm:nixl_lease_heartbeat_ids_received"
-HB_UNKNOWN = "vllm:nixl_lease_heartbeat_ids_unknown"
-GRANTED = "vllm:nixl_lease_granted"
-EXPIRED = "vllm:nixl_num_kv_expired_reqs"
+# (label, PromQL with {job} = the side's job prefix, cumulative since the chapter start?, axis)
+_WAITING = ("queued on D", 'sum(vllm:num_requests_waiting{{job="{job}-D"}})', False, "left")
+_EXPIRED = ("expired on P", 'sum(vllm:nixl_num_kv_expired_reqs_total{{job="{job}-P"}})', True, "left")
+_LEASED = ("leased on P", 'sum(vllm:nixl_lease_active{{job="{job}-P"}})', False, "left")
+_HB = ("heartbeat ids on P (right)", 'sum(vllm:nixl_lease_heartbeat_ids_received_total{{job="{job}-P"}})',
+       True, "right")  # fmt: skip
+SERIES: dict[int, list[tuple[str, str, bool, str]]] = {
+    1: [("NIXL reads on D", 'sum(vllm:nixl_xfer_time_seconds_count{{job="{job}-D"}})', True, "left")],
+    2: [_WAITING, _LEASED, _EXPIRED, _HB],
+    3: [_WAITING, _EXPIRED,
+        ("fenced on D", 'sum(vllm:nixl_lease_reads_fenced_total{{job="{job}-D"}})', True, "left"),
+        ("read after expiry on P", 'sum(vllm:nixl_num_notifications_after_expiry_total{{job="{job}-P"}})',
+         True, "left")],
+    4: [_WAITING, _LEASED, _EXPIRED, _HB],
+}  # fmt: skip
+_COLORS = {"queued on D": "tab:orange", "leased on P": "tab:blue", "expired on P": "tab:red",
+           "fenced on D": "tab:green", "read after expiry on P": "black", "NIXL reads on D": "tab:purple",
+           "heartbeat ids on P (right)": "tab:gray"}  # fmt: skip
 
 
-@dataclass
-class Sample:
-    t: float
-    active: float
-    renewed: float  # heartbeat ids that extended a lease (cumulative)
-    granted: float
-    expired: float
+def _summary_text(ch: Chapter, keys: list[str]) -> str:
+    lines = [f"{k.replace('_', ' ')}: {ch.numbers[k]}" for k in keys if ch.numbers.get(k) is not None]
+    lines += [f"{'held' if v else 'FAILED'}: {c}" for c, v in ch.claims.items()]
+    return "\n".join(lines)
 
 
-@dataclass
-class Sampler:
-    url: str
-    every_s: float = 0.5
-    samples: list[Sample] = field(default_factory=list)
-    events: list[tuple[float, str]] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    def start(self) -> Sampler:
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=5)
-
-    def mark(self, label: str) -> None:
-        self.events.append((time.time(), label))
-
-    def latest(self) -> Sample | None:
-        return self.samples[-1] if self.samples else None
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            text = client.metrics_text(self.url, timeout=3.0)
-            if text:
-                m = client.metric_sum
-                self.samples.append(
-                    Sample(
-                        t=time.time(),
-                        active=m(text, ACTIVE),
-                        renewed=m(text, HB_IDS) - m(text, HB_UNKNOWN),
-                        granted=m(text, GRANTED),
-                        expired=m(text, EXPIRED),
-                    )
-                )
-            self._stop.wait(self.every_s)
+_KEYS = {1: ["equal_p_alone", "routed"], 2: ["served", "held_s", "expired"],
+         3: ["wrong_with_http_200", "http_200", "fenced_on_d", "reads_after_expiry_on_p"],
+         4: ["reclaim_after_last_heartbeat_s", "inflight_failed_within_s"]}  # fmt: skip
 
 
 def plot(
-    sampler: Sampler, heartbeats: list[float], t0: float, out: Path, title: str, lease_s: int
+    sides: dict[str, list[Chapter]], prom: Prometheus | None, out: Path, fleet: list[dict] | None = None
 ) -> Path | None:
-    """Leased requests on P, heartbeats that renewed leases, the D crash and P's reclaim."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib missing: no PNG (pip install matplotlib)")
+        print("matplotlib missing: no figure (pip install matplotlib)")
         return None
-    fig, (ax, ax2) = plt.subplots(2, 1, figsize=(10, 5.5), sharex=True, height_ratios=[3, 1])
-    xs = [s.t - t0 for s in sampler.samples]
-    active = [s.active for s in sampler.samples]
-    expired = [s.expired for s in sampler.samples]
-    ax.step(xs, active, where="post", color="tab:blue", label="leased requests on P")
-    ax.step(xs, expired, where="post", color="tab:red", label="expired on P (cumulative)")
-    colors = {"D killed": "tab:red", "P reclaimed": "tab:green", "new D ready": "tab:purple"}
-    ax.set_ylim(0, max([*active, *expired, 1.0]) * 1.25)
-    busy_since, shaded = None, False
-    for t, label in sorted(sampler.events):  # D busy: requests queue on D, their leases wait on P
-        if label == "D slow":
-            busy_since = t
-        elif busy_since is not None and label in ("D free", "D killed"):
-            ax.axvspan(busy_since - t0, t - t0, color="tab:orange", alpha=0.12,
-                       label=None if shaded else "D busy: requests queue on D, heartbeats renew")  # fmt: skip
-            busy_since, shaded = None, True
-    for t, label in sorted(sampler.events):
-        if label in ("D slow", "D free"):
-            continue
-        ax.axvline(t - t0, color=colors.get(label, "grey"), linestyle="--", linewidth=1)
-        ax.annotate(label, (t - t0, ax.get_ylim()[1] * 0.97), rotation=90, fontsize=8, va="top", ha="right")
-    ax.set_ylabel("requests")
-    ax.set_title(title)
-    ax.legend(loc="upper left", fontsize=8)
-    ax2.eventplot([[h - t0 for h in heartbeats]], colors="tab:orange", lineoffsets=0.5, linelengths=0.8)
-    ax2.set_yticks([])
-    ax2.set_ylabel(f"heartbeats\n(lease {lease_s}s)", fontsize=8)
-    ax2.set_xlabel("seconds since start of traffic")
+    names = list(sides)
+    rows = len(CHAPTERS) + (1 if fleet else 0)
+    fig, axes = plt.subplots(rows, len(names), figsize=(6.5 * len(names), 3.0 * rows), squeeze=False)
+    for col, side in enumerate(names):
+        for row, ch in enumerate(sides[side]):
+            ax = axes[row][col]
+            ax.set_title(f"{side} · {ch.n}. {CHAPTERS[ch.n]}", fontsize=9)
+            twin = None
+            if prom is not None:
+                for label, expr, cumulative, axis in SERIES[ch.n]:
+                    res = prom.series(expr.format(job=side), ch.t0 - 1, ch.t1 + 1, step=0.5)
+                    if not res:
+                        continue  # stock exports no lease series
+                    pts = res[0][1]
+                    base = pts[0][1] if cumulative else 0.0
+                    xs, ys = [t - ch.t0 for t, _ in pts], [v - base for _, v in pts]
+                    if axis == "right":
+                        twin = twin or ax.twinx()
+                        twin.plot(xs, ys, color=_COLORS[label], linestyle=":", label=label)
+                        twin.tick_params(labelsize=7)
+                    else:
+                        ax.step(xs, ys, where="post", color=_COLORS[label], label=label)
+            for t, label in ch.events:
+                color = "tab:red" if ("kill" in label or "frozen" in label) else "tab:green"
+                ax.axvline(t - ch.t0, color=color, linestyle="--")
+                ax.annotate(label, (t - ch.t0, 0.95), xycoords=("data", "axes fraction"), fontsize=7,
+                            rotation=90, va="top", ha="right")  # fmt: skip
+            ax.text(0.99, 0.5, _summary_text(ch, _KEYS[ch.n]), transform=ax.transAxes, fontsize=7,
+                    ha="right", va="center", bbox={"facecolor": "white", "alpha": 0.8,
+                    "edgecolor": "tab:green" if ch.held else "tab:red"})  # fmt: skip
+            handles, labels = ax.get_legend_handles_labels()
+            if twin is not None:
+                h2, l2 = twin.get_legend_handles_labels()
+                handles, labels = handles + h2, labels + l2
+            if handles:
+                ax.legend(handles, labels, loc="upper left", fontsize=7)
+            ax.set_xlabel("seconds into the chapter", fontsize=7)
+            ax.tick_params(labelsize=7)
+    if fleet:
+        _plot_fleet(axes[rows - 1], fleet)
+    if prom is None:
+        fig.suptitle("(no Prometheus: series not shown; apt-get install -y prometheus)", fontsize=9)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
+    fig.savefig(out, dpi=90)
     plt.close(fig)
     return out
+
+
+def _plot_fleet(row_axes: list, fleet: list[dict]) -> None:
+    """Chapter 5: P's connector time per step at fleet scale, stock and ours (from bench-fleet.json)."""
+    xs = [r["leases"] for r in fleet]
+    for ax, key, side in zip(row_axes, ("stock_us", "ours_us"), ("stock", "ours"), strict=False):
+        ax.plot(xs, [r[key] for r in fleet], marker="o", label=f"{side}: connector time per P step")
+        ax.set_xscale("log")
+        ax.set_xlabel("leases held on P", fontsize=7)
+        ax.set_ylabel("µs per step", fontsize=7)
+        ax.set_title(f"{side} · 5. P's connector time per step at scale", fontsize=9)
+        ax.legend(fontsize=7)
