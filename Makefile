@@ -96,11 +96,11 @@ test-e2e: build build-cpu venv-router
 	$(VPY) -m pytest -m e2e -p no:xdist -p no:cacheprovider -rxXs tests/e2e
 
 bench: build
-	$(VPY) tools/bench_core.py --json .build/bench.json
+	$(VPY) -m tools.bench_core --json .build/bench.json
 
 bench-quick: build
 	@mkdir -p .build
-	$(VPY) tools/bench_core.py --quick --json .build/bench-quick.json
+	$(VPY) -m tools.bench_core --quick --json .build/bench-quick.json
 
 # matplotlib draws the demo's timeline; only the demo needs it.
 $(VENV)/.demo-deps: $(VENV)/.deps

@@ -120,7 +120,7 @@ def test_scenarios_exercise_every_path(clock: Clock) -> None:
 def test_deadline_rebased_onto_worker_clock(clock: Clock) -> None:
     ours = make_worker(LeaseNixlPullConnectorWorker, LEASE)
     p_step(ours, p_meta(clock, in_batch=("r",), to_send={"r": LEASE}, scheduler_offset=-7e5))
-    assert ours.lease_router.table.deadline("r") == pytest.approx(clock.now + LEASE)
+    assert ours.lease_keeper.table.deadline("r") == pytest.approx(clock.now + LEASE)
     clock.advance(LEASE - 0.5)
     assert p_step(ours) == set()
     clock.advance(0.5)  # now >= deadline: expired, inclusive like upstream

@@ -43,7 +43,7 @@ def test_scheduler_tracks_in_core_and_ships_bytes(scheduler_factory, clock: Cloc
     sched.on_new_request(fake_request("d3", **remote_prefill_params("P2", "q-1", port=5700)))
     sched.on_new_request(fake_request("d4"))  # not a remote prefill
     assert sched._heartbeat_by_engine == {} and sched._heartbeat_req_engine == {}
-    assert len(sched.heartbeat_tracker) == 3
+    assert len(sched.heartbeats.tracker) == 3
     meta = sched.build_connector_meta(None)
     assert meta.heartbeat_by_engine == {}  # no id sets on the wire
     hb = meta.lease_heartbeats
@@ -56,7 +56,7 @@ def test_scheduler_tracks_in_core_and_ships_bytes(scheduler_factory, clock: Cloc
     sched.update_connector_output(type("O", (), {"finished_recving": {"d1"}})())
     sched._stop_heartbeat("d3")  # what upstream's request_finished calls
     assert sched.build_connector_meta(None).lease_heartbeats.keys() == {"P1"}
-    assert sched._heartbeat_targets.keys() == {"P1"}
+    assert sched.heartbeats.targets.keys() == {"P1"}
 
 
 def test_scheduler_chunks_messages(scheduler_factory, clock: Clock) -> None:
@@ -92,7 +92,7 @@ def test_heartbeat_goes_out_on_the_step_after_handshake(clock: Clock) -> None:
     worker._send_heartbeats(_Meta({"P1": hb}))  # starts the handshake
     assert worker.nixl_wrapper.sent == []
     release.set()
-    worker._hb_waiting["P1"][1].result(timeout=10)
+    worker.heartbeat_sender.waiting["P1"][1].result(timeout=10)
     deadline = time.monotonic() + 10
     while "P1" not in worker._remote_agents and time.monotonic() < deadline:
         time.sleep(0.01)  # the done-callback runs just after result() returns

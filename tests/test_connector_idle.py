@@ -15,7 +15,7 @@ from vllm_support import (
     shared_vllm_config,
 )
 
-from vllm_nixl_lease.vllm.idle import LEASE_IDLE_ATTR
+from vllm_nixl_lease.vllm.metadata import LEASE_IDLE_ATTR
 from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
 from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
 
