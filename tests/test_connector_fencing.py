@@ -18,6 +18,7 @@ from vllm_support import (
     shared_vllm_config,
 )
 
+from vllm_nixl_lease._wire import heartbeat_message
 from vllm_nixl_lease.vllm.lease_views import PARAM_LEASE_DEADLINE, PARAM_LEASE_EXTENSION
 from vllm_nixl_lease.vllm.metadata import EngineHeartbeats, LeaseViewUpdates
 from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
@@ -180,7 +181,7 @@ def test_not_fenced_without_view_handshake_or_blocks(d_worker, clock: Clock) -> 
 def test_heartbeat_to_every_p_rank_renews_the_view(d_worker, clock: Clock) -> None:
     _views(d_worker, d1=clock.now + 500.0 + 10.0, d2=clock.now + 500.0 + 10.0)
     clock.advance(5.0)
-    hb = EngineHeartbeats([b"HB:p1", b"HB:p2"], "127.0.0.1", 5600, 2)
+    hb = EngineHeartbeats([heartbeat_message(["p1"]), heartbeat_message(["p2"])], "127.0.0.1", 5600, 2)
     d_worker.nixl_wrapper.fail_sends = 1  # the first send (p1 to rank 0) fails
     d_worker._send_heartbeats(_Meta(heartbeats={"P": hb}))
     assert d_worker.read_fence.views.remaining("d1", clock.now, 500.0) == pytest.approx(5.0)  # not renewed

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from vllm_support import STOCK_PUSH_WORKER, Clock, make_worker, p_meta, p_step
 
+from vllm_nixl_lease._wire import heartbeat_message
 from vllm_nixl_lease.vllm.workers import LeaseNixlPushConnectorWorker
 
 LEASE = 12  # extension 8
@@ -15,7 +16,7 @@ ROUTER_ID = "cmpl-4b1d2c-0"  # what D puts in its heartbeats
 
 def _heartbeat(worker, payload: str) -> None:
     # The push writer thread forwards non-PUSH_REG notifications to this queue.
-    worker._pending_completion_notifs.put(("HB:" + payload).encode())
+    worker._pending_completion_notifs.put(heartbeat_message([payload]))
 
 
 @pytest.mark.parametrize(
