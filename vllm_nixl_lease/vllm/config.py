@@ -52,7 +52,7 @@ class LeaseConfig:
     lease_safety_margin: float = 0.0
     # False: D reads whatever its view says (upstream behaviour).
     lease_fencing: bool = True
-    # Pause of an empty P step while only unread leases keep the engine busy (idle.py).
+    # Pause of an empty P step while only unread leases keep the engine busy (idle_pause.py).
     idle_step_sleep_s: float = DEFAULT_IDLE_STEP_SLEEP_MS / 1000
 
     @classmethod
