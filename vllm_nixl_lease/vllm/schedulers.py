@@ -25,6 +25,7 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
         lease_config = LeaseConfig.from_vllm_config(vllm_config)  # fail before upstream's set-up
         super().__init__(vllm_config, engine_id, kv_cache_config)
         self.lease_config = lease_config
+        self._heartbeat_interval = lease_config.heartbeat_interval  # upstream reads it; keep ours
         self.heartbeats = HeartbeatSchedule(lease_config)
         self.lease_views = LeaseViewCollector(lease_config, self._TRANSFER_MODE)
 
@@ -67,6 +68,7 @@ class LeaseNixlPushConnectorScheduler(NixlPushConnectorScheduler):
         lease_config = LeaseConfig.from_vllm_config(vllm_config)
         super().__init__(vllm_config, engine_id, kv_cache_config)
         self.lease_config = lease_config
+        self._heartbeat_interval = lease_config.heartbeat_interval  # upstream reads it; keep ours
         self.heartbeats = HeartbeatSchedule(lease_config)
         # Push: P writes into D, D never reads; the collector stays disabled.
         self.lease_views = LeaseViewCollector(lease_config, self._TRANSFER_MODE)

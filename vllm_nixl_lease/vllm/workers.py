@@ -37,6 +37,7 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         """Build the components (apart from ``__init__`` so tests can build the
         upstream part the way vLLM's own tests do)."""
         self.lease_config = lease_config
+        self._lease_extension = lease_config.lease_extension  # upstream reads it; keep ours
         self.xfer_stats = LeaseKVConnectorStats()
         self.lease_keeper = LeaseKeeper(self, lease_config)
         self._reqs_to_send = self.lease_keeper.deadlines  # upstream grants leases through these
@@ -86,6 +87,7 @@ class LeaseNixlPushConnectorWorker(NixlPushConnectorWorker):
 
     def _setup_lease(self, lease_config: LeaseConfig) -> None:
         self.lease_config = lease_config
+        self._lease_extension = lease_config.lease_extension  # upstream reads it; keep ours
         self.xfer_stats = LeaseKVConnectorStats()
         self.lease_keeper = LeaseKeeper(self, lease_config, push=True)
         self._reqs_to_send = self.lease_keeper.deadlines
