@@ -16,7 +16,7 @@ CPU_VENV := .venv-cpu
 CPU_VPY := $(CPU_VENV)/bin/python
 CONNECTOR_TESTS := tests/test_connector_differential.py tests/test_connector_heartbeat.py \
 	tests/test_connector_metrics.py tests/test_push_fix.py tests/test_config_lease.py tests/test_hook.py \
-	tests/test_doctor.py tests/test_connector_fencing.py tests/test_connector_idle.py
+	tests/test_doctor.py tests/test_connector_fencing.py tests/test_connector_idle.py tests/test_components.py
 
 ROUTER_VENV := .venv-router
 
@@ -109,11 +109,11 @@ test-e2e: build build-cpu venv-router prometheus
 	$(VPY) -m pytest -m e2e -p no:xdist -p no:cacheprovider -rxXs tests/e2e
 
 bench: build
-	$(VPY) tools/bench_core.py --json .build/bench.json
+	$(VPY) -m tools.bench_core --json .build/bench.json
 
 bench-quick: build
 	@mkdir -p .build
-	$(VPY) tools/bench_core.py --quick --json .build/bench-quick.json
+	$(VPY) -m tools.bench_core --quick --json .build/bench-quick.json
 
 # matplotlib draws the demo's timeline; only the demo needs it.
 $(VENV)/.demo-deps: $(VENV)/.deps

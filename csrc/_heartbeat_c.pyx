@@ -13,18 +13,20 @@ from libc.string cimport memcpy
 import math
 
 from ._heartbeat_py import DEFAULT_MAX_MESSAGE_BYTES, check_max_message_bytes, check_remote_id
+from ._wire import HEARTBEAT_PREFIX
 
-cdef Py_ssize_t PREFIX_LEN = 3
+cdef bytes PREFIX = HEARTBEAT_PREFIX
+cdef Py_ssize_t PREFIX_LEN = len(PREFIX)
 
 
 cdef bytes _encode(object ids, Py_ssize_t size):
-    """``b"HB:" + b",".join(ids)`` where ``size`` is that length."""
+    """``HEARTBEAT_PREFIX + b",".join(ids)`` where ``size`` is that length."""
     cdef bytes out = PyBytes_FromStringAndSize(NULL, size)
     cdef char* w = PyBytes_AS_STRING(out)
     cdef Py_ssize_t pos = PREFIX_LEN, n
     cdef bint first = True
     cdef bytes raw
-    memcpy(w, b"HB:", PREFIX_LEN)
+    memcpy(w, <const char*>PREFIX, PREFIX_LEN)
     for raw in ids:
         if not first:
             w[pos] = c','

@@ -40,6 +40,12 @@ from murmurhash.mrmr cimport hash64
 import math
 
 from ._route_result import RouteResult, MALFORMED_SAMPLE_SIZE, MALFORMED_SAMPLE_BYTES
+from ._wire import HEARTBEAT_PREFIX, PUSH_REG_PREFIX
+from ._wire import MAX_EXPECTED_CONSUMERS as _MAX_CONSUMERS
+
+# The heartbeat prefix, matched in place on each message (the wire format lives in _wire.py).
+cdef bytes _HB = HEARTBEAT_PREFIX
+cdef Py_ssize_t _HB_LEN = len(_HB)
 
 cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
@@ -71,7 +77,7 @@ cdef Py_ssize_t MIN_STALE_FOR_REBUILD = 64   # same constant as the twin
 cdef size_t MIN_INDEX_SIZE = 16            # a power of two
 cdef uint32_t EMPTY = 0                     # index cell values: slot + 1, or these
 cdef uint32_t DELETED = 0xFFFFFFFF
-cdef long MAX_EXPECTED_CONSUMERS = 2147483647
+cdef long MAX_EXPECTED_CONSUMERS = _MAX_CONSUMERS
 
 
 cdef class LeaseTable:
@@ -415,14 +421,14 @@ cdef class NotificationRouter:
     cdef dict _expected
     cdef tuple _passthrough
 
-    def __init__(self, LeaseTable table not None, passthrough_prefixes=(b"PUSH_REG:",)):
+    def __init__(self, LeaseTable table not None, passthrough_prefixes=(PUSH_REG_PREFIX,)):
         self.table = table
         self._in_batch = set()
         self._counts = {}
         self._expected = {}
         self._passthrough = tuple(bytes(p) for p in passthrough_prefixes)
-        if any(not p or p.startswith(b"HB:") for p in self._passthrough):
-            raise ValueError("passthrough prefixes must be non-empty and not start with HB:")
+        if any(not p or p.startswith(HEARTBEAT_PREFIX) for p in self._passthrough):
+            raise ValueError("passthrough prefixes must be non-empty and not start with " + HEARTBEAT_PREFIX.decode())
 
     def add_in_batch(self, req_id):
         self._in_batch.add(req_id)
@@ -476,8 +482,8 @@ cdef class NotificationRouter:
                     msg = bytes(msg)
                 p = PyBytes_AS_STRING(msg)
                 n = PyBytes_GET_SIZE(msg)
-                if n >= 3 and p[0] == c'H' and p[1] == c'B' and p[2] == c':':
-                    ext, seen = table._extend_span(p + 3, n - 3, new_deadline)
+                if n >= _HB_LEN and memcmp(p, <const char*>_HB, _HB_LEN) == 0:
+                    ext, seen = table._extend_span(p + _HB_LEN, n - _HB_LEN, new_deadline)
                     hb_msgs += 1
                     hb_ids += seen
                     hb_ext += ext

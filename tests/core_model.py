@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import re
 
+from vllm_nixl_lease._wire import PUSH_REG_PREFIX, heartbeat_payload, is_heartbeat
+
 _COMPLETION = re.compile(rb"\A(.+):([0-9]{1,10})\Z", re.DOTALL)
 
 
@@ -57,13 +59,13 @@ class ModelRouter:
         out = {"completed": [], "hb": [0, 0, 0], "unknown": [], "malformed": 0, "passthrough": {}}
         for agent, msgs in notifs.items():
             for msg in msgs:
-                if msg[:3] == b"HB:":
-                    ext, seen = self.extend_counted(msg[3:], now)
+                if is_heartbeat(msg):
+                    ext, seen = self.extend_counted(heartbeat_payload(msg), now)
                     out["hb"][0] += 1
                     out["hb"][1] += seen
                     out["hb"][2] += ext
                     continue
-                if msg.startswith(b"PUSH_REG:"):
+                if msg.startswith(PUSH_REG_PREFIX):
                     out["passthrough"].setdefault(agent, []).append(msg)
                     continue
                 m = _COMPLETION.match(msg)

@@ -11,6 +11,7 @@ import pytest
 from vllm_support import STOCK_PULL_WORKER as NixlPullConnectorWorker
 from vllm_support import Clock, make_worker, p_meta, p_step
 
+from vllm_nixl_lease._wire import heartbeat_message
 from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
 
 LEASE = 12  # extension 8, like upstream's d * 2 // 3
@@ -57,7 +58,7 @@ def _scenario(seed: int, steps: int = 60):
                     ids = rng.sample(issued, k=min(len(issued), rng.randint(1, 6)))
                     if rng.random() < 0.3:
                         ids.append(f"ghost-{rng.randint(0, 9)}")
-                    msgs.append(("HB:" + ",".join(ids)).encode())
+                    msgs.append(heartbeat_message(ids))
                 for req_id in rng.sample(issued, k=min(len(issued), rng.randint(0, 2))):
                     msgs.append(f"{req_id}:{consumers[req_id]}".encode())
                 if rng.random() < 0.1:
@@ -120,7 +121,7 @@ def test_scenarios_exercise_every_path(clock: Clock) -> None:
 def test_deadline_rebased_onto_worker_clock(clock: Clock) -> None:
     ours = make_worker(LeaseNixlPullConnectorWorker, LEASE)
     p_step(ours, p_meta(clock, in_batch=("r",), to_send={"r": LEASE}, scheduler_offset=-7e5))
-    assert ours.lease_router.table.deadline("r") == pytest.approx(clock.now + LEASE)
+    assert ours.lease_keeper.table.deadline("r") == pytest.approx(clock.now + LEASE)
     clock.advance(LEASE - 0.5)
     assert p_step(ours) == set()
     clock.advance(0.5)  # now >= deadline: expired, inclusive like upstream

@@ -18,7 +18,8 @@ from vllm_support import (
     shared_vllm_config,
 )
 
-from vllm_nixl_lease.vllm.fence_scheduler import PARAM_LEASE_DEADLINE, PARAM_LEASE_EXTENSION
+from vllm_nixl_lease._wire import heartbeat_message
+from vllm_nixl_lease.vllm.lease_views import PARAM_LEASE_DEADLINE, PARAM_LEASE_EXTENSION
 from vllm_nixl_lease.vllm.metadata import EngineHeartbeats, LeaseViewUpdates
 from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
 from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
@@ -101,7 +102,7 @@ def test_d_scheduler_without_deadline_logs_once_per_engine(
     assert len(off) == 1 and "StockP" in off[0].getMessage()
     bad = [r for r in caplog.records if "malformed lease fields" in r.getMessage()]
     assert len(bad) == 3 and all(r.levelno == logging.WARNING for r in bad)
-    assert len(sched.heartbeat_tracker) == 6  # still heartbeated, as upstream
+    assert len(sched.heartbeats.tracker) == 6  # still heartbeated, as upstream
 
 
 def test_fencing_can_be_switched_off(scheduler_factory, clock: Clock) -> None:
@@ -145,7 +146,7 @@ def _recv_meta(engine: str = "P", blocks: tuple = ([1, 2],)) -> SimpleNamespace:
 
 def _views(worker, **deadlines: float) -> None:
     for local_id, deadline in deadlines.items():
-        worker.lease_views.add(local_id, "P", "p" + local_id[1:], deadline, 8.0)
+        worker.read_fence.views.add(local_id, "P", "p" + local_id[1:], deadline, 8.0)
 
 
 def test_read_goes_ahead_while_the_view_has_room(d_worker, clock: Clock) -> None:
@@ -162,14 +163,14 @@ def test_read_is_fenced_when_the_view_is_about_to_lapse(d_worker, clock: Clock) 
     assert d_worker.reads == []
     assert d_worker._recv_failures == {"d1"}  # -> invalid blocks -> kv_load_failure_policy
     assert sum(d_worker.xfer_stats.data["num_reads_fenced"]) == 1
-    assert "d1" not in d_worker.lease_views
+    assert "d1" not in d_worker.read_fence.views
 
 
 def test_not_fenced_without_view_handshake_or_blocks(d_worker, clock: Clock) -> None:
     _views(d_worker, d2=clock.now + 500.0 + 1.0, d3=clock.now + 500.0 + 1.0)
     d_worker._read_blocks_for_req("d1", _recv_meta())  # no view (stock P): upstream behaviour
     d_worker._read_blocks_for_req("d2", _recv_meta(blocks=([],)))  # nothing to read: P gets notified
-    d_worker.lease_views.add("d4", "Q", "p4", 0.0, 8.0)
+    d_worker.read_fence.views.add("d4", "Q", "p4", 0.0, 8.0)
     d_worker._read_blocks_for_req("d4", _recv_meta("Q"))  # not connected: upstream defers it
     assert d_worker.reads == ["d1", "d2", "d4"]
     assert sum(d_worker.xfer_stats.data["num_reads_fenced"]) == 0
@@ -180,15 +181,15 @@ def test_not_fenced_without_view_handshake_or_blocks(d_worker, clock: Clock) -> 
 def test_heartbeat_to_every_p_rank_renews_the_view(d_worker, clock: Clock) -> None:
     _views(d_worker, d1=clock.now + 500.0 + 10.0, d2=clock.now + 500.0 + 10.0)
     clock.advance(5.0)
-    hb = EngineHeartbeats([b"HB:p1", b"HB:p2"], "127.0.0.1", 5600, 2)
+    hb = EngineHeartbeats([heartbeat_message(["p1"]), heartbeat_message(["p2"])], "127.0.0.1", 5600, 2)
     d_worker.nixl_wrapper.fail_sends = 1  # the first send (p1 to rank 0) fails
     d_worker._send_heartbeats(_Meta(heartbeats={"P": hb}))
-    assert d_worker.lease_views.remaining("d1", clock.now, 500.0) == pytest.approx(5.0)  # not renewed
-    assert d_worker.lease_views.remaining("d2", clock.now, 500.0) == pytest.approx(8.0)
+    assert d_worker.read_fence.views.remaining("d1", clock.now, 500.0) == pytest.approx(5.0)  # not renewed
+    assert d_worker.read_fence.views.remaining("d2", clock.now, 500.0) == pytest.approx(8.0)
     assert sum(d_worker.xfer_stats.data["num_heartbeat_views_renewed"]) == 1
     # The retry next step reaches rank 0 later than rank 1: it never renews.
     d_worker._send_heartbeats(_Meta())
-    assert d_worker.lease_views.remaining("d1", clock.now, 500.0) == pytest.approx(5.0)
+    assert d_worker.read_fence.views.remaining("d1", clock.now, 500.0) == pytest.approx(5.0)
     clock.advance(3.5)
     d_worker._read_blocks_for_req("d1", _recv_meta())
     d_worker._read_blocks_for_req("d2", _recv_meta())
@@ -198,11 +199,11 @@ def test_heartbeat_to_every_p_rank_renews_the_view(d_worker, clock: Clock) -> No
 def test_start_load_kv_adds_views_before_reads_and_drops_after(d_worker, clock: Clock, monkeypatch) -> None:
     seen: list[bool] = []
     monkeypatch.setattr(
-        STOCK_PULL_WORKER, "start_load_kv", lambda self, meta: seen.append("d1" in self.lease_views)
+        STOCK_PULL_WORKER, "start_load_kv", lambda self, meta: seen.append("d1" in self.read_fence.views)
     )
     new = {"d1": ("P", "p1", clock.now + 510.0, 8.0)}
     d_worker.start_load_kv(_Meta(LeaseViewUpdates(new, [])))
     d_worker.start_load_kv(_Meta(LeaseViewUpdates({}, ["d1"])))
-    assert seen == [True, True] and "d1" not in d_worker.lease_views
+    assert seen == [True, True] and "d1" not in d_worker.read_fence.views
     d_worker.start_load_kv(_Meta(None))  # metadata from a stock scheduler
     assert seen == [True, True, False]

@@ -17,6 +17,7 @@ from vllm_support import (
     shared_vllm_config,
 )
 
+from vllm_nixl_lease._wire import heartbeat_message, heartbeat_payload
 from vllm_nixl_lease.vllm.metadata import EngineHeartbeats
 from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
 from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
@@ -43,12 +44,12 @@ def test_scheduler_tracks_in_core_and_ships_bytes(scheduler_factory, clock: Cloc
     sched.on_new_request(fake_request("d3", **remote_prefill_params("P2", "q-1", port=5700)))
     sched.on_new_request(fake_request("d4"))  # not a remote prefill
     assert sched._heartbeat_by_engine == {} and sched._heartbeat_req_engine == {}
-    assert len(sched.heartbeat_tracker) == 3
+    assert len(sched.heartbeats.tracker) == 3
     meta = sched.build_connector_meta(None)
     assert meta.heartbeat_by_engine == {}  # no id sets on the wire
     hb = meta.lease_heartbeats
-    assert hb["P1"] == EngineHeartbeats([b"HB:p-1,p-2"], "127.0.0.1", 5600, 2, 1, 1)
-    assert hb["P2"].messages == [b"HB:q-1"] and hb["P2"].port == 5700
+    assert hb["P1"] == EngineHeartbeats([heartbeat_message(["p-1", "p-2"])], "127.0.0.1", 5600, 2, 1, 1)
+    assert hb["P2"].messages == [heartbeat_message(["q-1"])] and hb["P2"].port == 5700
     # Throttled: interval 12 // 6 = 2 s.
     clock.advance(1.9)
     assert sched.build_connector_meta(None).lease_heartbeats == {}
@@ -56,7 +57,7 @@ def test_scheduler_tracks_in_core_and_ships_bytes(scheduler_factory, clock: Cloc
     sched.update_connector_output(type("O", (), {"finished_recving": {"d1"}})())
     sched._stop_heartbeat("d3")  # what upstream's request_finished calls
     assert sched.build_connector_meta(None).lease_heartbeats.keys() == {"P1"}
-    assert sched._heartbeat_targets.keys() == {"P1"}
+    assert sched.heartbeats.targets.keys() == {"P1"}
 
 
 def test_scheduler_chunks_messages(scheduler_factory, clock: Clock) -> None:
@@ -65,7 +66,7 @@ def test_scheduler_chunks_messages(scheduler_factory, clock: Clock) -> None:
         sched.on_new_request(fake_request(f"d{i}", **remote_prefill_params("P1", f"cmpl-{i:040d}")))
     messages = sched.build_connector_meta(None).lease_heartbeats["P1"].messages
     assert len(messages) > 1 and all(len(m) <= 256 for m in messages)
-    ids = [i for m in messages for i in m[3:].split(b",")]
+    ids = [i for m in messages for i in heartbeat_payload(m).split(b",")]
     assert len(ids) == 100 and len(set(ids)) == 100
 
 
@@ -88,11 +89,11 @@ class _Meta:
 
 def test_heartbeat_goes_out_on_the_step_after_handshake(clock: Clock) -> None:
     worker, release = _worker_with_handshake({(0, 0): "p-agent-0", (0, 1): "p-agent-1"})
-    hb = EngineHeartbeats([b"HB:a,b", b"HB:c"], "127.0.0.1", 5600, 2)
+    hb = EngineHeartbeats([heartbeat_message(["a", "b"]), heartbeat_message(["c"])], "127.0.0.1", 5600, 2)
     worker._send_heartbeats(_Meta({"P1": hb}))  # starts the handshake
     assert worker.nixl_wrapper.sent == []
     release.set()
-    worker._hb_waiting["P1"][1].result(timeout=10)
+    worker.heartbeat_sender.waiting["P1"][1].result(timeout=10)
     deadline = time.monotonic() + 10
     while "P1" not in worker._remote_agents and time.monotonic() < deadline:
         time.sleep(0.01)  # the done-callback runs just after result() returns
@@ -112,11 +113,11 @@ def test_failed_send_counted_and_retried_next_step(clock: Clock) -> None:
     release.set()
     worker._remote_agents["P1"] = {(0, 0): "p-agent-0"}  # already handshaken
     worker.nixl_wrapper.fail_sends = 1
-    worker._send_heartbeats(_Meta({"P1": EngineHeartbeats([b"HB:a"], "127.0.0.1", 5600, 1)}))
+    worker._send_heartbeats(_Meta({"P1": EngineHeartbeats([heartbeat_message(["a"])], "127.0.0.1", 5600, 1)}))
     assert worker.nixl_wrapper.sent == []
     assert sum(worker.xfer_stats.data["num_heartbeat_send_failures"]) == 1
     worker._send_heartbeats(_Meta())
-    assert worker.nixl_wrapper.sent == [("p-agent-0", b"HB:a")]
+    assert worker.nixl_wrapper.sent == [("p-agent-0", heartbeat_message(["a"]))]
     worker._send_heartbeats(_Meta())  # nothing left to retry
     assert len(worker.nixl_wrapper.sent) == 1
 
@@ -130,4 +131,4 @@ def test_stock_metadata_still_heartbeats(clock: Clock) -> None:
         heartbeat_by_engine = {"P1": hb_info({"x", "y"})}
 
     worker._send_heartbeats(StockMeta())
-    assert worker.nixl_wrapper.sent == [("p-agent-0", b"HB:x,y")]
+    assert worker.nixl_wrapper.sent == [("p-agent-0", heartbeat_message(["x", "y"]))]

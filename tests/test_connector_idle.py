@@ -15,7 +15,8 @@ from vllm_support import (
     shared_vllm_config,
 )
 
-from vllm_nixl_lease.vllm.idle import LEASE_IDLE_ATTR
+from vllm_nixl_lease._wire import heartbeat_message
+from vllm_nixl_lease.vllm.metadata import LEASE_IDLE_ATTR
 from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
 from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
 
@@ -87,7 +88,7 @@ def test_pause_never_passes_the_next_deadline(p_worker, clock: Clock, sleeps: li
 
 def test_no_pause_when_something_happened(p_worker, clock: Clock, sleeps: list[float]) -> None:
     worker = p_worker()
-    worker.nixl_wrapper.deliver("d-agent", b"HB:r1")  # a notification this step
+    worker.nixl_wrapper.deliver("d-agent", heartbeat_message(["r1"]))  # a notification this step
     _step(worker, clock)
     worker.nixl_wrapper.deliver("d-agent", b"r1:1")  # the read completes: the lease ends
     res = _step(worker, clock)

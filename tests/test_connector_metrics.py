@@ -7,6 +7,7 @@ import functools
 import prometheus_client
 from vllm_support import Clock, make_worker, p_meta, p_step
 
+from vllm_nixl_lease._wire import heartbeat_message
 from vllm_nixl_lease.vllm.connector import LeaseNixlPullConnector
 from vllm_nixl_lease.vllm.stats import LEASE_COUNTERS, LeaseKVConnectorStats
 from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
@@ -30,7 +31,7 @@ def _prom(registry: prometheus_client.CollectorRegistry):
 def _one_busy_step(clock: Clock) -> LeaseKVConnectorStats:
     worker = make_worker(LeaseNixlPullConnectorWorker, 12)
     p_step(worker, p_meta(clock, in_batch=("a", "b", "c"), to_send=dict.fromkeys("abc", 12)))
-    worker.nixl_wrapper.deliver("d", b"HB:a,b,zz", b"c:1", b"junk")
+    worker.nixl_wrapper.deliver("d", heartbeat_message(["a", "b", "zz"]), b"c:1", b"junk")
     assert p_step(worker) == {"c"}  # read by D
     clock.advance(12)  # the heartbeat (extension 8) did not outlast the grant
     assert p_step(worker) == {"a", "b"}  # expired

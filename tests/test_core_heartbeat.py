@@ -4,19 +4,24 @@ from __future__ import annotations
 
 import pytest
 
+from vllm_nixl_lease._wire import heartbeat_message, heartbeat_payload, is_heartbeat
+
 
 def ids_in(messages):
     out = []
     for m in messages:
-        assert m.startswith(b"HB:")
-        out.extend(m[3:].split(b","))
+        assert is_heartbeat(m)
+        out.extend(heartbeat_payload(m).split(b","))
     return out
 
 
 def test_encode_packs_greedily(core):
     assert core.encode_heartbeats([], 100) == []
-    assert core.encode_heartbeats(["aa", "bb", "cc"], 9) == [b"HB:aa,bb", b"HB:cc"]
-    assert core.encode_heartbeats(["abcdef"], 9) == [b"HB:abcdef"]
+    assert core.encode_heartbeats(["aa", "bb", "cc"], 9) == [
+        heartbeat_message(["aa", "bb"]),
+        heartbeat_message(["cc"]),
+    ]
+    assert core.encode_heartbeats(["abcdef"], 9) == [heartbeat_message(["abcdef"])]
     for bad in ("", "a,b", "abcdefg"):
         with pytest.raises(ValueError):
             core.encode_heartbeats([bad], 9)

@@ -117,7 +117,7 @@ def test_view_never_outlives_the_grantors_lease(core, h: dict) -> None:
         # applies one arriving exactly at the deadline (the strict reading).
         for a in sorted(x for x in arrivals if x <= t):
             p_table.pop_expired(a + offset)
-            p_table.extend(b"p1", a + offset)  # the payload after "HB:"
+            p_table.extend(b"p1", a + offset)  # a heartbeat payload (the ids after the prefix)
         arrivals = [x for x in arrivals if x > t]
         p_table.pop_expired(t + offset)
         if kind == "hb":

@@ -10,6 +10,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from vllm_nixl_lease._wire import heartbeat_message, heartbeat_payload
+
 IDS = ["a", "b", "c:1", "réq", "x" * 40, "cmpl-7:0", "z"]
 EXTENSION = 4.0
 
@@ -22,7 +24,7 @@ junk_st = st.one_of(
 )
 completion_st = st.builds(lambda r, n: f"{r}:{n}".encode(), id_st, st.integers(1, 3))
 hb_st = st.builds(
-    lambda parts: b"HB:" + b",".join(parts),
+    heartbeat_message,
     st.lists(st.one_of(id_st.map(str.encode), st.sampled_from([b"", b"\xff", b"unknown"])), max_size=6),
 )
 message_st = st.one_of(completion_st, completion_st, hb_st, junk_st)
@@ -63,8 +65,10 @@ class CoreAgreement(RuleBasedStateMachine):
 
     @rule(payload=hb_st)
     def extend(self, payload):
-        want = self.model.extend_counted(payload[3:], self.now)
-        assert [r.table.extend_counted(payload[3:], self.now) for r in self.routers] == [want] * 3
+        want = self.model.extend_counted(heartbeat_payload(payload), self.now)
+        assert [r.table.extend_counted(heartbeat_payload(payload), self.now) for r in self.routers] == [
+            want
+        ] * 3
 
     @rule(rid=id_st)
     def release(self, rid):
@@ -140,7 +144,7 @@ class TrackerAgreement(RuleBasedStateMachine):
         a, b = (t.messages() for t in self.trackers)
         assert a == b
         for engine, msgs in a.items():
-            ids = [i for m in msgs for i in m[3:].split(b",")]
+            ids = [i for m in msgs for i in heartbeat_payload(m).split(b",")]
             assert all(len(m) <= 24 for m in msgs)
             assert sorted(ids) == sorted({r for e, r in self.model.values() if e == engine})
         assert set(a) == {e for e, _ in self.model.values()}

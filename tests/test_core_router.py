@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from vllm_nixl_lease._wire import heartbeat_message
+
 
 def make(core, extension=10.0):
     table = core.LeaseTable(extension)
@@ -40,7 +42,9 @@ def test_unknown_and_malformed_do_not_stop_the_batch(core):
         router.grant(rid, 1.0)
     junk = [b"nocolon", b"x:y", b"a:0", b"a:-1", b"a:+1", b"a: 1", b":1", b"\xff\xfe:1"]
     junk += [b"a:99999999999", b""]
-    res = router.route({"rogue": junk, "d": [b"gone:1", b"HB:a,b,zz", b"a:1", b"PUSH_REG:\x00"]}, 2.0)
+    res = router.route(
+        {"rogue": junk, "d": [b"gone:1", heartbeat_message(["a", "b", "zz"]), b"a:1", b"PUSH_REG:\x00"]}, 2.0
+    )
     assert res.malformed == len(junk)
     assert len(res.malformed_sample) == 3 and res.malformed_sample[0] == b"nocolon"
     assert res.unknown_completions == ["gone"]
@@ -75,7 +79,7 @@ def test_heartbeat_after_completion_does_nothing(core):
     router.add_in_batch("a")
     router.grant("a", 1.0)
     router.route({"d": [b"a:1"]}, 0.0)
-    res = router.route({"d": [b"HB:a"]}, 0.0)
+    res = router.route({"d": [heartbeat_message(["a"])]}, 0.0)
     assert res.extended == 0 and len(table) == 0
 
 

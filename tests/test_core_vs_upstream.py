@@ -10,41 +10,25 @@ at the same step and hold the same deadlines.
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from unittest import mock
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-pull_worker = pytest.importorskip("vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker")
-stats_mod = pytest.importorskip("vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats")
+from vllm_nixl_lease._wire import default_lease_extension, heartbeat_message
 
-EXTENSION = 20  # upstream: kv_lease_duration * 2 // 3 with the default 30
+pull_worker = pytest.importorskip("vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker")
+
+from tools.upstream_stub import make_upstream_worker  # noqa: E402
+
+EXTENSION = default_lease_extension(30)  # upstream's default lease
 IDS = [f"cmpl-{i}:0" for i in range(12)]
 EXPECTED = {rid: 1 + i % 2 for i, rid in enumerate(IDS)}  # a fixed consumer count per request
 
 
-class FakeNixl:
-    def __init__(self) -> None:
-        self.batch: dict[str, list[bytes]] = {}
-
-    def get_new_notifs(self) -> dict[str, list[bytes]]:
-        batch, self.batch = self.batch, {}
-        return batch
-
-
 def upstream_worker():
-    w = object.__new__(pull_worker.NixlPullConnectorWorker)
-    w._reqs_to_send = {}
-    w._reqs_to_process = set()
-    w.consumer_notification_counts_by_req = defaultdict(int)
-    w.expected_consumer_notifications_by_req = {}
-    w.xfer_stats = stats_mod.NixlKVConnectorStats()
-    w._lease_extension = EXTENSION
-    w.transfer_topo = object()
-    w.nixl_wrapper = FakeNixl()
-    return w
+    return make_upstream_worker(pull_worker.NixlPullConnectorWorker, EXTENSION)
 
 
 step_st = st.fixed_dictionaries(
@@ -55,7 +39,7 @@ step_st = st.fixed_dictionaries(
             st.one_of(
                 st.sampled_from(IDS).map(lambda r: f"{r}:{EXPECTED[r]}".encode()),
                 st.lists(st.sampled_from(IDS + ["unknown"]), min_size=1, max_size=5).map(
-                    lambda ids: b"HB:" + ",".join(ids).encode()
+                    heartbeat_message
                 ),
             ),
             max_size=6,
@@ -86,7 +70,7 @@ def test_same_frees_and_deadlines_as_upstream(impl, steps):
             w._reqs_to_send[rid] = now + ttl
             router.add_in_batch(rid)
             assert router.grant(rid, now + ttl)
-        w.nixl_wrapper.batch = {"agent": list(step["notifs"])}
+        w.nixl_wrapper.inbox = {"agent": list(step["notifs"])}
         with mock.patch("time.perf_counter", return_value=now):
             up_done = w._get_new_notifs()
             w._reap_expired_send_leases(up_done)
@@ -112,7 +96,7 @@ def test_expired_counts_match_upstream():
         w._reqs_to_send[rid] = 5.0
         router.add_in_batch(rid)
         router.grant(rid, 5.0)
-    w.nixl_wrapper.batch = {"x": [b"a:2"]}
+    w.nixl_wrapper.inbox = {"x": [b"a:2"]}
     with mock.patch("time.perf_counter", return_value=6.0):
         done = w._get_new_notifs()
         counts = dict(w.consumer_notification_counts_by_req)

@@ -58,8 +58,11 @@ def test_install_after_nixl_import_and_uninstall_restores(clean_hook) -> None:
     hook.uninstall()
     for name, cls in stock.items():
         assert getattr(nixl, name) is cls
-        assert _factory()._registry[name] is stock_loaders[name]
+        assert getattr(nixl_connector, name) is cls
+        assert _factory()._registry[name] is stock_loaders[name]  # never touched
+        assert hook.resolved_class(name) is cls
     assert not hook.is_installed()
+    assert not any(type(f).__name__ == "_PostImportFinder" for f in sys.meta_path)
 
 
 def test_module_path_adoption() -> None:
@@ -150,3 +153,73 @@ def test_hook_in_fresh_process_with_only_the_env_var(env_value: str | None, tmp_
         assert out["NixlPushConnector"] == ours + "LeaseNixlPushConnector"
     else:
         assert not out["NixlConnector"].startswith("vllm_nixl_lease")
+
+
+# Every order in which a user can combine the hook with vLLM's nixl imports;
+# each runs in a fresh interpreter (module state is the point) from the repo root.
+_ORDERS = {
+    "hook, then vLLM's nixl": "vllm_nixl_lease.install()",
+    "vLLM's nixl, then hook": f"import {NIXL}\nvllm_nixl_lease.install()",
+    "vLLM's nixl.connector, then hook": f"import {NIXL}.connector\nvllm_nixl_lease.install()",
+    "our adapter, then hook": "import vllm_nixl_lease.vllm.connector\nvllm_nixl_lease.install()",
+    "hook, then our adapter": "vllm_nixl_lease.install()\nimport vllm_nixl_lease.vllm.connector",
+    "hook, then our lazy name": "vllm_nixl_lease.install()\nvllm_nixl_lease.NixlConnector",
+    "plugin with the env var": "import os\nos.environ['VLLM_NIXL_LEASE'] = '1'\nplugin.register()",
+    "vLLM's nixl, then plugin with the env var": (
+        f"import {NIXL}\nimport os\nos.environ['VLLM_NIXL_LEASE'] = '1'\nplugin.register()"
+    ),
+}
+
+_ORDER_CHILD = """
+import json, sys
+import vllm_nixl_lease
+from vllm_nixl_lease import hook, plugin
+NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
+
+def names():
+    import importlib
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl import NixlConnector as from_package
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlConnector as from_module
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.config import KVTransferConfig
+    package = importlib.import_module(NIXL)
+    module = importlib.import_module(NIXL + ".connector")
+    out = {"from package": from_package, "from module": from_module}
+    for name in hook.STOCK_TO_LEASE:
+        out["package." + name] = getattr(package, name)
+        out["module." + name] = getattr(module, name)
+        out["factory " + name] = KVConnectorFactory.get_connector_class(
+            KVTransferConfig(kv_connector=name, kv_role="kv_both"))
+    return {k: v.__module__ + "." + v.__qualname__ for k, v in out.items()}
+
+exec(sys.argv[1])
+installed = names()
+hook.uninstall()
+finder_left = any(type(f).__name__ == "_PostImportFinder" for f in sys.meta_path)
+print("RESULT" + json.dumps({"installed": installed, "after": names(), "finder_left": finder_left}))
+"""
+
+
+@pytest.mark.parametrize("order", list(_ORDERS))
+def test_every_import_form_in_every_order(order: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != hook.ENV_VAR}
+    env.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    proc = subprocess.run(
+        [sys.executable, "-c", _ORDER_CHILD, _ORDERS[order]],
+        env=env,
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
+    out = json.loads(line[len("RESULT") :])
+    ours = "vllm_nixl_lease.vllm.connector.LeaseNixl"
+    for form, cls in out["installed"].items():
+        want = ours + ("PushConnector" if "Push" in form else "PullConnector")
+        assert cls == want, (form, cls)
+    for form, cls in out["after"].items():
+        assert cls.startswith("vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector.Nixl"), (form, cls)
+    assert not out["finder_left"]

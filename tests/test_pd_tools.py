@@ -48,9 +48,8 @@ def test_no_reclaim_yet_takes_heartbeats_up_to_a_second_after_the_kill(tmp_path:
 
 _PRIORITY_PROBE = """
 import os, subprocess, sys, threading
-sys.path.insert(0, sys.argv[1])
 from tools.pd.procs import raise_own_priority
-start, want = int(sys.argv[2]), int(sys.argv[3])
+start, want = int(sys.argv[1]), int(sys.argv[2])
 try:  # absolute, whatever nice the test run itself has (the threads below inherit it)
     os.setpriority(os.PRIO_PROCESS, 0, start)
 except OSError:
@@ -68,8 +67,8 @@ print(ok, len(tids), nices, child)
 
 def _probe(start: int, want: int) -> list[str]:
     out = subprocess.run(
-        [sys.executable, "-c", _PRIORITY_PROBE, str(ROOT), str(start), str(want)],
-        capture_output=True, text=True, check=True, timeout=60,
+        [sys.executable, "-c", _PRIORITY_PROBE, str(start), str(want)],
+        cwd=ROOT, capture_output=True, text=True, check=True, timeout=60,  # `tools` imports from cwd
     ).stdout  # fmt: skip
     if out.strip() == "SKIP":
         pytest.skip(f"cannot set nice {start} here (this run's nice is higher, no privilege)")

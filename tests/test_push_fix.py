@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 from vllm_support import STOCK_PUSH_WORKER, Clock, make_worker, p_meta, p_step
 
+from vllm_nixl_lease._wire import heartbeat_message
 from vllm_nixl_lease.vllm.workers import LeaseNixlPushConnectorWorker
 
 LEASE = 12  # extension 8
@@ -15,7 +16,7 @@ ROUTER_ID = "cmpl-4b1d2c-0"  # what D puts in its heartbeats
 
 def _heartbeat(worker, payload: str) -> None:
     # The push writer thread forwards non-PUSH_REG notifications to this queue.
-    worker._pending_completion_notifs.put(("HB:" + payload).encode())
+    worker._pending_completion_notifs.put(heartbeat_message([payload]))
 
 
 @pytest.mark.parametrize(
@@ -43,7 +44,7 @@ def test_exact_id_still_works_and_unknown_ids_counted(clock: Clock) -> None:
     clock.advance(6)
     _heartbeat(worker, f"{P_ID},someone-else")
     p_step(worker)
-    assert worker.lease_router.table.deadline(P_ID) == pytest.approx(clock.now + 8)
+    assert worker.lease_keeper.table.deadline(P_ID) == pytest.approx(clock.now + 8)
     assert sum(worker.xfer_stats.data["num_heartbeat_ids_recv"]) == 2
     assert sum(worker.xfer_stats.data["num_heartbeat_ids_unknown"]) == 1
 
@@ -53,10 +54,10 @@ def test_alias_dropped_when_lease_ends(clock: Clock) -> None:
     p_step(worker, p_meta(clock, in_batch=(P_ID,), to_send={P_ID: LEASE}))
     clock.advance(LEASE)
     assert p_step(worker) == {P_ID}  # expired
-    assert worker._lease_aliases == {}
+    assert not worker.lease_keeper.aliases
     _heartbeat(worker, ROUTER_ID)
     p_step(worker)
-    assert P_ID not in worker.lease_router.table  # a heartbeat never creates a lease
+    assert P_ID not in worker.lease_keeper.table  # a heartbeat never creates a lease
 
 
 def test_completions_still_handled_by_upstream_path(clock: Clock) -> None:
@@ -66,4 +67,4 @@ def test_completions_still_handled_by_upstream_path(clock: Clock) -> None:
     worker._pending_completion_notifs.put(b"unknown-d-req:1")
     p_step(worker)
     assert len(worker.xfer_stats.data["num_notifications_after_expiry"]) == 1
-    assert P_ID in worker.lease_router.table
+    assert P_ID in worker.lease_keeper.table

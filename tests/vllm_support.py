@@ -1,8 +1,7 @@
 """Helpers for tests that use real vLLM classes on CPU.
 
 Import this before anything that imports vLLM: it sets VLLM_TARGET_DEVICE.
-Workers are built the way vLLM's own unit tests build them: ``object.__new__``
-plus the attributes the exercised methods read, with a fake NIXL wrapper and
+Workers are built by ``tools.upstream_stub`` (shared with the benchmark), with
 a hand-driven ``time.perf_counter``.
 """
 
@@ -10,10 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import queue
-import threading
-from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -30,8 +25,9 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (  # noqa
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPushConnectorWorker  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl.stats import NixlKVConnectorStats  # noqa: E402
 
+from tools.upstream_stub import FakeNixlWrapper, make_upstream_worker  # noqa: E402,F401
+from vllm_nixl_lease._wire import default_lease_extension  # noqa: E402
 from vllm_nixl_lease.vllm.config import LeaseConfig  # noqa: E402
 
 # Stock classes, re-exported so test modules never import vLLM before this
@@ -54,65 +50,10 @@ TINY_LLAMA = {
 }
 
 
-class FakeNixlWrapper:
-    """Records sends; hands out queued notifications; can fail sends."""
-
-    def __init__(self) -> None:
-        self.inbox: dict[str, list[bytes]] = {}
-        self.sent: list[tuple[str, bytes]] = []
-        self.fail_sends = 0
-
-    def deliver(self, agent: str, *messages: bytes) -> None:
-        self.inbox.setdefault(agent, []).extend(messages)
-
-    def get_new_notifs(self) -> dict[str, list[bytes]]:
-        out, self.inbox = self.inbox, {}
-        return out
-
-    def send_notif(self, agent_name: str, notif_msg: bytes) -> None:
-        if self.fail_sends > 0:
-            self.fail_sends -= 1
-            raise RuntimeError("fake send failure")
-        self.sent.append((agent_name, notif_msg))
-
-
 def make_worker(cls: type, lease_duration: int = 30, extra: dict[str, Any] | None = None) -> Any:
-    """A pull/push worker (stock or ours) with just the lease-path state."""
-    w = object.__new__(cls)
-    w.nixl_wrapper = FakeNixlWrapper()
-    w.tp_rank = 0
-    w.world_size = 1
-    w.pcp_rank = 0
-    w.pcp_dcp_sharded = False
-    w.transfer_topo = object()
-    w._ready_requests = queue.Queue()
-    w._reqs_to_send = {}
-    w._reqs_to_process = set()
-    w._replicated_pcp_done_sending = set()
-    w._recving_metadata = {}
-    w._recving_transfers = defaultdict(list)
-    w.consumer_notification_counts_by_req = defaultdict(int)
-    w.expected_consumer_notifications_by_req = {}
-    w._lease_extension = lease_duration * 2 // 3
-    w.xfer_stats = NixlKVConnectorStats()
-    w._remote_agents = defaultdict(dict)
-    w._engine_last_active = {}
-    w._engine_clock_offset = {}
-    w._engine_by_address = {}
-    w._engine_ttl = 0
-    w._handshake_lock = threading.RLock()
-    w._handshake_futures = {}
-    w._handshake_initiation_executor = ThreadPoolExecutor(1)
-    w._hb_handshake_notif_only = False
-    w._pending_completion_notifs = queue.Queue()
-    w._push_writer_wake = threading.Event()
-    # Read by the stock __del__ -> shutdown path.
-    w.src_xfer_handles_by_block_size = {}
-    w.src_xfer_handles_by_tp_ratio = {}
-    w._dram_src_handles_by_tp_ratio = {}
-    w._dram_src_handles_by_block_size = {}
-    w._kv_unregistered = True
-    w._registered_descs = []
+    """A pull/push worker (stock or ours) with just the lease-path state (``tools.upstream_stub``),
+    and our lease components when ``cls`` is ours."""
+    w = make_upstream_worker(cls, default_lease_extension(lease_duration))
     if hasattr(cls, "_setup_lease"):
         w._setup_lease(LeaseConfig.from_extra_config({"kv_lease_duration": lease_duration, **(extra or {})}))
     return w

@@ -5,7 +5,7 @@ vLLM 0.33.0's own methods on identical state, takes the median of repeated
 runs and prints times, speed-ups and the issue's targets.  Not a test: the
 targets are checked by reading the table (or ``--json``).
 
-    python tools/bench_core.py [--quick] [--json FILE]
+    python -m tools.bench_core [--quick] [--json FILE]
 """
 
 from __future__ import annotations
@@ -23,12 +23,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import defaultdict
 from unittest import mock
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
+from tools.upstream_stub import FakeNixlWrapper, make_upstream_worker, stock_worker_class  # noqa: E402
+from vllm_nixl_lease._wire import heartbeat_message, heartbeat_payload  # noqa: E402
+
 NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # `tools` is importable from here
 EXTENSION = 20
 
 
@@ -43,31 +46,8 @@ def load_impl(name: str):
     return lease.LeaseTable, router.NotificationRouter, hb.HeartbeatTracker
 
 
-class FakeNixl:
-    def __init__(self) -> None:
-        self.batch: dict[str, list[bytes]] = {}
-        self.sent = 0
-
-    def get_new_notifs(self):
-        batch, self.batch = self.batch, {}
-        return batch
-
-    def send_notif(self, agent, notif_msg):
-        self.sent += len(notif_msg)
-
-
 def upstream_p_worker():
-    pull_worker = importlib.import_module(f"{NIXL}.pull_worker")
-    stats = importlib.import_module(f"{NIXL}.stats")
-    w = object.__new__(pull_worker.NixlPullConnectorWorker)
-    w._reqs_to_send, w._reqs_to_process = {}, set()
-    w.consumer_notification_counts_by_req = defaultdict(int)
-    w.expected_consumer_notifications_by_req = {}
-    w.xfer_stats = stats.NixlKVConnectorStats()
-    w._lease_extension = EXTENSION
-    w.transfer_topo = object()
-    w.nixl_wrapper = FakeNixl()
-    return w
+    return make_upstream_worker(stock_worker_class(), EXTENSION, FakeNixlWrapper(keep_sent=False))
 
 
 def req_ids(n: int, prefix: str = "cmpl") -> list[str]:
@@ -157,11 +137,11 @@ def sweep_churn(n: int, quick: bool) -> dict[str, float]:
             now = float(step)
             # renew 1% (leases due in ~50 steps), grant 1% new
             renew = live[(step + 50) * per % n : (step + 50) * per % n + per]
-            payload = b"HB:" + ",".join(renew).encode()
+            payload = heartbeat_message(renew)
             new = ids[fresh : fresh + per]
             fresh += per
             if impl == "upstream":
-                w.nixl_wrapper.batch = {"d": [payload]}
+                w.nixl_wrapper.inbox = {"d": [payload]}
                 run_upstream(w, now, w._get_new_notifs)
                 w._reqs_to_process.update(new)
                 w._reqs_to_send.update((r, now + 100.0) for r in new)
@@ -180,7 +160,7 @@ def sweep_churn(n: int, quick: bool) -> dict[str, float]:
 def heartbeat(n: int, quick: bool) -> dict[str, float]:
     ids = req_ids(n)
     deadlines = [1e6] * n
-    payload = b"HB:" + ",".join(ids[:: max(1, n // 1000)][:1000]).encode()
+    payload = heartbeat_message(ids[:: max(1, n // 1000)][:1000])
     out = {}
     for impl in ("cython", "python"):
         router = fill_ours(impl, ids, deadlines)
@@ -188,7 +168,7 @@ def heartbeat(n: int, quick: bool) -> dict[str, float]:
     w = fill_upstream(ids, deadlines)
 
     def up():
-        w.nixl_wrapper.batch = {"d": [payload]}
+        w.nixl_wrapper.inbox = {"d": [payload]}
         w._get_new_notifs()
 
     with mock.patch("time.perf_counter", return_value=5.0):
@@ -200,7 +180,7 @@ def mixed_batch(n: int, quick: bool) -> dict[str, float]:
     """1,000 read completions + 10 heartbeats of 1k ids in one batch."""
     ids = req_ids(n)
     done = ids[:1000]
-    hbs = [b"HB:" + ",".join(ids[1000 + k * 1000 : 2000 + k * 1000]).encode() for k in range(10)]
+    hbs = [heartbeat_message(ids[1000 + k * 1000 : 2000 + k * 1000]) for k in range(10)]
     batch = {
         "d0": [f"{r}:1".encode() for r in done[:500]] + hbs[:5],
         "d1": [f"{r}:1".encode() for r in done[500:]] + hbs[5:],
@@ -220,7 +200,7 @@ def mixed_batch(n: int, quick: bool) -> dict[str, float]:
     def regrant_up():
         w._reqs_to_process.update(done)
         w._reqs_to_send.update((r, 1e6) for r in done)
-        w.nixl_wrapper.batch = {k: list(v) for k, v in batch.items()}
+        w.nixl_wrapper.inbox = {k: list(v) for k, v in batch.items()}
 
     with mock.patch("time.perf_counter", return_value=5.0):
         out["upstream"] = median_ns(w._get_new_notifs, 15, regrant_up)
@@ -280,7 +260,7 @@ def d_build(n: int, quick: bool) -> dict[str, float]:
         hb = HeartbeatTracker(0)
         for i, rid in enumerate(ids[:n]):
             hb.track(rid, engines[i % 8], rid)
-        nixl = FakeNixl()
+        nixl = FakeNixlWrapper(keep_sent=False)
         samples = []
         lo, hi = 0, n
         for _ in range(ticks):
@@ -298,11 +278,8 @@ def d_build(n: int, quick: bool) -> dict[str, float]:
 
             samples.append(median_ns(tick, 1))
         out[impl] = statistics.median(samples)
-    w = object.__new__(base_worker.NixlBaseConnectorWorker)
-    w.nixl_wrapper = FakeNixl()
-    w._engine_last_active = {}
+    w = make_upstream_worker(base_worker.NixlBaseConnectorWorker, EXTENSION, FakeNixlWrapper(keep_sent=False))
     w._remote_agents = {e: {0: e} for e in engines}
-    w._hb_handshake_notif_only = False
     w._ensure_handshake = lambda *a, **k: None
     by_engine = {
         e: metadata.HeartbeatInfo(req_ids=set(ids[i:n:8]), host="h", port=1, tp_size=1)
@@ -339,7 +316,7 @@ def d_pickle(n: int, quick: bool) -> dict[str, float]:
 def memory(n: int, quick: bool) -> dict[str, float]:
     """Bytes beyond the id strings for n leases after 10*n heartbeat extensions."""
     ids = req_ids(n)
-    payloads = [b"HB:" + ",".join(ids[k : k + 1000]).encode() for k in range(0, n, 1000)]
+    payloads = [heartbeat_message(ids[k : k + 1000]) for k in range(0, n, 1000)]
     out = {}
     for impl in ("cython", "python"):
         LeaseTable, _, _ = load_impl(impl)
@@ -348,13 +325,13 @@ def memory(n: int, quick: bool) -> dict[str, float]:
             t.grant(rid, 1.0)
         for rnd in range(10):
             for p in payloads:
-                t.extend(p[3:], float(rnd))
+                t.extend(heartbeat_payload(p), float(rnd))
         out[impl] = float(t.nbytes())
     w = fill_upstream(ids, [1.0] * n)
     for rnd in range(10):
         for p in payloads:
             with mock.patch("time.perf_counter", return_value=float(rnd)):
-                w._handle_heartbeat(p[3:].decode())
+                w._handle_heartbeat(heartbeat_payload(p).decode())
     floats = {id(v): v for v in w._reqs_to_send.values()}  # heartbeats share float objects
     out["upstream"] = float(
         sys.getsizeof(w._reqs_to_send)
@@ -421,9 +398,9 @@ def run_isolated(entry: tuple, quick: bool) -> dict:
     scenario (fragmented arenas, scattered ids) does not bias this one."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "row.json")
-        cmd = [sys.executable, __file__, "--only", entry[0], "--row-json", out]
+        cmd = [sys.executable, "-m", "tools.bench_core", "--only", entry[0], "--row-json", out]
         cmd += ["--quick"] if quick else []
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
         with open(out) as fh:
             return json.load(fh)
 

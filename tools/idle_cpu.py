@@ -6,7 +6,7 @@ will ever read (P holds their leases), then measures over a window:
   lease (the engine blocks: ~0) and while the leases are held;
 - latency of plain one-token requests sent while the leases are held.
 
-    .venv/bin/python tools/idle_cpu.py [--window 10] [--json out.json]
+    .venv/bin/python -m tools.idle_cpu [--window 10] [--json out.json]
 """
 
 from __future__ import annotations
@@ -19,11 +19,9 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from tools.pd import client  # noqa: E402
-from tools.pd.launcher import BUILD, WARMUP_PROMPT, PDCluster, PDConfig  # noqa: E402
-from tools.pd.procs import descendants, install_signal_handlers  # noqa: E402
+from tools.pd import client
+from tools.pd.launcher import BUILD, WARMUP_PROMPT, PDCluster, PDConfig
+from tools.pd.procs import descendants, install_signal_handlers
 
 # name -> (connector, kv_connector_extra_config additions)
 VARIANTS: dict[str, tuple[str, dict]] = {

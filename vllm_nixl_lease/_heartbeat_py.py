@@ -14,7 +14,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-HEARTBEAT_PREFIX = b"HB:"
+from ._wire import HEARTBEAT_PREFIX
+
 DEFAULT_MAX_MESSAGE_BYTES = 8192
 
 

@@ -11,33 +11,9 @@ from collections.abc import Iterable, Mapping
 
 from ._lease_table_py import LeaseTable
 from ._route_result import MALFORMED_SAMPLE_BYTES, MALFORMED_SAMPLE_SIZE, RouteResult
+from ._wire import HEARTBEAT_PREFIX, PUSH_REG_PREFIX, heartbeat_payload, parse_completion
 
-HEARTBEAT_PREFIX = b"HB:"
-DEFAULT_PASSTHROUGH_PREFIXES: tuple[bytes, ...] = (b"PUSH_REG:",)
-# Largest expected-consumer count accepted (one per D rank; far above any TP).
-MAX_EXPECTED_CONSUMERS = 2**31 - 1
-
-
-def parse_completion(msg: bytes) -> tuple[str, int] | None:
-    """Split ``b"<req_id>:<expected_consumers>"`` on the last colon.
-
-    Returns None when the message is not UTF-8, has no colon, has an empty id,
-    or the count is not a positive decimal integer of ASCII digits.
-    """
-    colon = msg.rfind(b":")
-    if colon <= 0:
-        return None
-    count_bytes = msg[colon + 1 :]
-    if not count_bytes or not count_bytes.isdigit() or len(count_bytes) > 10:
-        return None
-    count = int(count_bytes)
-    if not 0 < count <= MAX_EXPECTED_CONSUMERS:
-        return None
-    try:
-        req_id = msg[:colon].decode("utf-8")
-    except UnicodeDecodeError:
-        return None
-    return req_id, count
+DEFAULT_PASSTHROUGH_PREFIXES: tuple[bytes, ...] = (PUSH_REG_PREFIX,)
 
 
 class NotificationRouter:
@@ -61,7 +37,9 @@ class NotificationRouter:
         self._expected: dict[str, int] = {}
         self._passthrough = tuple(bytes(p) for p in passthrough_prefixes)
         if any(not p or p.startswith(HEARTBEAT_PREFIX) for p in self._passthrough):
-            raise ValueError("passthrough prefixes must be non-empty and not start with HB:")
+            raise ValueError(
+                "passthrough prefixes must be non-empty and not start with " + HEARTBEAT_PREFIX.decode()
+            )
 
     # -- batch membership -------------------------------------------------
     def add_in_batch(self, req_id: str) -> None:
@@ -99,7 +77,7 @@ class NotificationRouter:
         for agent, messages in notifs.items():
             for msg in messages:
                 if msg.startswith(HEARTBEAT_PREFIX):
-                    extended, seen = table.extend_counted(msg[3:], now)
+                    extended, seen = table.extend_counted(heartbeat_payload(msg), now)
                     result.heartbeat_messages += 1
                     result.heartbeat_ids += seen
                     result.extended += extended

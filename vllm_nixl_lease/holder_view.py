@@ -15,7 +15,7 @@ earlier than the grantor does):
 - before D reads, ``remaining`` must exceed ``margin`` (room for the READ itself
   and for the clock-offset estimate), or D fences the read.
 
-No vLLM imports: the vLLM adapters feed it (``vllm/fence_worker.py``).
+No vLLM imports: the vLLM adapter feeds it (``vllm/read_fence.py``).
 """
 
 from __future__ import annotations

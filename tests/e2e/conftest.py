@@ -10,13 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root: `tools.pd`
 
 from tools.pd.launcher import BUILD, VENV_CPU, VENV_ROUTER, PDCluster, PDConfig
 

@@ -22,6 +22,8 @@ import traceback
 from types import SimpleNamespace
 from typing import Any
 
+from vllm_nixl_lease._wire import heartbeat_payload, is_heartbeat
+
 from . import model
 from .fleet import PORT_TAKEN
 from .ranks import Rank, rank_main
@@ -301,8 +303,8 @@ class Engine:
     def _absorb_notifs(self, res: dict[str, Any]) -> None:
         for t, agent, msg in res["notifs"]:
             self.notif_log.append((t, agent, len(msg)))
-            if msg.startswith(b"HB:"):
-                for raw in msg[3:].split(b","):
+            if is_heartbeat(msg):
+                for raw in heartbeat_payload(msg).split(b","):
                     rec = self.reqs.get(raw.decode("utf-8", "replace"))
                     if rec is not None and "freed_t" not in rec:
                         rec["hb"] += 1

@@ -15,6 +15,8 @@ import time
 import traceback
 from typing import Any
 
+from vllm_nixl_lease._wire import heartbeat_payload, is_heartbeat
+
 from . import model
 from .spec import EngineSpec
 
@@ -92,16 +94,16 @@ class Rank:
             try:
                 orig_send(agent_name, notif_msg=notif_msg)
             except Exception:
-                if notif_msg.startswith(b"HB:"):
+                if is_heartbeat(notif_msg):
                     self.hb_sent["failed"] += 1
                 raise
-            if notif_msg.startswith(b"HB:"):
+            if is_heartbeat(notif_msg):
                 hb = self.hb_sent
                 hb["msgs"] += 1
                 hb["bytes"] += len(notif_msg)
                 hb["max"] = max(hb["max"], len(notif_msg))
                 hb["last_t"] = time.monotonic()
-                ids = notif_msg[3:].decode().split(",")
+                ids = heartbeat_payload(notif_msg).decode().split(",")
                 hb["ids"] += len(ids)
                 self.hb_sent_ids.append((hb["last_t"], ids))
 

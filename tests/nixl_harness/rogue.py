@@ -12,6 +12,8 @@ import time
 import traceback
 from typing import Any
 
+from vllm_nixl_lease._wire import HEARTBEAT_PREFIX as HB
+
 
 def garbage(seed: int = 4) -> list[bytes]:
     """Every kind of malformed notification, plus ones that are well formed
@@ -20,10 +22,10 @@ def garbage(seed: int = 4) -> list[bytes]:
     out = [bytes(rnd.getrandbits(8) for _ in range(rnd.randint(1, 200))) for _ in range(20)]
     out += [
         b"\xff\xfe\xfd",  # not UTF-8
-        b"HB:\xff\xfe",  # heartbeat with non-UTF-8 ids
-        b"HB:" + b",".join(rnd.randbytes(8).hex().encode() for _ in range(50)),  # unknown ids
-        b"HB:,,,,",
-        b"HB:",
+        HB + b"\xff\xfe",  # heartbeat with non-UTF-8 ids
+        HB + b",".join(rnd.randbytes(8).hex().encode() for _ in range(50)),  # unknown ids
+        HB + b",,,,",
+        HB,
         b"x:y",  # completion with a non-integer count
         b"x:",
         b":",
@@ -31,7 +33,7 @@ def garbage(seed: int = 4) -> list[bytes]:
         b"ghost-request:1",  # well formed, unknown request
         b"ghost:-1",
         b"ghost:99999999999999999999999",
-        b"HB:" + b"a" * (1 << 20),  # 1 MiB heartbeat
+        HB + b"a" * (1 << 20),  # 1 MiB heartbeat
         b"z" * (1 << 20),  # 1 MiB of nothing
         b"",
     ]

@@ -11,10 +11,12 @@ import time
 import uuid
 from typing import Any
 
+from vllm_nixl_lease._wire import default_lease_extension
+
 from .fleet import Engine, Fleet, wait_for
 
 LEASE = 6
-EXTENSION = LEASE * 2 // 3  # upstream's derivation; ours uses the same default
+EXTENSION = default_lease_extension(LEASE)  # upstream's derivation; ours uses the same default
 TOKENS = 64  # two 32-token blocks per request
 # One P step is 20 ms; the rest absorbs scheduling delays on a busy 2-core box.
 STEP_SLACK = 1.5

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from tools.pd import client, plog
 from tools.pd.launcher import PDCluster
 from tools.pd.procs import busiest
+from vllm_nixl_lease._wire import default_heartbeat_interval, default_lease_extension
 
 EXPIRED = "vllm:nixl_num_kv_expired_reqs"
 NOTIF_AFTER_EXPIRY = "vllm:nixl_num_notifications_after_expiry"
@@ -43,11 +44,11 @@ def burst_prompts(n: int, tag: str) -> list[str]:
 
 
 def lease_extension(lease_s: int) -> int:
-    return lease_s * 2 // 3  # upstream's integer arithmetic
+    return int(default_lease_extension(lease_s))
 
 
 def lease_interval(lease_s: int) -> int:
-    return lease_s // 6  # D's heartbeat period (upstream's integer arithmetic)
+    return int(default_heartbeat_interval(lease_s))  # D's heartbeat period
 
 
 @dataclass

@@ -12,13 +12,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from .._wire import default_heartbeat_interval, default_lease_extension
+
 DEFAULT_LEASE_DURATION = 30
 DEFAULT_MAX_HEARTBEAT_BYTES = 8192
 # Off: measured with vLLM's multiprocess executor, a pause in the worker is spent spinning in the
 # engine core (shm queue readers busy-wait 1 s after each read); see README "Idle P".
 DEFAULT_IDLE_STEP_SLEEP_MS = 0.0
 MAX_IDLE_STEP_SLEEP_MS = 100.0
-# Smallest heartbeat message accepted: "HB:" plus room for one long request id
+# Smallest heartbeat message accepted: the HB prefix plus room for one long request id
 # (vLLM ids with router prefixes and random suffixes run to ~100 bytes).
 MIN_HEARTBEAT_BYTES = 256
 
@@ -50,7 +52,7 @@ class LeaseConfig:
     lease_safety_margin: float = 0.0
     # False: D reads whatever its view says (upstream behaviour).
     lease_fencing: bool = True
-    # Pause of an empty P step while only unread leases keep the engine busy (idle.py).
+    # Pause of an empty P step while only unread leases keep the engine busy (idle_pause.py).
     idle_step_sleep_s: float = DEFAULT_IDLE_STEP_SLEEP_MS / 1000
 
     @classmethod
@@ -60,11 +62,11 @@ class LeaseConfig:
         if "heartbeat_interval" in extra:
             interval = _number("heartbeat_interval", extra["heartbeat_interval"])
         else:
-            interval = duration // 6  # 0 (every step) for d < 6, as upstream
+            interval = default_heartbeat_interval(duration)  # 0 (every step) for d < 6, as upstream
         if "lease_extension" in extra:
             extension = _number("lease_extension", extra["lease_extension"])
         else:
-            extension = duration * 2 // 3
+            extension = default_lease_extension(duration)
             if extension <= 0:
                 raise LeaseConfigError(
                     f"kv_connector_extra_config['kv_lease_duration']={duration!r} gives a lease extension "

@@ -33,3 +33,7 @@ class LeaseViewUpdates:
     # local request id -> (P engine id, P's request id, P's deadline on P's clock, extension)
     new: dict[str, tuple[str, str, float, float]]
     dropped: list[str]
+
+
+# Attribute set on upstream's NixlConnectorMetadata: the step is idle (idle_pause.py).
+LEASE_IDLE_ATTR = "lease_idle_step"

@@ -1,4 +1,10 @@
-"""Scheduler classes: vLLM's pull/push schedulers with the heartbeat tracker."""
+"""Scheduler classes: vLLM's pull/push schedulers, each upstream hook
+overridden once, calling the lease components in order.
+
+Components (all per scheduler process):
+- ``heartbeats``: ``HeartbeatSchedule`` (D) -- which heartbeats are due, as bytes;
+- ``lease_views``: ``LeaseViewCollector`` (D, pull) -- views of P's leases for the read fence.
+"""
 
 from __future__ import annotations
 
@@ -8,21 +14,81 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import Nix
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_scheduler import NixlPushConnectorScheduler
 
 from .config import LeaseConfig
-from .d_scheduler import HeartbeatSchedulerMixin
-from .fence_scheduler import LeaseParamsSchedulerMixin
+from .heartbeat_scheduler import HeartbeatSchedule
+from .idle_pause import step_is_idle
+from .lease_views import LeaseViewCollector, add_lease_params
+from .metadata import LEASE_IDLE_ATTR
 
 
-class LeaseNixlPullConnectorScheduler(
-    LeaseParamsSchedulerMixin, HeartbeatSchedulerMixin, NixlPullConnectorScheduler
-):
+class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
+    def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
+        lease_config = LeaseConfig.from_vllm_config(vllm_config)  # fail before upstream's set-up
+        super().__init__(vllm_config, engine_id, kv_cache_config)
+        self.lease_config = lease_config
+        self._heartbeat_interval = lease_config.heartbeat_interval  # upstream reads it; keep ours
+        self.heartbeats = HeartbeatSchedule(lease_config)
+        self.lease_views = LeaseViewCollector(lease_config, self._TRANSFER_MODE)
+
+    # D: upstream validates and records the request in its own heartbeat
+    # dicts; move it from there into our components so those stay empty (and
+    # upstream's build_connector_meta never ships id sets).
+    def on_new_request(self, request: Any) -> None:
+        super().on_new_request(request)
+        entry = self._heartbeat_req_engine.get(request.request_id)
+        if entry is not None:
+            engine_id, remote_id = entry
+            target = self._heartbeat_by_engine[engine_id]
+            super()._stop_heartbeat(request.request_id)
+            self.lease_views.add(request.request_id, engine_id, remote_id, request.kv_transfer_params)
+            self.heartbeats.track(request.request_id, engine_id, remote_id, target)
+
+    def _stop_heartbeat(self, req_id: str) -> None:
+        self.lease_views.drop(req_id)
+        self.heartbeats.untrack(req_id)
+        super()._stop_heartbeat(req_id)
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        meta = super().build_connector_meta(scheduler_output)
+        self.heartbeats.attach(meta)
+        self.lease_views.attach(meta)
+        setattr(meta, LEASE_IDLE_ATTR, step_is_idle(scheduler_output, meta))
+        return meta
+
+    # P: tell D when its lease ends (read fencing).
+    def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        delay_free, params = super().request_finished(request, block_ids)
+        if delay_free and params and params.get("do_remote_prefill"):
+            deadline = self._reqs_need_send.get(request.request_id)
+            add_lease_params(params, deadline, self.lease_config.lease_extension)
+        return delay_free, params
+
+
+class LeaseNixlPushConnectorScheduler(NixlPushConnectorScheduler):
     def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
         lease_config = LeaseConfig.from_vllm_config(vllm_config)
         super().__init__(vllm_config, engine_id, kv_cache_config)
-        self._setup_heartbeat_scheduler(lease_config)
+        self.lease_config = lease_config
+        self._heartbeat_interval = lease_config.heartbeat_interval  # upstream reads it; keep ours
+        self.heartbeats = HeartbeatSchedule(lease_config)
+        # Push: P writes into D, D never reads; the collector stays disabled.
+        self.lease_views = LeaseViewCollector(lease_config, self._TRANSFER_MODE)
 
+    def on_new_request(self, request: Any) -> None:
+        super().on_new_request(request)
+        entry = self._heartbeat_req_engine.get(request.request_id)
+        if entry is not None:
+            engine_id, remote_id = entry
+            target = self._heartbeat_by_engine[engine_id]
+            super()._stop_heartbeat(request.request_id)
+            self.heartbeats.track(request.request_id, engine_id, remote_id, target)
 
-class LeaseNixlPushConnectorScheduler(HeartbeatSchedulerMixin, NixlPushConnectorScheduler):
-    def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
-        lease_config = LeaseConfig.from_vllm_config(vllm_config)
-        super().__init__(vllm_config, engine_id, kv_cache_config)
-        self._setup_heartbeat_scheduler(lease_config)
+    def _stop_heartbeat(self, req_id: str) -> None:
+        self.heartbeats.untrack(req_id)
+        super()._stop_heartbeat(req_id)
+
+    def build_connector_meta(self, scheduler_output: Any) -> Any:
+        meta = super().build_connector_meta(scheduler_output)
+        self.heartbeats.attach(meta)
+        self.lease_views.attach(meta)
+        setattr(meta, LEASE_IDLE_ATTR, step_is_idle(scheduler_output, meta))
+        return meta

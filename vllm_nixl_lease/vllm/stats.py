@@ -17,28 +17,37 @@ from vllm.v1.metrics.utils import create_metric_per_engine
 # key -> (Prometheus name, help text)
 LEASE_COUNTERS: dict[str, tuple[str, str]] = {
     "num_leases_granted": ("vllm:nixl_lease_granted", "KV leases granted on P."),
-    "num_heartbeat_msgs_recv": ("vllm:nixl_lease_heartbeat_messages_received", "HB: messages received on P."),
+    "num_heartbeat_msgs_recv": (
+        "vllm:nixl_lease_heartbeat_messages_received",
+        "Heartbeat (HB) messages received on P.",
+    ),
     "num_heartbeat_ids_recv": (
         "vllm:nixl_lease_heartbeat_ids_received",
-        "Request ids in received HB: messages.",
+        "Request ids in received heartbeat messages.",
     ),
     "num_heartbeat_ids_unknown": (
         "vllm:nixl_lease_heartbeat_ids_unknown",
         "Heartbeat ids that matched no lease (already read, expired, or never granted).",
     ),
-    "num_heartbeat_msgs_sent": ("vllm:nixl_lease_heartbeat_messages_sent", "HB: messages sent by D."),
+    "num_heartbeat_msgs_sent": (
+        "vllm:nixl_lease_heartbeat_messages_sent",
+        "Heartbeat (HB) messages sent by D.",
+    ),
     "num_heartbeat_ids_sent": (
         "vllm:nixl_lease_heartbeat_ids_sent",
-        "Request ids in HB: messages sent by D.",
+        "Request ids in heartbeat messages sent by D.",
     ),
-    "num_heartbeat_bytes_sent": ("vllm:nixl_lease_heartbeat_bytes_sent", "Bytes of HB: messages sent by D."),
+    "num_heartbeat_bytes_sent": (
+        "vllm:nixl_lease_heartbeat_bytes_sent",
+        "Bytes of heartbeat messages sent by D.",
+    ),
     "num_heartbeat_send_failures": (
         "vllm:nixl_lease_heartbeat_send_failures",
-        "HB: sends that raised (retried on the next step).",
+        "Heartbeat sends that raised (retried on the next step).",
     ),
     "num_malformed_notifs": (
         "vllm:nixl_lease_malformed_notifications",
-        "Notifications on P that were neither HB: nor id:count (skipped, not raised).",
+        "Notifications on P that were neither a heartbeat nor id:count (skipped, not raised).",
     ),
     "num_reads_fenced": (
         "vllm:nixl_lease_reads_fenced",

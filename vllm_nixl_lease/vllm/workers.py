@@ -1,54 +1,134 @@
-"""Worker classes: vLLM's pull/push workers with the lease core mixed in."""
+"""Worker classes: vLLM's pull/push workers, each upstream hook overridden
+once, calling the lease components in plain order.  Reading a class tells you
+everything we change in that role.
+
+Components (one set per worker; a worker is P, D or both with ``kv_both``):
+- ``lease_keeper``: ``LeaseKeeper`` (P) -- grants, extensions, releases, expiry;
+- ``heartbeat_sender``: ``HeartbeatSender`` (D) -- sends, handshake wait, retry;
+- ``read_fence``: ``ReadFence`` (D, pull) -- skips a READ whose lease may be gone;
+- ``idle_pause``: ``IdlePause`` (P) -- pauses an empty step while leases are held.
+They reach upstream only through ``upstream.UpstreamWorker``.
+"""
 
 from __future__ import annotations
 
+import queue
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPushConnectorWorker
 
+from .._wire import is_heartbeat
 from .config import LeaseConfig
-from .d_worker import HeartbeatSenderMixin
-from .fence_worker import ReadFenceMixin
-from .idle import IdleStepMixin
-from .p_worker import LeaseSenderMixin
-from .push_lease import PushLeaseSenderMixin
+from .heartbeat_sender import HeartbeatSender
+from .idle_pause import IdlePause
+from .lease_keeper import LeaseKeeper
+from .read_fence import ReadFence
+from .stats import LeaseKVConnectorStats
 
 
-class _LeaseWorkerSetup:
-    def _setup_lease(self, lease_config: LeaseConfig) -> None:
-        """Install P- and D-side lease state (a worker can be both with kv_both).
-
-        Separate from ``__init__`` so tests can build workers the way vLLM's
-        own tests do, with ``object.__new__`` and hand-set attributes.
-        """
-        self._setup_lease_sender(lease_config)  # type: ignore[attr-defined]
-        self._setup_heartbeat_sender(lease_config.max_heartbeat_bytes)  # type: ignore[attr-defined]
-        self._setup_idle_pause(lease_config.idle_step_sleep_s)  # type: ignore[attr-defined]
-
-
-class LeaseNixlPullConnectorWorker(
-    _LeaseWorkerSetup,
-    ReadFenceMixin,
-    IdleStepMixin,
-    LeaseSenderMixin,
-    HeartbeatSenderMixin,
-    NixlPullConnectorWorker,
-):
+class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
     def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
         lease_config = LeaseConfig.from_vllm_config(vllm_config)  # fail before NIXL setup
         super().__init__(vllm_config, engine_id, kv_cache_config)
         self._setup_lease(lease_config)
 
     def _setup_lease(self, lease_config: LeaseConfig) -> None:
-        super()._setup_lease(lease_config)
-        self._setup_read_fence(lease_config)
+        """Build the components (apart from ``__init__`` so tests can build the
+        upstream part the way vLLM's own tests do)."""
+        self.lease_config = lease_config
+        self._lease_extension = lease_config.lease_extension  # upstream reads it; keep ours
+        self.xfer_stats = LeaseKVConnectorStats()
+        self.lease_keeper = LeaseKeeper(self, lease_config)
+        self._reqs_to_send = self.lease_keeper.deadlines  # upstream grants leases through these
+        self._reqs_to_process = self.lease_keeper.in_batch
+        self.read_fence = ReadFence(self, lease_config)
+        self.heartbeat_sender = HeartbeatSender(
+            self, lease_config.max_heartbeat_bytes, self.read_fence.heartbeat_delivered
+        )
+        self.idle_pause = IdlePause(lease_config.idle_step_sleep_s, self.lease_keeper.table)
+
+    # -- one step, in the order upstream calls these --------------------------
+    def start_load_kv(self, metadata: Any) -> None:
+        self.idle_pause.begin_step(metadata)
+        self.read_fence.add_views(metadata)
+        super().start_load_kv(metadata)  # grants leases, reads, then _send_heartbeats
+        self.read_fence.drop_views(metadata)
+
+    def _read_blocks_for_req(self, req_id: str, meta: Any) -> None:
+        if not self.read_fence.fenced(req_id, meta):
+            super()._read_blocks_for_req(req_id, meta)
+
+    def _send_heartbeats(self, metadata: Any) -> None:
+        self.heartbeat_sender.send(metadata)
+
+    def get_transfer_results(self) -> Any:
+        results = super().get_transfer_results()  # _get_new_notifs, then _reap_expired_send_leases
+        self.idle_pause.end_step(results, self._recving_transfers)
+        return results
+
+    def _get_new_notifs(self) -> set[str]:
+        notifs = self.nixl_wrapper.get_new_notifs()
+        self.idle_pause.saw_notifications(notifs)
+        return self.lease_keeper.route(notifs)
+
+    def _reap_expired_send_leases(self, done_sending: set[str]) -> None:
+        self.lease_keeper.expire(done_sending)
+
+    def _handle_heartbeat(self, payload: str) -> None:
+        self.lease_keeper.extend_payload(payload)
 
 
-class LeaseNixlPushConnectorWorker(
-    _LeaseWorkerSetup, IdleStepMixin, PushLeaseSenderMixin, HeartbeatSenderMixin, NixlPushConnectorWorker
-):
+class LeaseNixlPushConnectorWorker(NixlPushConnectorWorker):
     def __init__(self, vllm_config: Any, engine_id: str, kv_cache_config: Any) -> None:
         lease_config = LeaseConfig.from_vllm_config(vllm_config)
         super().__init__(vllm_config, engine_id, kv_cache_config)
         self._setup_lease(lease_config)
+
+    def _setup_lease(self, lease_config: LeaseConfig) -> None:
+        self.lease_config = lease_config
+        self._lease_extension = lease_config.lease_extension  # upstream reads it; keep ours
+        self.xfer_stats = LeaseKVConnectorStats()
+        self.lease_keeper = LeaseKeeper(self, lease_config, push=True)
+        self._reqs_to_send = self.lease_keeper.deadlines
+        self._reqs_to_process = self.lease_keeper.in_batch
+        self.heartbeat_sender = HeartbeatSender(self, lease_config.max_heartbeat_bytes)
+        self.idle_pause = IdlePause(lease_config.idle_step_sleep_s, self.lease_keeper.table)
+
+    def start_load_kv(self, metadata: Any) -> None:
+        self.idle_pause.begin_step(metadata)
+        super().start_load_kv(metadata)
+
+    def _send_heartbeats(self, metadata: Any) -> None:
+        self.heartbeat_sender.send(metadata)
+
+    def get_transfer_results(self) -> Any:
+        results = super().get_transfer_results()
+        self.idle_pause.end_step(results, self._recving_transfers)
+        return results
+
+    def _get_new_notifs(self) -> set[str]:
+        # The push writer thread forwards every non-PUSH_REG notification to
+        # this queue; take the heartbeats, hand the rest back to upstream's
+        # method, which handles completions through our views.
+        pending: queue.Queue[bytes] = self._pending_completion_notifs
+        heartbeats: list[bytes] = []
+        others: list[bytes] = []
+        while True:
+            try:
+                notif = pending.get_nowait()
+            except queue.Empty:
+                break
+            (heartbeats if is_heartbeat(notif) else others).append(notif)
+        for notif in others:
+            pending.put(notif)
+        self.idle_pause.saw_notifications(heartbeats or others)
+        if heartbeats:
+            self.lease_keeper.extend_heartbeats(heartbeats)
+        return super()._get_new_notifs()
+
+    def _reap_expired_send_leases(self, done_sending: set[str]) -> None:
+        self.lease_keeper.expire(done_sending)
+
+    def _handle_heartbeat(self, payload: str) -> None:
+        self.lease_keeper.extend_payload(payload)

@@ -1,6 +1,7 @@
-"""D worker: forward the scheduler's pre-encoded heartbeats to P agents.
+"""D worker: send the scheduler's pre-encoded heartbeats to every P rank.
 
-Differences from upstream's ``_send_heartbeats``, both on purpose:
+The scheduler builds the messages (``heartbeat_scheduler.py``); this only
+forwards bytes.  Differences from upstream's ``_send_heartbeats``, both on purpose:
 - an engine whose proactive handshake is still running is remembered and
   heartbeated on the first step after it completes, not one interval later;
 - a failed ``send_notif`` is counted and retried on the next step (until a
@@ -10,6 +11,7 @@ Differences from upstream's ``_send_heartbeats``, both on purpose:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -17,90 +19,92 @@ from vllm.logger import init_logger
 
 from .. import encode_heartbeats
 from .metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
-from .stats import LeaseKVConnectorStats
+from .upstream import UpstreamWorker
 
 logger = init_logger(__name__)
 
+# (engine id, messages every P rank got, send started, send finished)
+OnDelivered = Callable[[str, list[bytes], float, float], None]
 
-class HeartbeatSenderMixin:
-    """Mixed in front of vLLM's pull/push worker classes."""
 
-    xfer_stats: LeaseKVConnectorStats
+class HeartbeatSender:
+    """Sends, waits for handshakes, retries; reports delivered messages to ``on_delivered``."""
 
-    def _setup_heartbeat_sender(self, max_heartbeat_bytes: int) -> None:
-        self._hb_max_bytes = max_heartbeat_bytes
+    def __init__(
+        self, upstream: UpstreamWorker, max_heartbeat_bytes: int, on_delivered: OnDelivered | None = None
+    ) -> None:
+        self._upstream = upstream
+        self._max_bytes = max_heartbeat_bytes
+        self._on_delivered = on_delivered
         # engine -> (heartbeats, handshake future) while its handshake runs
-        self._hb_waiting: dict[str, tuple[EngineHeartbeats, Future[Any]]] = {}
+        self.waiting: dict[str, tuple[EngineHeartbeats, Future[Any]]] = {}
         # engine -> (heartbeats, [(agent, message), ...]) whose send failed
-        self._hb_retry: dict[str, tuple[EngineHeartbeats, list[tuple[str, bytes]]]] = {}
+        self.retry: dict[str, tuple[EngineHeartbeats, list[tuple[str, bytes]]]] = {}
 
-    def _send_heartbeats(self, metadata: Any) -> None:
+    def send(self, metadata: Any) -> None:
+        """One step: this step's ticks, then what waited on a handshake, then retries."""
         fresh: dict[str, EngineHeartbeats] | None = getattr(metadata, LEASE_HEARTBEATS_ATTR, None)
         if fresh is None:
             fresh = self._from_stock_metadata(metadata)
-        if not (fresh or self._hb_waiting or self._hb_retry):
+        if not (fresh or self.waiting or self.retry):
             return
         # Take what was left over from earlier steps before sending this
         # step's tick, so a send failing now is retried next step, not now.
-        waiting, self._hb_waiting = self._hb_waiting, {}
-        retry, self._hb_retry = self._hb_retry, {}
+        waiting, self.waiting = self.waiting, {}
+        retry, self.retry = self.retry, {}
         for engine_id, hb in fresh.items():
             # A fresh tick supersedes what was waiting or queued for retry.
             waiting.pop(engine_id, None)
             retry.pop(engine_id, None)
-            self._heartbeat_engine(engine_id, hb, None)
+            self._send_engine(engine_id, hb, None)
         for engine_id, (hb, fut) in waiting.items():
             if not fut.done():
-                self._hb_waiting[engine_id] = (hb, fut)
-            elif engine_id in self._remote_agents:  # type: ignore[attr-defined]
-                self._heartbeat_engine(engine_id, hb, None)
+                self.waiting[engine_id] = (hb, fut)
+            elif engine_id in self._upstream._remote_agents:
+                self._send_engine(engine_id, hb, None)
             # else: the handshake failed (upstream logged and counted it);
             # the next tick starts a new one, as upstream does.
         for engine_id, (hb, pairs) in retry.items():
-            self._heartbeat_engine(engine_id, hb, pairs)
-
-    def _on_heartbeat_sent(
-        self, engine_id: str, messages: list[bytes], started: float, finished: float
-    ) -> None:
-        """Hook: ``messages`` reached every P rank of ``engine_id`` (read fencing uses it)."""
+            self._send_engine(engine_id, hb, pairs)
 
     def _from_stock_metadata(self, metadata: Any) -> dict[str, EngineHeartbeats]:
         # Metadata built by a stock scheduler (e.g. a test) carries id sets.
         out = {}
         for engine_id, info in getattr(metadata, "heartbeat_by_engine", {}).items():
-            messages = encode_heartbeats(sorted(info.req_ids), self._hb_max_bytes)
+            messages = encode_heartbeats(sorted(info.req_ids), self._max_bytes)
             out[engine_id] = EngineHeartbeats(
                 messages, info.host, info.port, info.tp_size, info.dcp_size, info.pp_size
             )
         return out
 
-    def _heartbeat_engine(
+    def _send_engine(
         self, engine_id: str, hb: EngineHeartbeats, pairs: list[tuple[str, bytes]] | None
     ) -> None:
+        up = self._upstream
         if pairs is None:
-            fut = self._ensure_handshake(  # type: ignore[attr-defined]
+            fut = up._ensure_handshake(
                 engine_id,
                 hb.host,
                 hb.port,
                 hb.tp_size,
                 hb.dcp_size,
                 hb.pp_size,
-                self._hb_handshake_notif_only and hb.pp_size > 1,  # type: ignore[attr-defined]
+                up._hb_handshake_notif_only and hb.pp_size > 1,
             )
             if fut is not None:
-                self._hb_waiting[engine_id] = (hb, fut)
+                self.waiting[engine_id] = (hb, fut)
                 return
-        elif engine_id not in self._remote_agents:  # type: ignore[attr-defined]
+        elif engine_id not in up._remote_agents:
             return  # engine evicted since the failure
         # A heartbeat means the router still pairs this P with us (upstream).
-        self._engine_last_active[engine_id] = time.perf_counter()  # type: ignore[attr-defined]
+        up._engine_last_active[engine_id] = time.perf_counter()
         fresh = pairs is None
-        if fresh:
-            agents = list(self._remote_agents[engine_id].values())  # type: ignore[attr-defined]
+        if pairs is None:
+            agents = list(up._remote_agents[engine_id].values())
             pairs = [(agent, msg) for agent in agents for msg in hb.messages]
         failed: list[tuple[str, bytes]] = []
         sent = ids = nbytes = 0
-        wrapper = self.nixl_wrapper  # type: ignore[attr-defined]
+        wrapper = up.nixl_wrapper
         started = time.perf_counter()
         for agent, msg in pairs:
             try:
@@ -112,17 +116,17 @@ class HeartbeatSenderMixin:
             sent += 1
             ids += msg.count(b",") + 1
             nbytes += len(msg)
-        if fresh:
+        if fresh and self._on_delivered is not None:
             # A message renews D's lease views only once every P rank has it;
             # retried sends (later, partial) never do: conservative.
             failed_msgs = {msg for _, msg in failed}
             delivered = [msg for msg in hb.messages if msg not in failed_msgs]
             if delivered:
-                self._on_heartbeat_sent(engine_id, delivered, started, time.perf_counter())
-        stats = self.xfer_stats
+                self._on_delivered(engine_id, delivered, started, time.perf_counter())
+        stats = up.xfer_stats
         stats.add("num_heartbeat_msgs_sent", sent)
         stats.add("num_heartbeat_ids_sent", ids)
         stats.add("num_heartbeat_bytes_sent", nbytes)
         if failed:
             stats.add("num_heartbeat_send_failures", len(failed))
-            self._hb_retry[engine_id] = (hb, failed)
+            self.retry[engine_id] = (hb, failed)

@@ -16,10 +16,11 @@ after each message, so the pause only moves the spinning (README "Idle P").
 from __future__ import annotations
 
 import time
+from collections.abc import Sized
 from typing import Any
 
-# Attribute set on upstream's NixlConnectorMetadata by our schedulers.
-LEASE_IDLE_ATTR = "lease_idle_step"
+from .. import LeaseTable
+from .metadata import LEASE_IDLE_ATTR
 
 
 def step_is_idle(scheduler_output: Any, meta: Any) -> bool:
@@ -28,42 +29,38 @@ def step_is_idle(scheduler_output: Any, meta: Any) -> bool:
     return tokens == 0 and not getattr(meta, "reqs_to_recv", None) and not getattr(meta, "reqs_to_save", None)
 
 
-class IdleStepMixin:
-    """Mixed in front of vLLM's pull/push worker classes (after the lease sender)."""
+class IdlePause:
+    """Worker side: one step's idle verdict, and the pause at its end."""
 
-    lease_router: Any
-
-    def _setup_idle_pause(self, sleep_s: float) -> None:
-        self._idle_sleep_s = sleep_s
+    def __init__(self, sleep_s: float, table: LeaseTable) -> None:
+        self.sleep_s = sleep_s
+        self._table = table
         self._idle_step = False
-        self._notified_this_step = False
+        self._notified = False
 
-    def start_load_kv(self, metadata: Any) -> None:
+    def begin_step(self, metadata: Any) -> None:
         self._idle_step = bool(getattr(metadata, LEASE_IDLE_ATTR, False))
-        self._notified_this_step = False
-        super().start_load_kv(metadata)  # type: ignore[misc]
+        self._notified = False
 
-    def _route_notifications(self, notifs: Any) -> set[str]:
+    def saw_notifications(self, notifs: object) -> None:
+        """``notifs``: what the step drained (anything non-empty means a peer spoke)."""
         if notifs:
-            self._notified_this_step = True
-        return super()._route_notifications(notifs)  # type: ignore[misc]
+            self._notified = True
 
-    def get_transfer_results(self) -> Any:
-        results = super().get_transfer_results()  # type: ignore[misc]
+    def end_step(self, results: Any, recving_transfers: Sized) -> None:
         if (
-            self._idle_sleep_s > 0
+            self.sleep_s > 0
             and self._idle_step
-            and not self._notified_this_step
+            and not self._notified
             and not results.finished_sending
             and not results.finished_recving
-            and not self._recving_transfers  # type: ignore[attr-defined]
-            and len(self.lease_router.table)
+            and not recving_transfers
+            and len(self._table)
         ):
             self._idle_step = False  # one pause per step
-            pause = self._idle_sleep_s
-            next_deadline = self.lease_router.table.next_deadline()
+            pause = self.sleep_s
+            next_deadline = self._table.next_deadline()
             if next_deadline is not None:
                 pause = min(pause, max(0.0, next_deadline - time.perf_counter()))
             if pause > 0:
                 time.sleep(pause)
-        return results

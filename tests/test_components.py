@@ -1,0 +1,109 @@
+"""The lease components on their own, against one fake of the upstream interface."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+from types import SimpleNamespace
+
+import pytest
+from upstream_fake import FakeUpstreamWorker
+from vllm_support import Clock
+
+from vllm_nixl_lease._wire import completion_message, heartbeat_message
+from vllm_nixl_lease.vllm.config import LeaseConfig
+from vllm_nixl_lease.vllm.heartbeat_sender import HeartbeatSender
+from vllm_nixl_lease.vllm.idle_pause import IdlePause
+from vllm_nixl_lease.vllm.lease_keeper import LeaseKeeper
+from vllm_nixl_lease.vllm.metadata import (
+    LEASE_HEARTBEATS_ATTR,
+    LEASE_VIEWS_ATTR,
+    EngineHeartbeats,
+    LeaseViewUpdates,
+)
+from vllm_nixl_lease.vllm.read_fence import ReadFence
+
+CONFIG = LeaseConfig.from_extra_config({"kv_lease_duration": 12})  # extension 8, interval 2, margin 2
+
+
+def test_keeper_grants_extends_releases_and_expires(clock: Clock) -> None:
+    up = FakeUpstreamWorker()
+    keeper = LeaseKeeper(up, CONFIG)
+    keeper.deadlines["a"] = clock.now + 8  # how upstream's start_load_kv grants
+    keeper.deadlines["b"] = clock.now + 8
+    clock.advance(5)
+    done = keeper.route({"d": [heartbeat_message(["a", "zz"]), completion_message("b", 1)]})
+    assert done == {"b"} and "b" not in keeper.table
+    assert keeper.table.deadline("a") == pytest.approx(clock.now + 8)
+    assert (up.count("num_heartbeat_ids_recv"), up.count("num_heartbeat_ids_unknown")) == (2, 1)
+    keeper.expire(set())  # nothing due; reports the one lease held
+    clock.advance(9)
+    expired: set[str] = set()
+    keeper.expire(expired)
+    assert expired == {"a"} and not len(keeper.table)
+    assert up.count("num_leases_granted") == 2
+    assert [list(x) for x in up.xfer_stats.data["active_leases"]] == [[0, 1], [0, 0]]
+
+
+def test_keeper_push_aliases_renew_by_router_id(clock: Clock) -> None:
+    up = FakeUpstreamWorker()
+    keeper = LeaseKeeper(up, CONFIG, push=True)
+    keeper.deadlines["cmpl-1-0badf00d"] = clock.now + 8
+    clock.advance(5)
+    keeper.extend_heartbeats([heartbeat_message(["cmpl-1"])])
+    assert keeper.table.deadline("cmpl-1-0badf00d") == pytest.approx(clock.now + 8)
+    del keeper.deadlines["cmpl-1-0badf00d"]
+    assert keeper.aliases is not None and not keeper.aliases
+
+
+def test_sender_waits_for_handshake_and_retries_failures(clock: Clock) -> None:
+    up = FakeUpstreamWorker()
+    delivered: list[tuple[str, list[bytes]]] = []
+    sender = HeartbeatSender(up, 8192, lambda e, msgs, s, f: delivered.append((e, msgs)))
+    hb = EngineHeartbeats([heartbeat_message(["a"])], "127.0.0.1", 5600, 2)
+    pending: Future[None] = Future()
+    up.handshakes["P"] = pending
+    sender.send(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": hb}}))
+    assert up.nixl_wrapper.sent == [] and "P" in sender.waiting
+    up.connect("P", ranks=2)
+    pending.set_result(None)
+    up.handshakes["P"] = None
+    up.nixl_wrapper.fail_sends = 1
+    sender.send(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {}}))
+    assert up.nixl_wrapper.sent == [("P-agent-1", hb.messages[0])]
+    assert delivered == []  # not every rank got it
+    assert up.count("num_heartbeat_send_failures") == 1
+    sender.send(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {}}))  # the retry
+    assert up.nixl_wrapper.sent[-1] == ("P-agent-0", hb.messages[0]) and not sender.retry
+
+
+def test_fence_reports_a_lapsing_read_as_failed_load(clock: Clock) -> None:
+    up = FakeUpstreamWorker()
+    up.connect("P", offset=0.0)
+    fence = ReadFence(up, CONFIG)
+    new = {"d1": ("P", "p1", clock.now + 8, 8.0), "d2": ("P", "p2", clock.now + 1, 8.0)}
+    views = LeaseViewUpdates(new, [])
+    fence.add_views(SimpleNamespace(**{LEASE_VIEWS_ATTR: views}))
+    meta = SimpleNamespace(remote=SimpleNamespace(engine_id="P"), local_block_ids=[[1]])
+    assert not fence.fenced("d1", meta)
+    assert fence.fenced("d2", meta)
+    assert up.failed_transfers == [("d2", False)] and up.count("num_reads_fenced") == 1
+    fence.heartbeat_delivered("P", [heartbeat_message(["p1"])], clock.now, clock.now)
+    assert up.count("num_heartbeat_views_renewed") == 1
+
+
+def test_idle_pause_only_on_a_quiet_idle_step(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    sleeps: list[float] = []
+    monkeypatch.setattr(time, "sleep", sleeps.append)
+    keeper = LeaseKeeper(FakeUpstreamWorker(), CONFIG)
+    keeper.deadlines["a"] = clock.now + 8
+    pause = IdlePause(0.005, keeper.table)
+    results = SimpleNamespace(finished_sending=set(), finished_recving=set())
+    pause.begin_step(SimpleNamespace(lease_idle_step=True))
+    pause.saw_notifications({"d": [b"x"]})
+    pause.end_step(results, {})
+    assert sleeps == []
+    pause.begin_step(SimpleNamespace(lease_idle_step=True))
+    pause.end_step(results, {})
+    assert sleeps == [pytest.approx(0.005)]

@@ -1,0 +1,66 @@
+"""D scheduler: which heartbeats go out this step, as bytes.
+
+Upstream keeps ``_heartbeat_by_engine`` (sets of ids per engine) and ships
+those sets to the workers, which re-join them into one unbounded message per
+engine every tick.  Here the core's ``HeartbeatTracker`` keeps per-engine
+chunks whose encoded bytes are cached, and the metadata carries those bytes
+(``EngineHeartbeats``) to ``heartbeat_sender.py``.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from vllm.logger import init_logger
+
+from .. import HeartbeatTracker
+from .config import LeaseConfig
+from .metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
+from .upstream import HeartbeatTarget
+
+logger = init_logger(__name__)
+
+
+class HeartbeatSchedule:
+    """The requests D heartbeats, per P engine, and the messages due each step."""
+
+    def __init__(self, lease_config: LeaseConfig) -> None:
+        self.tracker = HeartbeatTracker(lease_config.heartbeat_interval, lease_config.max_heartbeat_bytes)
+        # engine id -> (host, port, tp, dcp, pp) of the first live request, as upstream
+        self.targets: dict[str, tuple[str, int, int, int, int]] = {}
+
+    def track(self, local_id: str, engine_id: str, remote_id: str, target: HeartbeatTarget) -> None:
+        try:
+            self.tracker.track(local_id, engine_id, remote_id)
+        except (TypeError, ValueError) as exc:
+            # An id we cannot put on the wire (e.g. contains ','): its lease
+            # will simply not be renewed, exactly what upstream would get.
+            logger.warning("Not heartbeating request %s (remote id %r): %s", local_id, remote_id, exc)
+            return
+        if engine_id not in self.targets:
+            self.targets[engine_id] = (
+                target.host,
+                target.port,
+                target.tp_size,
+                target.dcp_size,
+                target.pp_size,
+            )
+
+    def untrack(self, req_id: str) -> None:
+        tracker = self.tracker
+        engine_id = tracker.engine_of(req_id)
+        if engine_id is not None:
+            tracker.untrack(req_id)
+            if engine_id not in tracker.engines():
+                self.targets.pop(engine_id, None)
+
+    def attach(self, meta: Any) -> None:
+        """Put this step's due messages on the workers' metadata."""
+        out: dict[str, EngineHeartbeats] = {}
+        if len(self.tracker):
+            for engine_id, messages in self.tracker.poll(time.perf_counter()).items():
+                target = self.targets.get(engine_id)
+                if target is not None and messages:
+                    out[engine_id] = EngineHeartbeats(messages, *target)
+        setattr(meta, LEASE_HEARTBEATS_ATTR, out)

@@ -1,0 +1,144 @@
+"""P side: the leases this worker holds, on the lease core.
+
+Everything P does with a lease happens here:
+- granted: upstream's ``start_load_kv`` assigns ``_reqs_to_send[req] = deadline``;
+  that dict is ``deadlines`` (``views.py``), so the grant lands in the router;
+- extended: ``route`` (pull: every notification) and ``extend_heartbeats``
+  (push: heartbeats taken off the writer thread's queue) -> ``LeaseTable``;
+- released on read: ``route`` returns the requests every consumer has read;
+- expired: ``expire`` sweeps the table once per step and logs through
+  ``expiry_log.log_expired`` (the code ``make bench`` times).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+
+from vllm.logger import init_logger
+
+from .. import LeaseTable, NotificationRouter
+from .._wire import heartbeat_payload
+from ..expiry_log import log_expired
+from .config import LeaseConfig
+from .push_aliases import LeaseAliases
+from .ratelimit import RateLimitedLog
+from .upstream import UpstreamWorker
+from .views import InBatchSet, LeaseDeadlines
+
+logger = init_logger(__name__)
+
+
+class LeaseKeeper:
+    """Grants, extends, releases and expires P's leases for one worker."""
+
+    def __init__(self, upstream: UpstreamWorker, lease_config: LeaseConfig, *, push: bool = False) -> None:
+        self._upstream = upstream
+        self.extension = lease_config.lease_extension
+        self.router = NotificationRouter(LeaseTable(lease_config.lease_extension))
+        # Push mode only: D names leases by the router's id (vLLM issue 53095).
+        self.aliases: LeaseAliases | None = LeaseAliases() if push else None
+        # Stand-ins for upstream's _reqs_to_send / _reqs_to_process.
+        self.deadlines = LeaseDeadlines(self.router, self._granted, self._released)
+        self.in_batch = InBatchSet(self.router)
+        self._active_reported = 0
+        self._malformed_log = RateLimitedLog(logger)
+
+    @property
+    def table(self) -> LeaseTable:
+        return self.router.table
+
+    # -- grant / release (called by the views) ------------------------------
+    def _granted(self, req_id: str) -> None:
+        self._upstream.xfer_stats.add("num_leases_granted", 1)
+        if self.aliases is not None:
+            self.aliases.add(req_id)
+
+    def _released(self, req_id: str) -> None:
+        if self.aliases is not None:
+            self.aliases.discard(req_id)
+
+    # -- pull: one step's notifications -------------------------------------
+    def route(self, notifs: Mapping[str, list[bytes]]) -> set[str]:
+        """Route one step's notifications; return requests read by all consumers."""
+        if not notifs:
+            return set()
+        start = time.perf_counter_ns()
+        result = self.router.route(notifs, time.perf_counter())
+        stats = self._upstream.xfer_stats
+        stats.observe_time("lease_route_time", (time.perf_counter_ns() - start) / 1e9)
+        if result.heartbeat_messages:
+            self._account_heartbeats(result.heartbeat_messages, result.heartbeat_ids, result.extended)
+        for req_id in result.unknown_completions:
+            # Upstream's counter and wording, one line per notification.
+            stats.record_notification_after_expiry()
+            logger.error(
+                "Potentially invalid KV blocks for unrecognized request %s were retrieved by "
+                "a decode worker. They may have expired.",
+                req_id,
+            )
+        if result.malformed:
+            stats.add("num_malformed_notifs", result.malformed)
+            self._malformed_log.warning(
+                result.malformed,
+                "Skipped %d malformed NIXL notification(s) (neither a heartbeat nor 'id:count'), e.g. %r",
+                result.malformed,
+                result.malformed_sample[:1],
+            )
+        for messages in result.passthrough.values():
+            # Pull workers never receive PUSH_REG; one arriving is a misrouted peer.
+            self._malformed_log.warning(
+                len(messages), "Ignored %d PUSH_REG notification(s) on a pull worker", len(messages)
+            )
+        for req_id in result.completed:
+            self._released(req_id)
+        return set(result.completed)
+
+    # -- push: heartbeats taken off the writer thread's queue ----------------
+    def extend_heartbeats(self, heartbeats: list[bytes]) -> None:
+        start = time.perf_counter_ns()
+        now = time.perf_counter()
+        table = self.router.table
+        ids_total = extended_total = 0
+        for msg in heartbeats:
+            payload = heartbeat_payload(msg)
+            extended, ids = table.extend_counted(payload, now)
+            if extended < ids and self.aliases:
+                extended += self.aliases.extend(table, payload, now)
+            ids_total += ids
+            extended_total += extended
+        self._upstream.xfer_stats.observe_time("lease_route_time", (time.perf_counter_ns() - start) / 1e9)
+        self._account_heartbeats(len(heartbeats), ids_total, extended_total)
+
+    def extend_payload(self, payload: str) -> None:
+        """Upstream's ``_handle_heartbeat`` entry point: one heartbeat's id list."""
+        extended, ids = self.router.table.extend_counted(payload, time.perf_counter())
+        self._account_heartbeats(1, ids, extended)
+
+    def _account_heartbeats(self, messages: int, ids: int, extended: int) -> None:
+        stats = self._upstream.xfer_stats
+        stats.add("num_heartbeat_msgs_recv", messages)
+        stats.add("num_heartbeat_ids_recv", ids)
+        stats.add("num_heartbeat_ids_unknown", ids - extended)
+        if extended:
+            logger.debug("Heartbeat extended %d of %d lease(s) by %ss", extended, ids, self.extension)
+
+    # -- expiry --------------------------------------------------------------
+    def expire(self, done_sending: set[str]) -> None:
+        """Free every lease past its deadline into ``done_sending``; report the count held."""
+        router = self.router
+        stats = self._upstream.xfer_stats
+        if len(router.table):
+            start = time.perf_counter_ns()
+            expired = router.expire(time.perf_counter())
+            stats.observe_time("lease_sweep_time", (time.perf_counter_ns() - start) / 1e9)
+            if expired:
+                for req_id, _ in expired:
+                    stats.record_kv_expired_req()
+                    self._released(req_id)
+                    done_sending.add(req_id)
+                log_expired(logger, expired)
+        active = len(router.table)
+        if active != self._active_reported:
+            self._active_reported = active
+            stats.set_active_leases(getattr(self._upstream, "tp_rank", 0), active)

@@ -1,0 +1,82 @@
+"""Read fencing, scheduler side.
+
+P: ``request_finished`` adds the lease deadline (this scheduler process's
+``perf_counter``, the clock the handshake listener echoes for D's offset
+estimate) and the heartbeat extension to the ``kv_transfer_params`` it returns
+(``add_lease_params``).  Stock D ignores the extra keys.
+
+D: ``on_new_request`` turns those keys into a lease view for the workers
+(``read_fence.py``); the metadata of the next step carries the new views and
+the ids whose tracking ended, so the workers' tables stay bounded.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from vllm.logger import init_logger
+
+from .config import LeaseConfig
+from .metadata import LEASE_VIEWS_ATTR, LeaseViewUpdates
+
+logger = init_logger(__name__)
+
+PARAM_LEASE_DEADLINE = "remote_lease_deadline"
+PARAM_LEASE_EXTENSION = "remote_lease_extension"
+
+
+def add_lease_params(params: dict[str, Any], deadline: float | None, extension: float) -> None:
+    """P side (pull): tell D when its lease ends and how far a heartbeat moves it."""
+    if deadline is not None:
+        params[PARAM_LEASE_DEADLINE] = deadline
+        params[PARAM_LEASE_EXTENSION] = extension
+
+
+class LeaseViewCollector:
+    """D side: lease views of newly tracked requests, shipped to the workers once."""
+
+    def __init__(self, lease_config: LeaseConfig, transfer_mode: str) -> None:
+        # Push mode: P writes into D, D never reads, nothing to fence.
+        self.enabled = lease_config.lease_fencing and transfer_mode == "pull"
+        self._new: dict[str, tuple[str, str, float, float]] = {}
+        self._dropped: list[str] = []
+        self._shipped: set[str] = set()
+        self._fencing_off_engines: set[str] = set()
+
+    def add(self, local_id: str, engine_id: str, remote_id: str, params: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        deadline = params.get(PARAM_LEASE_DEADLINE)
+        extension = params.get(PARAM_LEASE_EXTENSION)
+        if _finite(deadline) and _finite(extension) and extension > 0:
+            self._new[local_id] = (engine_id, remote_id, float(deadline), float(extension))
+            return
+        if deadline is not None or extension is not None:
+            logger.warning(
+                "Request %s: ignoring malformed lease fields from P engine %s (%s=%r, %s=%r); "
+                "its read is not fenced",
+                local_id, engine_id, PARAM_LEASE_DEADLINE, deadline, PARAM_LEASE_EXTENSION, extension,
+            )  # fmt: skip
+        elif engine_id not in self._fencing_off_engines:
+            self._fencing_off_engines.add(engine_id)
+            logger.info(
+                "P engine %s reports no lease deadline (a stock prefill connector): reads from it are "
+                "not fenced, as upstream",
+                engine_id,
+            )
+
+    def drop(self, local_id: str) -> None:
+        if self._new.pop(local_id, None) is None and local_id in self._shipped:
+            self._shipped.discard(local_id)
+            self._dropped.append(local_id)
+
+    def attach(self, meta: Any) -> None:
+        updates = LeaseViewUpdates(self._new, self._dropped)
+        self._shipped.update(self._new)
+        self._new, self._dropped = {}, []
+        setattr(meta, LEASE_VIEWS_ATTR, updates)
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,87 @@
+"""The parts of vLLM's NIXL worker and scheduler the lease components use.
+
+Components never subclass or reach into vLLM classes directly: they take the
+upstream object typed as one of these protocols.  This file is the whole
+contract with vLLM's internals (checked against 0.32 and 0.33, ``compat.py``);
+the unit tests build components against one small fake of it
+(``tests/upstream_fake.py``).
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Mapping
+from concurrent.futures import Future
+from typing import Any, Protocol
+
+from .stats import LeaseKVConnectorStats
+
+
+class NixlWrapper(Protocol):
+    """The slice of ``nixl._api.nixl_agent`` the lease path calls."""
+
+    def get_new_notifs(self) -> Mapping[str, list[bytes]]: ...
+
+    def send_notif(self, agent_name: str, notif_msg: bytes) -> None: ...
+
+
+class UpstreamWorker(Protocol):
+    """vLLM's ``NixlBaseConnectorWorker`` as the lease components see it."""
+
+    nixl_wrapper: NixlWrapper
+    # Replaced by a LeaseKVConnectorStats at set-up; upstream swaps in a fresh
+    # one each time stats are shipped, so components read it on every use.
+    xfer_stats: LeaseKVConnectorStats
+    tp_rank: int
+    # engine id -> {P rank -> NIXL agent name}
+    _remote_agents: Mapping[str, Mapping[int, str]]
+    # engine id -> P's clock minus ours, measured during the handshake
+    _engine_clock_offset: Mapping[str, float]
+    # engine id -> last perf_counter() it was used (upstream's idle-engine eviction)
+    _engine_last_active: dict[str, float]
+    # request id -> NIXL handles of reads in flight
+    _recving_transfers: Mapping[str, Any]
+    _recv_failures: Any
+    _hb_handshake_notif_only: bool
+
+    def _ensure_handshake(
+        self,
+        engine_id: str,
+        host: str,
+        port: int,
+        tp_size: int,
+        dcp_size: int = 1,
+        pp_size: int = 1,
+        notif_agents_only: bool = False,
+    ) -> Future[Any] | None: ...
+
+    def _handle_failed_transfer(
+        self, req_id: str, handle: Any, failures: Any, record_failed_transfer: bool = True
+    ) -> Any: ...
+
+
+class UpstreamPushWorker(UpstreamWorker, Protocol):
+    """The push worker adds the queue its writer thread fills with non-PUSH_REG notifications."""
+
+    _pending_completion_notifs: queue.Queue[bytes]
+
+
+class HeartbeatTarget(Protocol):
+    """Upstream's ``HeartbeatInfo``: where a P engine listens for handshakes."""
+
+    host: str
+    port: int
+    tp_size: int
+    dcp_size: int
+    pp_size: int
+
+
+class UpstreamScheduler(Protocol):
+    """vLLM's ``NixlBaseConnectorScheduler`` as the lease components see it."""
+
+    _TRANSFER_MODE: str
+    # local request id -> (P engine id, P's request id), filled by upstream's on_new_request
+    _heartbeat_req_engine: Mapping[str, tuple[str, str]]
+    _heartbeat_by_engine: Mapping[str, HeartbeatTarget]
+    # request id -> lease deadline on this scheduler's clock (P)
+    _reqs_need_send: Mapping[str, float]
