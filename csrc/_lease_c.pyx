@@ -10,10 +10,14 @@ Layout, and why:
   hash) in a std::vector, reused through a free list, so a lease costs no
   Python object beyond the id string the caller already owns.
 - ``_index``: open-addressing table (linear probing, load <= 0.7) of 4-byte
-  slot numbers keyed by the murmur64 hash of the id's UTF-8 bytes; the slot
-  keeps 32 bits of that hash, so probes compare the hash before the bytes
-  and a resize never rehashes a string.  A heartbeat hashes byte spans of the
-  payload in place, so it creates no Python object per id.  We first used
+  slot numbers keyed by CPython's own keyed hash (SipHash, per-process
+  random key) of the id's UTF-8 bytes, so ids cannot be crafted to collide
+  (the old fixed-seed murmur64 could be, see issue 9).  For an ASCII id that
+  hash is the str's cached ``hash()``; a heartbeat hashes byte spans of the
+  payload in place with the same function, so it creates no Python object
+  per id, and looks ids up in groups with prefetches so that the cache
+  misses of a group overlap.  The slot keeps 32 bits of the hash, so probes
+  compare the hash before the bytes and a resize never rehashes a string.  We first used
   preshed here, but its 16-byte cells (at most 60% full) alone cost more per
   lease than upstream's dict + set leave room for; deleted cells are purged
   by rehashing when they pile up, so unique ids churning forever stay O(n).
@@ -24,10 +28,14 @@ Layout, and why:
   deadline; an outdated entry is re-pushed when it reaches the top, orphaned
   entries are dropped there, and the heap is rebuilt when orphans outnumber
   leases.  In all, about 44 bytes a lease at 1M leases.
+- Shrink: when the live leases fall below a quarter of the slots, the slots
+  are compacted and the index and heap rebuilt at the live size (amortised
+  O(1)), so memory and per-operation cost follow the live count, not a
+  past burst's peak.
 """
 
 from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact, PyBytes_Check
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcmp, memchr
@@ -35,11 +43,15 @@ from libcpp.vector cimport vector
 from libcpp.pair cimport pair
 from libcpp.functional cimport greater
 from libcpp.algorithm cimport push_heap, pop_heap, make_heap, sort
-from murmurhash.mrmr cimport hash64
 
 import math
 
-from ._route_result import RouteResult, MALFORMED_SAMPLE_SIZE, MALFORMED_SAMPLE_BYTES
+from ._lease_table_py import check_now
+from ._route_result import (
+    MALFORMED_SAMPLE_BYTES, MALFORMED_SAMPLE_SIZE, UNKNOWN_SAMPLE_SIZE, RouteResult, malformed_sample,
+    unknown_sample_id,
+)
+from ._router_py import MESSAGES_TYPES
 
 cdef extern from "Python.h":
     const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
@@ -47,6 +59,26 @@ cdef extern from "Python.h":
     bint PyUnicode_IS_COMPACT_ASCII(PyObject* o)
     void* PyUnicode_DATA(PyObject* o)
     Py_ssize_t PyUnicode_GET_LENGTH(PyObject* o)
+    ctypedef Py_ssize_t Py_hash_t
+    Py_hash_t _Py_HashBytes(const void* p, Py_ssize_t n) nogil
+    Py_hash_t _str_hash "PyObject_Hash"(PyObject* o)
+
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define VNL_PREFETCH(p) __builtin_prefetch((const void*)(p))
+    #else
+    #define VNL_PREFETCH(p) ((void)0)
+    #endif
+    """
+    void VNL_PREFETCH(const void* p) nogil
+
+
+# For a compact ASCII str CPython's hash() is _Py_HashBytes of its bytes (its
+# UTF-8), so a stored id's cached hash can stand for the hash of its bytes.
+# Checked once here rather than assumed, in case an interpreter differs.
+cdef bint STR_HASH_IS_BYTES_HASH = all(
+    hash(s) == hash(s.encode()) for s in ("", "a", "cmpl-0123456789abcdef-0", "x" * 100))
 
 
 cdef inline const char* _stored_utf8(PyObject* o, Py_ssize_t* n) noexcept:
@@ -66,12 +98,13 @@ cdef struct Slot:
     uint32_t seq        # grant order; 0: free slot
     uint32_t link       # live: low 32 bits of the id's hash; free: next free slot + 1
 
-cdef uint64_t HASH_SEED = 0x9E3779B97F4A7C15
 cdef Py_ssize_t MIN_STALE_FOR_REBUILD = 64   # same constant as the twin
 cdef size_t MIN_INDEX_SIZE = 16            # a power of two
 cdef uint32_t EMPTY = 0                     # index cell values: slot + 1, or these
 cdef uint32_t DELETED = 0xFFFFFFFF
 cdef long MAX_EXPECTED_CONSUMERS = 2147483647
+cdef size_t MIN_SLOTS_TO_COMPACT = 256       # below this, a sparse slot vector is cheap
+DEF HB_GROUP = 16                           # heartbeat ids looked up together (prefetch depth)
 
 
 cdef class LeaseTable:
@@ -111,7 +144,13 @@ cdef class LeaseTable:
 
     # -- hashing and lookup ---------------------------------------------
     cdef inline uint32_t _hash(self, const char* p, Py_ssize_t n) noexcept nogil:
-        return <uint32_t>(hash64(<void*>p, <int>n, HASH_SEED) & self._hash_mask)
+        return <uint32_t>(<uint64_t>_Py_HashBytes(p, n) & self._hash_mask)
+
+    cdef inline uint32_t _hash_id(self, object req_id, const char* p, Py_ssize_t n) noexcept:
+        """Hash of an id's UTF-8 bytes; the str's cached hash when that is the same."""
+        if STR_HASH_IS_BYTES_HASH and PyUnicode_IS_COMPACT_ASCII(<PyObject*>req_id):
+            return <uint32_t>(<uint64_t>_str_hash(<PyObject*>req_id) & self._hash_mask)
+        return self._hash(p, n)
 
     cdef inline long _find(self, const char* p, Py_ssize_t n, uint32_t h) noexcept:
         """Slot of the id with these UTF-8 bytes and hash, or -1."""
@@ -139,7 +178,7 @@ cdef class LeaseTable:
             p = PyUnicode_AsUTF8AndSize(req_id, &n)
         except UnicodeEncodeError:
             return -1  # such an id can never have been granted
-        return self._find(p, n, self._hash(p, n))
+        return self._find(p, n, self._hash_id(req_id, p, n))
 
     # -- slot and map maintenance ---------------------------------------
     cdef uint32_t _alloc_slot(self):
@@ -259,7 +298,7 @@ cdef class LeaseTable:
         if self._seq == 0xFFFFFFFF:
             self._renumber()
         self._seq += 1
-        h = self._hash(p, n)
+        h = self._hash_id(req_id, p, n)
         idx = self._find(p, n, h)
         if idx >= 0:
             self._stale += 1
@@ -277,20 +316,55 @@ cdef class LeaseTable:
         self._maybe_rebuild_heap()
 
     cdef (Py_ssize_t, Py_ssize_t) _extend_span(self, const char* p, Py_ssize_t n, double new_deadline):
-        cdef Py_ssize_t start = 0, end, extended = 0, seen = 0
+        """Extend every lease named in the comma-separated span ``p[:n]``.
+
+        Ids are taken HB_GROUP at a time: hash them all and prefetch their
+        index cells, then prefetch the slots those cells name, then the
+        stored ids, and only then compare.  A lookup is about three dependent
+        cache misses (cell, slot, id); this way a group's misses overlap
+        instead of queueing one behind the other."""
+        cdef Py_ssize_t pos = 0, end, extended = 0, seen = 0
+        cdef Py_ssize_t starts[HB_GROUP]
+        cdef Py_ssize_t lens[HB_GROUP]
+        cdef uint32_t hashes[HB_GROUP]
+        cdef uint32_t cells[HB_GROUP]
+        cdef int k, m
         cdef const char* comma
         cdef long idx
-        while start <= n:
-            comma = <const char*>memchr(p + start, c',', n - start)
-            end = (comma - p) if comma != NULL else n
-            if end > start:
-                seen += 1
-                idx = self._find(p + start, end - start, self._hash(p + start, end - start))
+        cdef uint32_t c
+        cdef size_t mask = self._index.size() - 1
+        cdef const uint32_t* index = self._index.data()
+        cdef Slot* slots = self._slots.data()
+        while pos <= n:
+            m = 0
+            while m < HB_GROUP and pos <= n:
+                comma = <const char*>memchr(p + pos, c',', n - pos)
+                end = (comma - p) if comma != NULL else n
+                if end > pos:
+                    starts[m] = pos
+                    lens[m] = end - pos
+                    hashes[m] = self._hash(p + pos, end - pos)
+                    VNL_PREFETCH(&index[hashes[m] & mask])
+                    m += 1
+                pos = end + 1
+            seen += m
+            for k in range(m):
+                c = index[hashes[k] & mask]
+                cells[k] = c
+                if c != EMPTY and c != DELETED:
+                    VNL_PREFETCH(&slots[c - 1])
+            for k in range(m):
+                c = cells[k]
+                if c != EMPTY and c != DELETED and slots[c - 1].link == hashes[k]:
+                    # header and (compact ASCII) text of the stored id
+                    VNL_PREFETCH(slots[c - 1].req_id)
+                    VNL_PREFETCH(<const char*>slots[c - 1].req_id + 64)
+            for k in range(m):
+                idx = self._find(p + starts[k], lens[k], hashes[k])
                 if idx >= 0:
-                    if new_deadline > self._slots[idx].deadline:
-                        self._slots[idx].deadline = new_deadline
+                    if new_deadline > slots[idx].deadline:
+                        slots[idx].deadline = new_deadline
                     extended += 1
-            start = end + 1
         return extended, seen
 
     def extend(self, payload, now):
@@ -299,7 +373,7 @@ cdef class LeaseTable:
 
     def extend_counted(self, payload, now):
         """Like ``extend``; returns ``(extended, non-empty ids in payload)``."""
-        cdef double new_deadline = float(now) + self._extension
+        cdef double new_deadline = check_now(now) + self._extension
         cdef Py_ssize_t n
         cdef const char* p
         cdef const unsigned char[::1] view
@@ -325,16 +399,40 @@ cdef class LeaseTable:
         if idx < 0:
             return False
         self._release_slot(<uint32_t>idx)
+        self._maybe_compact()
         return True
 
     cdef void _release_slot(self, uint32_t idx) except *:
+        """Release without compacting (slot numbers stay valid for the caller)."""
         self._unlink(idx)
         self._stale += 1
         self._maybe_rebuild_heap()
 
+    cdef void _maybe_compact(self) except *:
+        """After a burst has drained, give back what only the peak needed."""
+        if self._slots.size() > MIN_SLOTS_TO_COMPACT and <size_t>self._live * 4 < self._slots.size():
+            self._compact()
+
+    cdef void _compact(self) except *:
+        """Move live slots to the front of a right-sized vector, then rebuild
+        the index and heap for them (slot numbers change, order does not:
+        ties are broken by grant seq, never by slot)."""
+        cdef vector[Slot] live
+        cdef size_t i
+        live.reserve(<size_t>self._live)
+        for i in range(self._slots.size()):
+            if self._slots[i].seq != 0:
+                live.push_back(self._slots[i])
+        self._slots.swap(live)
+        self._free = 0
+        self._rehash()
+        self._heap.clear()
+        self._heap.shrink_to_fit()
+        self._maybe_rebuild_heap(True)
+
     def pop_expired(self, now):
         """Remove and return every lease with deadline <= now, earliest first."""
-        cdef double t = float(now)
+        cdef double t = check_now(now)
         cdef list expired = []
         cdef HeapEntry e
         cdef uint32_t idx
@@ -351,6 +449,8 @@ cdef class LeaseTable:
                 continue
             expired.append(<object>self._slots[idx].req_id)
             self._unlink(idx)
+        if expired:
+            self._maybe_compact()
         return expired
 
     cdef void _settle_top(self) except *:
@@ -429,6 +529,20 @@ cdef class NotificationRouter:
 
     def discard_in_batch(self, req_id):
         self._in_batch.discard(req_id)
+        if self._counts and req_id not in self.table:
+            self._forget_reads(req_id)
+
+    def release(self, req_id):
+        """Drop the lease of ``req_id`` (and its read count, unless it is
+        still in a batch); return whether it held a lease."""
+        held = self.table.release(req_id)
+        if self._counts and req_id not in self._in_batch:
+            self._forget_reads(req_id)
+        return held
+
+    cdef void _forget_reads(self, object req_id) except *:
+        self._counts.pop(req_id, None)
+        self._expected.pop(req_id, None)
 
     def is_in_batch(self, req_id):
         return req_id in self._in_batch
@@ -457,23 +571,36 @@ cdef class NotificationRouter:
                 return True
         return False
 
+    cdef void _malformed(self, object result, object msg) except *:
+        result.malformed += 1
+        if len(result.malformed_sample) < MALFORMED_SAMPLE_SIZE:
+            result.malformed_sample.append(malformed_sample(msg))
+
     def route(self, notifs, now):
-        cdef object result = RouteResult()
+        """Route one step's notifications (see the twin for the contract)."""
         cdef LeaseTable table = self.table
-        cdef double new_deadline = float(now) + table._extension
-        cdef Py_ssize_t n, colon, i, hb_msgs = 0, hb_ids = 0, hb_ext = 0, malformed = 0
+        cdef double new_deadline = check_now(now) + table._extension
+        try:
+            items = notifs.items()
+        except AttributeError:
+            raise TypeError(f"notifications must be a mapping, got {type(notifs).__name__}") from None
+        cdef object result = RouteResult()
+        cdef Py_ssize_t n, colon, i, hb_msgs = 0, hb_ids = 0, hb_ext = 0, unknown_n = 0
         cdef const char* p
         cdef long expected
         cdef object req_id, prev
         cdef list completed = result.completed
-        cdef list unknown = result.unknown_completions
-        cdef list sample = result.malformed_sample
+        cdef list unknown = result.unknown_sample
         cdef Py_ssize_t ext, seen
         cdef long count, slot
-        for agent, messages in notifs.items():
+        for agent, messages in items:
+            if not isinstance(messages, MESSAGES_TYPES):
+                self._malformed(result, messages)
+                continue
             for msg in messages:
-                if not PyBytes_CheckExact(msg):
-                    msg = bytes(msg)
+                if not PyBytes_Check(msg):
+                    self._malformed(result, msg)
+                    continue
                 p = PyBytes_AS_STRING(msg)
                 n = PyBytes_GET_SIZE(msg)
                 if n >= 3 and p[0] == c'H' and p[1] == c'B' and p[2] == c':':
@@ -512,12 +639,12 @@ cdef class NotificationRouter:
                         except UnicodeDecodeError:
                             req_id = None
                 if req_id is None:
-                    malformed += 1
-                    if len(sample) < MALFORMED_SAMPLE_SIZE:
-                        sample.append(msg[:MALFORMED_SAMPLE_BYTES])
+                    self._malformed(result, msg)
                     continue
                 if slot < 0 and req_id not in self._in_batch:
-                    unknown.append(req_id)
+                    unknown_n += 1
+                    if len(unknown) < UNKNOWN_SAMPLE_SIZE:
+                        unknown.append(unknown_sample_id(req_id))
                     continue
                 # _counts and _expected hold an entry for exactly the same ids
                 prev = self._counts.get(req_id) if self._counts else None
@@ -539,10 +666,12 @@ cdef class NotificationRouter:
                     completed.append(req_id)
                 else:
                     self._counts[req_id] = count
+        if completed:
+            table._maybe_compact()
         result.heartbeat_messages = hb_msgs
         result.heartbeat_ids = hb_ids
         result.extended = hb_ext
-        result.malformed = malformed
+        result.unknown = unknown_n
         return result
 
     def expire(self, now):

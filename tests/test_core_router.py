@@ -22,7 +22,7 @@ def test_completion_before_lease_is_counted(core):
     table, router = make(core)
     router.add_in_batch("early")  # in a batch, no deadline yet (async scheduling)
     res = router.route({"d": [b"early:1"]}, 0.0)
-    assert res.completed == ["early"] and res.unknown_completions == []
+    assert res.completed == ["early"] and res.unknown == 0 and res.unknown_sample == []
     assert router.grant("early", 9.0) is False  # no lease once read
 
 
@@ -43,7 +43,7 @@ def test_unknown_and_malformed_do_not_stop_the_batch(core):
     res = router.route({"rogue": junk, "d": [b"gone:1", b"HB:a,b,zz", b"a:1", b"PUSH_REG:\x00"]}, 2.0)
     assert res.malformed == len(junk)
     assert len(res.malformed_sample) == 3 and res.malformed_sample[0] == b"nocolon"
-    assert res.unknown_completions == ["gone"]
+    assert res.unknown == 1 and res.unknown_sample == ["gone"]
     assert res.completed == ["a"]
     hb = (res.heartbeat_messages, res.heartbeat_ids, res.extended, res.unknown_heartbeat_ids)
     assert hb == (1, 3, 2, 1)
@@ -67,7 +67,8 @@ def test_expire_reports_reads_seen(core):
     assert router.expire(2.0) == [("a", 0), ("b", 1)]
     assert router.in_batch_count() == 0 and len(table) == 0
     # a late completion after expiry is unknown, as upstream counts it
-    assert router.route({"d": [b"b:2"]}, 3.0).unknown_completions == ["b"]
+    res = router.route({"d": [b"b:2"]}, 3.0)
+    assert (res.unknown, res.unknown_sample) == (1, ["b"])
 
 
 def test_heartbeat_after_completion_does_nothing(core):
