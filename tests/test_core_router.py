@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 
 def make(core, extension=10.0):
     table = core.LeaseTable(extension)

@@ -40,6 +40,11 @@ LEASE_COUNTERS: dict[str, tuple[str, str]] = {
         "vllm:nixl_lease_malformed_notifications",
         "Notifications on P that were neither HB: nor id:count (skipped, not raised).",
     ),
+    "num_unknown_completions": (
+        "vllm:nixl_lease_unknown_completions",
+        "Read completions on P for requests neither leased nor in a batch (usually expired); "
+        "logged as a rate-limited sample.",
+    ),
     "num_reads_fenced": (
         "vllm:nixl_lease_reads_fenced",
         "READs D refused because its view of P's lease had less than lease_safety_margin left "
