@@ -548,6 +548,28 @@ def run_isolated(entry: tuple, quick: bool) -> dict:
             return json.load(fh)
 
 
+def cache_miss_floor(loads: int = 1 << 20) -> dict[str, float]:
+    """The physical floor of a heartbeat lookup: ns per random 64-byte load,
+    independent loads (a numpy gather, so misses overlap as a heartbeat's ids
+    can), from a working set the size of a 100k-lease table with its ids
+    (16 MiB) and from DRAM (512 MiB).  Beside it, the Cython table's cost per
+    heartbeat id with no cache miss at all (parse + keyed hash, empty table)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    out = {}
+    for name, size in (("16MiB", 16 << 20), ("512MiB", 512 << 20)):
+        mem = np.ones(size // 8, dtype=np.int64)  # written: no page faults while timing
+        idx = rng.integers(0, size // 64, size=loads) * 8
+        out[f"load_{name}"] = median_ns(lambda mem=mem, idx=idx: mem.take(idx), 7) / loads
+    LeaseTable, _, _ = load_impl("cython")
+    ids = req_ids(1000, "nomatch")
+    payload = ",".join(ids).encode()
+    empty = LeaseTable(EXTENSION)
+    out["hash_parse"] = per_call_ns(lambda: empty.extend(payload, 1.0), 200, 7) / len(ids)
+    return out
+
+
 HEAD = (
     f"| {'scenario':<58} | {'ours (Cython)':>13} | {'ours (twin)':>11} | {'upstream':>10} "
     f"| {'speed-up':>10} | {'Cy/twin':>7} | {'target':>9} | ok |"
@@ -608,6 +630,13 @@ def main(argv: list[str] | None = None) -> int:
         row = run_scenario(entry, args.quick) if in_process else run_isolated(entry, args.quick)
         rows.append(row)
         print(format_row(row), flush=True)
+    if not args.only:
+        floor = cache_miss_floor()
+        print(
+            f"\nfloor per heartbeat id: one random load {floor['load_16MiB']:.1f} ns (16 MiB set), "
+            f"{floor['load_512MiB']:.1f} ns (512 MiB); parse + keyed hash alone {floor['hash_parse']:.1f} ns",
+            flush=True,
+        )
     if args.quick:
         print("\n(--quick: smaller sizes; the targets are defined for the full sizes of `make bench`)")
     if args.json:
