@@ -90,3 +90,45 @@ def test_in_batch_ids(core):
         router.add_in_batch(rid)
     router.discard_in_batch("b")
     assert sorted(router.in_batch_ids()) == ["a", "c"] and router.in_batch_count() == 2
+
+
+def test_unknown_completions_are_counted_not_listed(core):
+    """A flood of completions for unknown ids costs a count and a short sample."""
+    _, router = make(core)
+    flood = [f"k{i}:1".encode() for i in range(5000)] + [b"j" * 1_000_000 + b":1"]
+    res = router.route({"rogue": flood}, 0.0)
+    assert res.unknown == 5001 and res.malformed == 0
+    assert res.unknown_sample == ["k0", "k1", "k2"]
+    res = router.route({"rogue": [b"j" * 1_000_000 + b":1"]}, 0.0)
+    assert res.unknown_sample == ["j" * 64 + "..."]
+
+
+def test_edges_same_contract(core):
+    _, router = make(core)
+    router.add_in_batch("a")
+    router.grant("a", 5.0)
+    for bad in (None, "1", math.nan, math.inf, 10**400):
+        with pytest.raises((TypeError, ValueError)):
+            router.route({"d": [b"a:1"]}, bad)
+    assert "a" in router.table  # nothing applied
+    res = router.route({"d": ["a:1", None, memoryview(b"a:1"), 3], "e": None, "f": b"a:1"}, 0.0)
+    assert res.malformed == 6 and res.completed == []
+    assert res.malformed_sample == [b"<str>", b"<NoneType>", b"<memoryview>"]
+
+
+def test_read_count_does_not_outlive_lease_or_batch(core):
+    table, router = make(core)
+    router.add_in_batch("a")
+    router.grant("a", 5.0)
+    router.route({"d": [b"a:2"]}, 0.0)
+    router.discard_in_batch("a")
+    assert router.received("a") == 1  # still leased: the count stands
+    assert router.release("a") is True
+    assert router.received("a") == 0  # neither leased nor in a batch: gone
+    router.add_in_batch("a")
+    router.grant("a", 5.0)
+    assert router.route({"d": [b"a:2"]}, 0.0).completed == []  # 1 of 2, not carried over
+    router.add_in_batch("b")
+    router.route({"d": [b"b:3"]}, 0.0)
+    router.discard_in_batch("b")
+    assert router.received("b") == 0
