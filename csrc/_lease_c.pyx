@@ -21,13 +21,18 @@ Layout, and why:
   preshed here, but its 16-byte cells (at most 60% full) alone cost more per
   lease than upstream's dict + set leave room for; deleted cells are purged
   by rehashing when they pile up, so unique ids churning forever stay O(n).
-- ``_heap``: lazy min-heap of (deadline, seq << 32 | slot), 16 bytes an
-  entry, with std::push_heap / pop_heap.  Grant seqs are 32-bit; when they
-  run out the live leases are renumbered in order, which keeps every
-  tie-break as it was.  As in the twin, extensions only raise the slot's
-  deadline; an outdated entry is re-pushed when it reaches the top, orphaned
-  entries are dropped there, and the heap is rebuilt when orphans outnumber
-  leases.  In all, about 44 bytes a lease at 1M leases.
+- ``_wheel``: a deadline-bucketed timing wheel: a std::map from bucket
+  (deadline // (extension / 16)) to a vector of (deadline, seq << 32 | slot)
+  entries, 16 bytes each.  Where the twin's heap pays O(log n) cache misses
+  per due lease, a sweep here reads the due buckets front to back, sorts the
+  few due entries by (deadline, seq) and is done; a sweep with nothing due
+  is one comparison against a lower bound of every stored deadline.  Grant
+  seqs are 32-bit; when they run out the live leases are renumbered in
+  order, which keeps every tie-break as it was.  As in the twin, extensions
+  only raise the slot's deadline; an outdated entry is moved to its
+  bucket when its old bucket comes due, orphaned entries are dropped there,
+  and the wheel is rebuilt when orphans outnumber leases.  In all, about 44
+  bytes a lease at 1M leases.
 - Shrink: when the live leases fall below a quarter of the slots, the slots
   are compacted and the index and heap rebuilt at the live size (amortised
   O(1)), so memory and per-operation cost follow the live count, not a
@@ -42,7 +47,11 @@ from libc.string cimport memcmp, memchr
 from libcpp.vector cimport vector
 from libcpp.pair cimport pair
 from libcpp.functional cimport greater
-from libcpp.algorithm cimport push_heap, pop_heap, make_heap, sort
+from libcpp.algorithm cimport sort
+from libcpp.map cimport map as cmap
+from libc.stdint cimport int64_t
+from libc.math cimport floor, INFINITY
+from cython.operator cimport dereference as deref, preincrement as inc
 
 import math
 
@@ -91,6 +100,8 @@ cdef inline const char* _stored_utf8(PyObject* o, Py_ssize_t* n) noexcept:
     return _utf8_of_ptr(o, n)
 
 ctypedef pair[double, uint64_t] HeapEntry   # (deadline, seq << 32 | slot)
+ctypedef vector[HeapEntry] Bucket
+ctypedef cmap[int64_t, Bucket] Wheel
 
 cdef struct Slot:
     double deadline
@@ -103,7 +114,9 @@ cdef size_t MIN_INDEX_SIZE = 16            # a power of two
 cdef uint32_t EMPTY = 0                     # index cell values: slot + 1, or these
 cdef uint32_t DELETED = 0xFFFFFFFF
 cdef long MAX_EXPECTED_CONSUMERS = 2147483647
-cdef size_t MIN_SLOTS_TO_COMPACT = 256       # below this, a sparse slot vector is cheap
+cdef size_t MIN_SLOTS_TO_COMPACT = 256
+cdef double WHEEL_BUCKETS_PER_EXTENSION = 16.0
+cdef double MAX_BUCKET = 4.0e18          # bucket numbers are clamped (deadline may be +-inf)       # below this, a sparse slot vector is cheap
 DEF HB_GROUP = 16                           # heartbeat ids looked up together (prefetch depth)
 
 
@@ -112,7 +125,10 @@ cdef class LeaseTable:
 
     cdef double _extension
     cdef vector[Slot] _slots
-    cdef vector[HeapEntry] _heap
+    cdef Wheel _wheel
+    cdef size_t _entries             # in the wheel, live and stale
+    cdef double _width               # of a bucket, seconds
+    cdef double _lower               # no stored deadline is below this
     cdef uint32_t _free              # head of free slot list (+1), 0 = none
     cdef Py_ssize_t _live
     cdef Py_ssize_t _stale
@@ -128,6 +144,9 @@ cdef class LeaseTable:
         if not 1 <= _hash_bits <= 64:
             raise ValueError("_hash_bits must be in 1..64")
         self._extension = extension
+        self._width = extension / WHEEL_BUCKETS_PER_EXTENSION
+        self._lower = INFINITY
+        self._entries = 0
         # Test hook: fewer hash bits force collisions so the probing gets exercised.
         self._hash_mask = 0xFFFFFFFFFFFFFFFF if _hash_bits == 64 else ((<uint64_t>1 << _hash_bits) - 1)
         self._index.assign(MIN_INDEX_SIZE, EMPTY)
@@ -240,20 +259,78 @@ cdef class LeaseTable:
         self._free = idx + 1
         self._live -= 1
 
+    cdef inline int64_t _bucket(self, double deadline) noexcept:
+        cdef double k = floor(deadline / self._width)
+        if k > MAX_BUCKET:
+            return <int64_t>MAX_BUCKET
+        if k < -MAX_BUCKET:
+            return -<int64_t>MAX_BUCKET
+        return <int64_t>k
+
     cdef inline void _push(self, double deadline, uint32_t seq, uint32_t idx) except *:
-        self._heap.push_back(HeapEntry(deadline, (<uint64_t>seq << 32) | idx))
-        push_heap(self._heap.begin(), self._heap.end(), greater[HeapEntry]())
+        self._wheel[self._bucket(deadline)].push_back(HeapEntry(deadline, (<uint64_t>seq << 32) | idx))
+        self._entries += 1
+        if deadline < self._lower:
+            self._lower = deadline
 
     cdef void _maybe_rebuild_heap(self, bint force=False) except *:
         cdef size_t i
         if force or (self._stale > MIN_STALE_FOR_REBUILD and self._stale > self._live):
-            self._heap.clear()
+            self._wheel.clear()
+            self._entries = 0
+            self._lower = INFINITY
             for i in range(self._slots.size()):
                 if self._slots[i].seq != 0:
-                    self._heap.push_back(
-                        HeapEntry(self._slots[i].deadline, (<uint64_t>self._slots[i].seq << 32) | i))
-            make_heap(self._heap.begin(), self._heap.end(), greater[HeapEntry]())
+                    self._push(self._slots[i].deadline, self._slots[i].seq, <uint32_t>i)
             self._stale = 0
+
+    cdef double _first_lower(self) noexcept:
+        """Smallest stored deadline of the first bucket: a lower bound of all."""
+        cdef double m = INFINITY
+        cdef Bucket* bucket
+        cdef size_t j
+        if self._wheel.empty():
+            return m
+        bucket = &deref(self._wheel.begin()).second
+        for j in range(bucket.size()):
+            if bucket[0][j].first < m:
+                m = bucket[0][j].first
+        return m
+
+    cdef bint _clean_bucket(self, Wheel.iterator it, double t, vector[HeapEntry]* due,
+                            vector[HeapEntry]* refile) except -1:
+        """Drop orphans from bucket ``it``, move entries whose lease was
+        extended to another bucket into ``refile`` and those due at ``t`` into
+        ``due`` (with their real deadline).  Entries stored after ``t`` are
+        kept without reading their slot.  Returns whether the bucket is empty."""
+        cdef Bucket* bucket = &deref(it).second
+        cdef size_t j, keep = 0
+        cdef HeapEntry e
+        cdef uint32_t idx
+        cdef double d
+        for j in range(bucket.size()):
+            e = bucket[0][j]
+            if e.first > t:
+                bucket[0][keep] = e
+                keep += 1
+                continue
+            idx = <uint32_t>(e.second & 0xFFFFFFFF)
+            if self._slots[idx].seq != <uint32_t>(e.second >> 32):
+                self._stale -= 1
+                self._entries -= 1
+                continue
+            d = self._slots[idx].deadline
+            if d <= t:
+                due.push_back(HeapEntry(d, e.second))
+                self._entries -= 1
+            elif self._bucket(d) == deref(it).first:
+                bucket[0][keep] = HeapEntry(d, e.second)
+                keep += 1
+            else:
+                refile.push_back(HeapEntry(d, e.second))
+                self._entries -= 1
+        bucket.resize(keep)
+        return keep == 0
 
     cdef void _renumber(self) except *:
         """Give live leases seqs 1..n in their current order (seqs ran out)."""
@@ -426,49 +503,85 @@ cdef class LeaseTable:
         self._slots.swap(live)
         self._free = 0
         self._rehash()
-        self._heap.clear()
-        self._heap.shrink_to_fit()
         self._maybe_rebuild_heap(True)
 
     def pop_expired(self, now):
         """Remove and return every lease with deadline <= now, earliest first."""
         cdef double t = check_now(now)
         cdef list expired = []
-        cdef HeapEntry e
+        cdef vector[HeapEntry] due, refile
+        cdef Wheel.iterator it
+        cdef int64_t last
+        cdef size_t j
         cdef uint32_t idx
-        while not self._heap.empty() and self._heap.front().first <= t:
-            e = self._heap.front()
-            pop_heap(self._heap.begin(), self._heap.end(), greater[HeapEntry]())
-            self._heap.pop_back()
-            idx = <uint32_t>(e.second & 0xFFFFFFFF)
-            if self._slots[idx].seq != <uint32_t>(e.second >> 32):
-                self._stale -= 1
-                continue
-            if self._slots[idx].deadline > e.first:
-                self._push(self._slots[idx].deadline, self._slots[idx].seq, idx)
-                continue
+        if t < self._lower:
+            return expired
+        last = self._bucket(t)
+        it = self._wheel.begin()
+        while it != self._wheel.end() and deref(it).first <= last:
+            if self._clean_bucket(it, t, &due, &refile):
+                it = self._wheel.erase(it)
+            else:
+                inc(it)
+        for j in range(refile.size()):
+            idx = <uint32_t>(refile[j].second & 0xFFFFFFFF)
+            self._push(refile[j].first, <uint32_t>(refile[j].second >> 32), idx)
+        # (deadline, seq << 32 | slot): ties go to the earlier grant, as in the twin
+        sort(due.begin(), due.end())
+        for j in range(due.size()):
+            idx = <uint32_t>(due[j].second & 0xFFFFFFFF)
             expired.append(<object>self._slots[idx].req_id)
             self._unlink(idx)
+        self._lower = self._first_lower()
         if expired:
             self._maybe_compact()
         return expired
 
-    cdef void _settle_top(self) except *:
+    cdef double _settle_first(self) except? -1.0:
+        """Clean buckets from the front until the first holds a live entry at
+        its real deadline; return the earliest deadline (live leases exist)."""
+        cdef vector[HeapEntry] due, refile
+        cdef Wheel.iterator it
+        cdef size_t j
+        while True:
+            it = self._wheel.begin()
+            due.clear()
+            refile.clear()
+            # t = -inf: nothing is due, every entry is checked against its slot
+            empty = self._clean_bucket_all(it, &refile)
+            if empty:
+                self._wheel.erase(it)
+            for j in range(refile.size()):
+                self._push(refile[j].first, <uint32_t>(refile[j].second >> 32),
+                           <uint32_t>(refile[j].second & 0xFFFFFFFF))
+            if not empty:
+                self._lower = self._first_lower()
+                return self._lower
+
+    cdef bint _clean_bucket_all(self, Wheel.iterator it, vector[HeapEntry]* refile) except -1:
+        """Like _clean_bucket with nothing due: every entry's slot is read, so
+        the bucket is left holding only live entries at their real deadlines."""
+        cdef Bucket* bucket = &deref(it).second
+        cdef size_t j, keep = 0
         cdef HeapEntry e
         cdef uint32_t idx
-        while not self._heap.empty():
-            e = self._heap.front()
+        cdef double d
+        for j in range(bucket.size()):
+            e = bucket[0][j]
             idx = <uint32_t>(e.second & 0xFFFFFFFF)
             if self._slots[idx].seq != <uint32_t>(e.second >> 32):
-                pop_heap(self._heap.begin(), self._heap.end(), greater[HeapEntry]())
-                self._heap.pop_back()
                 self._stale -= 1
-            elif self._slots[idx].deadline > e.first:
-                pop_heap(self._heap.begin(), self._heap.end(), greater[HeapEntry]())
-                self._heap.pop_back()
-                self._push(self._slots[idx].deadline, self._slots[idx].seq, idx)
+                self._entries -= 1
+                continue
+            d = self._slots[idx].deadline
+            if self._bucket(d) == deref(it).first:
+                bucket[0][keep] = HeapEntry(d, e.second)
+                keep += 1
             else:
-                return
+                refile.push_back(HeapEntry(d, e.second))
+                self._entries -= 1
+        bucket.resize(keep)
+        return keep == 0
 
     def deadline(self, req_id):
         cdef long idx = self._find_str(req_id)
@@ -478,8 +591,7 @@ cdef class LeaseTable:
         """Earliest deadline of any live lease (None when empty)."""
         if self._live == 0:
             return None
-        self._settle_top()
-        return self._heap.front().first
+        return self._settle_first()
 
     def ids(self):
         """Ids of all live leases (no particular order)."""
@@ -487,13 +599,19 @@ cdef class LeaseTable:
         return [<object>self._slots[i].req_id for i in range(self._slots.size()) if self._slots[i].seq != 0]
 
     def heap_size(self):
-        """Entries in the heap, live and stale (for memory-bound tests)."""
-        return self._heap.size()
+        """Entries in the wheel, live and stale (for memory-bound tests)."""
+        return self._entries
 
     def nbytes(self):
         """Bytes this table allocated itself (ids excluded), from real capacities."""
+        cdef size_t wheel = 0
+        cdef Wheel.iterator it = self._wheel.begin()
+        while it != self._wheel.end():
+            # entries, plus a map node: key, vector header, three pointers and a colour
+            wheel += deref(it).second.capacity() * sizeof(HeapEntry) + 64
+            inc(it)
         return (type(self).__basicsize__ + self._slots.capacity() * sizeof(Slot)
-                + self._heap.capacity() * sizeof(HeapEntry) + self._index.capacity() * sizeof(uint32_t))
+                + wheel + self._index.capacity() * sizeof(uint32_t))
 
     def __len__(self):
         return self._live
