@@ -529,6 +529,14 @@ cdef class LeaseTable:
         # (deadline, seq << 32 | slot): ties go to the earlier grant, as in the twin
         sort(due.begin(), due.end())
         for j in range(due.size()):
+            # the slot 16 entries ahead, and the id and index cell of the one 8
+            # ahead (its slot is cached by now): their misses overlap this one
+            if j + 16 < due.size():
+                VNL_PREFETCH(&self._slots[due[j + 16].second & 0xFFFFFFFF])
+            if j + 8 < due.size():
+                idx = <uint32_t>(due[j + 8].second & 0xFFFFFFFF)
+                VNL_PREFETCH(self._slots[idx].req_id)
+                VNL_PREFETCH(&self._index[self._slots[idx].link & (self._index.size() - 1)])
             idx = <uint32_t>(due[j].second & 0xFFFFFFFF)
             expired.append(<object>self._slots[idx].req_id)
             self._unlink(idx)

@@ -611,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("vllm").setLevel(logging.ERROR)
     entries = [e for e in SCENARIOS if not args.only or e[0] in args.only]
     entries = [e for e in entries if not (args.quick and e[4] is None)]
-    in_process = args.in_process or args.row_json or len(entries) == 1
+    in_process = args.in_process or args.row_json
     if in_process:
         with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
