@@ -8,7 +8,7 @@ VPY := $(VENV)/bin/python
 export VLLM_TARGET_DEVICE := cpu
 PIP_QUIET := -q --disable-pip-version-check
 
-BUILD_DEPS := "setuptools>=68" wheel "Cython>=3.0" "murmurhash>=1.0.10,<2"
+BUILD_DEPS := "setuptools>=68" wheel "Cython>=3.0"
 TEST_DEPS := "pytest>=8" "pytest-xdist>=3" "hypothesis>=6" ruff
 CORE_SOURCES := setup.py pyproject.toml $(wildcard csrc/*.pyx)
 

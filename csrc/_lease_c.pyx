@@ -10,36 +10,57 @@ Layout, and why:
   hash) in a std::vector, reused through a free list, so a lease costs no
   Python object beyond the id string the caller already owns.
 - ``_index``: open-addressing table (linear probing, load <= 0.7) of 4-byte
-  slot numbers keyed by the murmur64 hash of the id's UTF-8 bytes; the slot
-  keeps 32 bits of that hash, so probes compare the hash before the bytes
-  and a resize never rehashes a string.  A heartbeat hashes byte spans of the
-  payload in place, so it creates no Python object per id.  We first used
+  slot numbers keyed by CPython's own keyed hash (SipHash, per-process
+  random key) of the id's UTF-8 bytes, so ids cannot be crafted to collide
+  (the old fixed-seed murmur64 could be, see issue 9).  For an ASCII id that
+  hash is the str's cached ``hash()``; a heartbeat hashes byte spans of the
+  payload in place with the same function, so it creates no Python object
+  per id, and looks ids up in groups with prefetches so that the cache
+  misses of a group overlap.  The slot keeps 32 bits of the hash, so probes
+  compare the hash before the bytes and a resize never rehashes a string.  We first used
   preshed here, but its 16-byte cells (at most 60% full) alone cost more per
   lease than upstream's dict + set leave room for; deleted cells are purged
   by rehashing when they pile up, so unique ids churning forever stay O(n).
-- ``_heap``: lazy min-heap of (deadline, seq << 32 | slot), 16 bytes an
-  entry, with std::push_heap / pop_heap.  Grant seqs are 32-bit; when they
-  run out the live leases are renumbered in order, which keeps every
-  tie-break as it was.  As in the twin, extensions only raise the slot's
-  deadline; an outdated entry is re-pushed when it reaches the top, orphaned
-  entries are dropped there, and the heap is rebuilt when orphans outnumber
-  leases.  In all, about 44 bytes a lease at 1M leases.
+- ``_wheel``: a deadline-bucketed timing wheel: a std::map from bucket
+  (deadline // (extension / 16)) to a vector of (deadline, seq << 32 | slot)
+  entries, 16 bytes each.  Where the twin's heap pays O(log n) cache misses
+  per due lease, a sweep here reads the due buckets front to back, sorts the
+  few due entries by (deadline, seq) and is done; a sweep with nothing due
+  is one comparison against a lower bound of every stored deadline.  Grant
+  seqs are 32-bit; when they run out the live leases are renumbered in
+  order, which keeps every tie-break as it was.  As in the twin, extensions
+  only raise the slot's deadline; an outdated entry is moved to its
+  bucket when its old bucket comes due, orphaned entries are dropped there,
+  and the wheel is rebuilt when orphans outnumber leases.  In all, about 44
+  bytes a lease at 1M leases.
+- Shrink: when the live leases fall below a quarter of the slots, the slots
+  are compacted and the index and heap rebuilt at the live size (amortised
+  O(1)), so memory and per-operation cost follow the live count, not a
+  past burst's peak.
 """
 
 from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact, PyBytes_Check
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport uint32_t, uint64_t
 from libc.string cimport memcmp, memchr
 from libcpp.vector cimport vector
 from libcpp.pair cimport pair
 from libcpp.functional cimport greater
-from libcpp.algorithm cimport push_heap, pop_heap, make_heap, sort
-from murmurhash.mrmr cimport hash64
+from libcpp.algorithm cimport sort
+from libcpp.map cimport map as cmap
+from libc.stdint cimport int64_t
+from libc.math cimport floor, INFINITY
+from cython.operator cimport dereference as deref, preincrement as inc
 
 import math
 
-from ._route_result import RouteResult, MALFORMED_SAMPLE_SIZE, MALFORMED_SAMPLE_BYTES
+from ._lease_table_py import check_now
+from ._route_result import (
+    MALFORMED_SAMPLE_BYTES, MALFORMED_SAMPLE_SIZE, UNKNOWN_SAMPLE_SIZE, RouteResult, malformed_sample,
+    unknown_sample_id,
+)
+from ._router_py import MESSAGES_TYPES
 from ._wire import HEARTBEAT_PREFIX, PUSH_REG_PREFIX
 from ._wire import MAX_EXPECTED_CONSUMERS as _MAX_CONSUMERS
 
@@ -53,6 +74,26 @@ cdef extern from "Python.h":
     bint PyUnicode_IS_COMPACT_ASCII(PyObject* o)
     void* PyUnicode_DATA(PyObject* o)
     Py_ssize_t PyUnicode_GET_LENGTH(PyObject* o)
+    ctypedef Py_ssize_t Py_hash_t
+    Py_hash_t _Py_HashBytes(const void* p, Py_ssize_t n) nogil
+    Py_hash_t _str_hash "PyObject_Hash"(PyObject* o)
+
+cdef extern from *:
+    """
+    #if defined(__GNUC__) || defined(__clang__)
+    #define VNL_PREFETCH(p) __builtin_prefetch((const void*)(p))
+    #else
+    #define VNL_PREFETCH(p) ((void)0)
+    #endif
+    """
+    void VNL_PREFETCH(const void* p) nogil
+
+
+# For a compact ASCII str CPython's hash() is _Py_HashBytes of its bytes (its
+# UTF-8), so a stored id's cached hash can stand for the hash of its bytes.
+# Checked once here rather than assumed, in case an interpreter differs.
+cdef bint STR_HASH_IS_BYTES_HASH = all(
+    hash(s) == hash(s.encode()) for s in ("", "a", "cmpl-0123456789abcdef-0", "x" * 100))
 
 
 cdef inline const char* _stored_utf8(PyObject* o, Py_ssize_t* n) noexcept:
@@ -65,6 +106,8 @@ cdef inline const char* _stored_utf8(PyObject* o, Py_ssize_t* n) noexcept:
     return _utf8_of_ptr(o, n)
 
 ctypedef pair[double, uint64_t] HeapEntry   # (deadline, seq << 32 | slot)
+ctypedef vector[HeapEntry] Bucket
+ctypedef cmap[int64_t, Bucket] Wheel
 
 cdef struct Slot:
     double deadline
@@ -72,12 +115,15 @@ cdef struct Slot:
     uint32_t seq        # grant order; 0: free slot
     uint32_t link       # live: low 32 bits of the id's hash; free: next free slot + 1
 
-cdef uint64_t HASH_SEED = 0x9E3779B97F4A7C15
 cdef Py_ssize_t MIN_STALE_FOR_REBUILD = 64   # same constant as the twin
 cdef size_t MIN_INDEX_SIZE = 16            # a power of two
 cdef uint32_t EMPTY = 0                     # index cell values: slot + 1, or these
 cdef uint32_t DELETED = 0xFFFFFFFF
 cdef long MAX_EXPECTED_CONSUMERS = _MAX_CONSUMERS
+cdef size_t MIN_SLOTS_TO_COMPACT = 256      # below this, a sparse slot vector is cheap
+cdef double WHEEL_BUCKETS_PER_EXTENSION = 16.0
+cdef double MAX_BUCKET = 4.0e18          # bucket numbers are clamped (deadline may be +-inf)
+DEF HB_GROUP = 16                           # heartbeat ids looked up together (prefetch depth)
 
 
 cdef class LeaseTable:
@@ -85,7 +131,10 @@ cdef class LeaseTable:
 
     cdef double _extension
     cdef vector[Slot] _slots
-    cdef vector[HeapEntry] _heap
+    cdef Wheel _wheel
+    cdef size_t _entries             # in the wheel, live and stale
+    cdef double _width               # of a bucket, seconds
+    cdef double _lower               # no stored deadline is below this
     cdef uint32_t _free              # head of free slot list (+1), 0 = none
     cdef Py_ssize_t _live
     cdef Py_ssize_t _stale
@@ -101,6 +150,9 @@ cdef class LeaseTable:
         if not 1 <= _hash_bits <= 64:
             raise ValueError("_hash_bits must be in 1..64")
         self._extension = extension
+        self._width = extension / WHEEL_BUCKETS_PER_EXTENSION
+        self._lower = INFINITY
+        self._entries = 0
         # Test hook: fewer hash bits force collisions so the probing gets exercised.
         self._hash_mask = 0xFFFFFFFFFFFFFFFF if _hash_bits == 64 else ((<uint64_t>1 << _hash_bits) - 1)
         self._index.assign(MIN_INDEX_SIZE, EMPTY)
@@ -117,7 +169,13 @@ cdef class LeaseTable:
 
     # -- hashing and lookup ---------------------------------------------
     cdef inline uint32_t _hash(self, const char* p, Py_ssize_t n) noexcept nogil:
-        return <uint32_t>(hash64(<void*>p, <int>n, HASH_SEED) & self._hash_mask)
+        return <uint32_t>(<uint64_t>_Py_HashBytes(p, n) & self._hash_mask)
+
+    cdef inline uint32_t _hash_id(self, object req_id, const char* p, Py_ssize_t n) noexcept:
+        """Hash of an id's UTF-8 bytes; the str's cached hash when that is the same."""
+        if STR_HASH_IS_BYTES_HASH and PyUnicode_IS_COMPACT_ASCII(<PyObject*>req_id):
+            return <uint32_t>(<uint64_t>_str_hash(<PyObject*>req_id) & self._hash_mask)
+        return self._hash(p, n)
 
     cdef inline long _find(self, const char* p, Py_ssize_t n, uint32_t h) noexcept:
         """Slot of the id with these UTF-8 bytes and hash, or -1."""
@@ -145,7 +203,7 @@ cdef class LeaseTable:
             p = PyUnicode_AsUTF8AndSize(req_id, &n)
         except UnicodeEncodeError:
             return -1  # such an id can never have been granted
-        return self._find(p, n, self._hash(p, n))
+        return self._find(p, n, self._hash_id(req_id, p, n))
 
     # -- slot and map maintenance ---------------------------------------
     cdef uint32_t _alloc_slot(self):
@@ -207,20 +265,78 @@ cdef class LeaseTable:
         self._free = idx + 1
         self._live -= 1
 
+    cdef inline int64_t _bucket(self, double deadline) noexcept:
+        cdef double k = floor(deadline / self._width)
+        if k > MAX_BUCKET:
+            return <int64_t>MAX_BUCKET
+        if k < -MAX_BUCKET:
+            return -<int64_t>MAX_BUCKET
+        return <int64_t>k
+
     cdef inline void _push(self, double deadline, uint32_t seq, uint32_t idx) except *:
-        self._heap.push_back(HeapEntry(deadline, (<uint64_t>seq << 32) | idx))
-        push_heap(self._heap.begin(), self._heap.end(), greater[HeapEntry]())
+        self._wheel[self._bucket(deadline)].push_back(HeapEntry(deadline, (<uint64_t>seq << 32) | idx))
+        self._entries += 1
+        if deadline < self._lower:
+            self._lower = deadline
 
     cdef void _maybe_rebuild_heap(self, bint force=False) except *:
         cdef size_t i
         if force or (self._stale > MIN_STALE_FOR_REBUILD and self._stale > self._live):
-            self._heap.clear()
+            self._wheel.clear()
+            self._entries = 0
+            self._lower = INFINITY
             for i in range(self._slots.size()):
                 if self._slots[i].seq != 0:
-                    self._heap.push_back(
-                        HeapEntry(self._slots[i].deadline, (<uint64_t>self._slots[i].seq << 32) | i))
-            make_heap(self._heap.begin(), self._heap.end(), greater[HeapEntry]())
+                    self._push(self._slots[i].deadline, self._slots[i].seq, <uint32_t>i)
             self._stale = 0
+
+    cdef double _first_lower(self) noexcept:
+        """Smallest stored deadline of the first bucket: a lower bound of all."""
+        cdef double m = INFINITY
+        cdef Bucket* bucket
+        cdef size_t j
+        if self._wheel.empty():
+            return m
+        bucket = &deref(self._wheel.begin()).second
+        for j in range(bucket.size()):
+            if bucket[0][j].first < m:
+                m = bucket[0][j].first
+        return m
+
+    cdef bint _clean_bucket(self, Wheel.iterator it, double t, vector[HeapEntry]* due,
+                            vector[HeapEntry]* refile) except -1:
+        """Drop orphans from bucket ``it``, move entries whose lease was
+        extended to another bucket into ``refile`` and those due at ``t`` into
+        ``due`` (with their real deadline).  Entries stored after ``t`` are
+        kept without reading their slot.  Returns whether the bucket is empty."""
+        cdef Bucket* bucket = &deref(it).second
+        cdef size_t j, keep = 0
+        cdef HeapEntry e
+        cdef uint32_t idx
+        cdef double d
+        for j in range(bucket.size()):
+            e = bucket[0][j]
+            if e.first > t:
+                bucket[0][keep] = e
+                keep += 1
+                continue
+            idx = <uint32_t>(e.second & 0xFFFFFFFF)
+            if self._slots[idx].seq != <uint32_t>(e.second >> 32):
+                self._stale -= 1
+                self._entries -= 1
+                continue
+            d = self._slots[idx].deadline
+            if d <= t:
+                due.push_back(HeapEntry(d, e.second))
+                self._entries -= 1
+            elif self._bucket(d) == deref(it).first:
+                bucket[0][keep] = HeapEntry(d, e.second)
+                keep += 1
+            else:
+                refile.push_back(HeapEntry(d, e.second))
+                self._entries -= 1
+        bucket.resize(keep)
+        return keep == 0
 
     cdef void _renumber(self) except *:
         """Give live leases seqs 1..n in their current order (seqs ran out)."""
@@ -265,7 +381,7 @@ cdef class LeaseTable:
         if self._seq == 0xFFFFFFFF:
             self._renumber()
         self._seq += 1
-        h = self._hash(p, n)
+        h = self._hash_id(req_id, p, n)
         idx = self._find(p, n, h)
         if idx >= 0:
             self._stale += 1
@@ -283,20 +399,55 @@ cdef class LeaseTable:
         self._maybe_rebuild_heap()
 
     cdef (Py_ssize_t, Py_ssize_t) _extend_span(self, const char* p, Py_ssize_t n, double new_deadline):
-        cdef Py_ssize_t start = 0, end, extended = 0, seen = 0
+        """Extend every lease named in the comma-separated span ``p[:n]``.
+
+        Ids are taken HB_GROUP at a time: hash them all and prefetch their
+        index cells, then prefetch the slots those cells name, then the
+        stored ids, and only then compare.  A lookup is about three dependent
+        cache misses (cell, slot, id); this way a group's misses overlap
+        instead of queueing one behind the other."""
+        cdef Py_ssize_t pos = 0, end, extended = 0, seen = 0
+        cdef Py_ssize_t starts[HB_GROUP]
+        cdef Py_ssize_t lens[HB_GROUP]
+        cdef uint32_t hashes[HB_GROUP]
+        cdef uint32_t cells[HB_GROUP]
+        cdef int k, m
         cdef const char* comma
         cdef long idx
-        while start <= n:
-            comma = <const char*>memchr(p + start, c',', n - start)
-            end = (comma - p) if comma != NULL else n
-            if end > start:
-                seen += 1
-                idx = self._find(p + start, end - start, self._hash(p + start, end - start))
+        cdef uint32_t c
+        cdef size_t mask = self._index.size() - 1
+        cdef const uint32_t* index = self._index.data()
+        cdef Slot* slots = self._slots.data()
+        while pos <= n:
+            m = 0
+            while m < HB_GROUP and pos <= n:
+                comma = <const char*>memchr(p + pos, c',', n - pos)
+                end = (comma - p) if comma != NULL else n
+                if end > pos:
+                    starts[m] = pos
+                    lens[m] = end - pos
+                    hashes[m] = self._hash(p + pos, end - pos)
+                    VNL_PREFETCH(&index[hashes[m] & mask])
+                    m += 1
+                pos = end + 1
+            seen += m
+            for k in range(m):
+                c = index[hashes[k] & mask]
+                cells[k] = c
+                if c != EMPTY and c != DELETED:
+                    VNL_PREFETCH(&slots[c - 1])
+            for k in range(m):
+                c = cells[k]
+                if c != EMPTY and c != DELETED and slots[c - 1].link == hashes[k]:
+                    # header and (compact ASCII) text of the stored id
+                    VNL_PREFETCH(slots[c - 1].req_id)
+                    VNL_PREFETCH(<const char*>slots[c - 1].req_id + 64)
+            for k in range(m):
+                idx = self._find(p + starts[k], lens[k], hashes[k])
                 if idx >= 0:
-                    if new_deadline > self._slots[idx].deadline:
-                        self._slots[idx].deadline = new_deadline
+                    if new_deadline > slots[idx].deadline:
+                        slots[idx].deadline = new_deadline
                     extended += 1
-            start = end + 1
         return extended, seen
 
     def extend(self, payload, now):
@@ -305,7 +456,7 @@ cdef class LeaseTable:
 
     def extend_counted(self, payload, now):
         """Like ``extend``; returns ``(extended, non-empty ids in payload)``."""
-        cdef double new_deadline = float(now) + self._extension
+        cdef double new_deadline = check_now(now) + self._extension
         cdef Py_ssize_t n
         cdef const char* p
         cdef const unsigned char[::1] view
@@ -331,50 +482,120 @@ cdef class LeaseTable:
         if idx < 0:
             return False
         self._release_slot(<uint32_t>idx)
+        self._maybe_compact()
         return True
 
     cdef void _release_slot(self, uint32_t idx) except *:
+        """Release without compacting (slot numbers stay valid for the caller)."""
         self._unlink(idx)
         self._stale += 1
         self._maybe_rebuild_heap()
 
+    cdef void _maybe_compact(self) except *:
+        """After a burst has drained, give back what only the peak needed."""
+        if self._slots.size() > MIN_SLOTS_TO_COMPACT and <size_t>self._live * 4 < self._slots.size():
+            self._compact()
+
+    cdef void _compact(self) except *:
+        """Move live slots to the front of a right-sized vector, then rebuild
+        the index and heap for them (slot numbers change, order does not:
+        ties are broken by grant seq, never by slot)."""
+        cdef vector[Slot] live
+        cdef size_t i
+        live.reserve(<size_t>self._live)
+        for i in range(self._slots.size()):
+            if self._slots[i].seq != 0:
+                live.push_back(self._slots[i])
+        self._slots.swap(live)
+        self._free = 0
+        self._rehash()
+        self._maybe_rebuild_heap(True)
+
     def pop_expired(self, now):
         """Remove and return every lease with deadline <= now, earliest first."""
-        cdef double t = float(now)
+        cdef double t = check_now(now)
         cdef list expired = []
-        cdef HeapEntry e
+        cdef vector[HeapEntry] due, refile
+        cdef Wheel.iterator it
+        cdef int64_t last
+        cdef size_t j
         cdef uint32_t idx
-        while not self._heap.empty() and self._heap.front().first <= t:
-            e = self._heap.front()
-            pop_heap(self._heap.begin(), self._heap.end(), greater[HeapEntry]())
-            self._heap.pop_back()
-            idx = <uint32_t>(e.second & 0xFFFFFFFF)
-            if self._slots[idx].seq != <uint32_t>(e.second >> 32):
-                self._stale -= 1
-                continue
-            if self._slots[idx].deadline > e.first:
-                self._push(self._slots[idx].deadline, self._slots[idx].seq, idx)
-                continue
+        if t < self._lower:
+            return expired
+        last = self._bucket(t)
+        it = self._wheel.begin()
+        while it != self._wheel.end() and deref(it).first <= last:
+            if self._clean_bucket(it, t, &due, &refile):
+                it = self._wheel.erase(it)
+            else:
+                inc(it)
+        for j in range(refile.size()):
+            idx = <uint32_t>(refile[j].second & 0xFFFFFFFF)
+            self._push(refile[j].first, <uint32_t>(refile[j].second >> 32), idx)
+        # (deadline, seq << 32 | slot): ties go to the earlier grant, as in the twin
+        sort(due.begin(), due.end())
+        for j in range(due.size()):
+            # the slot 16 entries ahead, and the id and index cell of the one 8
+            # ahead (its slot is cached by now): their misses overlap this one
+            if j + 16 < due.size():
+                VNL_PREFETCH(&self._slots[due[j + 16].second & 0xFFFFFFFF])
+            if j + 8 < due.size():
+                idx = <uint32_t>(due[j + 8].second & 0xFFFFFFFF)
+                VNL_PREFETCH(self._slots[idx].req_id)
+                VNL_PREFETCH(&self._index[self._slots[idx].link & (self._index.size() - 1)])
+            idx = <uint32_t>(due[j].second & 0xFFFFFFFF)
             expired.append(<object>self._slots[idx].req_id)
             self._unlink(idx)
+        self._lower = self._first_lower()
+        if expired:
+            self._maybe_compact()
         return expired
 
-    cdef void _settle_top(self) except *:
+    cdef double _settle_first(self) except? -1.0:
+        """Clean buckets from the front until the first holds a live entry at
+        its real deadline; return the earliest deadline (live leases exist)."""
+        cdef vector[HeapEntry] due, refile
+        cdef Wheel.iterator it
+        cdef size_t j
+        while True:
+            it = self._wheel.begin()
+            due.clear()
+            refile.clear()
+            # t = -inf: nothing is due, every entry is checked against its slot
+            empty = self._clean_bucket_all(it, &refile)
+            if empty:
+                self._wheel.erase(it)
+            for j in range(refile.size()):
+                self._push(refile[j].first, <uint32_t>(refile[j].second >> 32),
+                           <uint32_t>(refile[j].second & 0xFFFFFFFF))
+            if not empty:
+                self._lower = self._first_lower()
+                return self._lower
+
+    cdef bint _clean_bucket_all(self, Wheel.iterator it, vector[HeapEntry]* refile) except -1:
+        """Like _clean_bucket with nothing due: every entry's slot is read, so
+        the bucket is left holding only live entries at their real deadlines."""
+        cdef Bucket* bucket = &deref(it).second
+        cdef size_t j, keep = 0
         cdef HeapEntry e
         cdef uint32_t idx
-        while not self._heap.empty():
-            e = self._heap.front()
+        cdef double d
+        for j in range(bucket.size()):
+            e = bucket[0][j]
             idx = <uint32_t>(e.second & 0xFFFFFFFF)
             if self._slots[idx].seq != <uint32_t>(e.second >> 32):
-                pop_heap(self._heap.begin(), self._heap.end(), greater[HeapEntry]())
-                self._heap.pop_back()
                 self._stale -= 1
-            elif self._slots[idx].deadline > e.first:
-                pop_heap(self._heap.begin(), self._heap.end(), greater[HeapEntry]())
-                self._heap.pop_back()
-                self._push(self._slots[idx].deadline, self._slots[idx].seq, idx)
+                self._entries -= 1
+                continue
+            d = self._slots[idx].deadline
+            if self._bucket(d) == deref(it).first:
+                bucket[0][keep] = HeapEntry(d, e.second)
+                keep += 1
             else:
-                return
+                refile.push_back(HeapEntry(d, e.second))
+                self._entries -= 1
+        bucket.resize(keep)
+        return keep == 0
 
     def deadline(self, req_id):
         cdef long idx = self._find_str(req_id)
@@ -384,8 +605,7 @@ cdef class LeaseTable:
         """Earliest deadline of any live lease (None when empty)."""
         if self._live == 0:
             return None
-        self._settle_top()
-        return self._heap.front().first
+        return self._settle_first()
 
     def ids(self):
         """Ids of all live leases (no particular order)."""
@@ -393,13 +613,19 @@ cdef class LeaseTable:
         return [<object>self._slots[i].req_id for i in range(self._slots.size()) if self._slots[i].seq != 0]
 
     def heap_size(self):
-        """Entries in the heap, live and stale (for memory-bound tests)."""
-        return self._heap.size()
+        """Entries in the wheel, live and stale (for memory-bound tests)."""
+        return self._entries
 
     def nbytes(self):
         """Bytes this table allocated itself (ids excluded), from real capacities."""
+        cdef size_t wheel = 0
+        cdef Wheel.iterator it = self._wheel.begin()
+        while it != self._wheel.end():
+            # entries, plus a map node: key, vector header, three pointers and a colour
+            wheel += deref(it).second.capacity() * sizeof(HeapEntry) + 64
+            inc(it)
         return (type(self).__basicsize__ + self._slots.capacity() * sizeof(Slot)
-                + self._heap.capacity() * sizeof(HeapEntry) + self._index.capacity() * sizeof(uint32_t))
+                + wheel + self._index.capacity() * sizeof(uint32_t))
 
     def __len__(self):
         return self._live
@@ -435,6 +661,20 @@ cdef class NotificationRouter:
 
     def discard_in_batch(self, req_id):
         self._in_batch.discard(req_id)
+        if self._counts and req_id not in self.table:
+            self._forget_reads(req_id)
+
+    def release(self, req_id):
+        """Drop the lease of ``req_id`` (and its read count, unless it is
+        still in a batch); return whether it held a lease."""
+        held = self.table.release(req_id)
+        if self._counts and req_id not in self._in_batch:
+            self._forget_reads(req_id)
+        return held
+
+    cdef void _forget_reads(self, object req_id) except *:
+        self._counts.pop(req_id, None)
+        self._expected.pop(req_id, None)
 
     def is_in_batch(self, req_id):
         return req_id in self._in_batch
@@ -463,23 +703,36 @@ cdef class NotificationRouter:
                 return True
         return False
 
+    cdef void _malformed(self, object result, object msg) except *:
+        result.malformed += 1
+        if len(result.malformed_sample) < MALFORMED_SAMPLE_SIZE:
+            result.malformed_sample.append(malformed_sample(msg))
+
     def route(self, notifs, now):
-        cdef object result = RouteResult()
+        """Route one step's notifications (see the twin for the contract)."""
         cdef LeaseTable table = self.table
-        cdef double new_deadline = float(now) + table._extension
-        cdef Py_ssize_t n, colon, i, hb_msgs = 0, hb_ids = 0, hb_ext = 0, malformed = 0
+        cdef double new_deadline = check_now(now) + table._extension
+        try:
+            items = notifs.items()
+        except AttributeError:
+            raise TypeError(f"notifications must be a mapping, got {type(notifs).__name__}") from None
+        cdef object result = RouteResult()
+        cdef Py_ssize_t n, colon, i, hb_msgs = 0, hb_ids = 0, hb_ext = 0, unknown_n = 0
         cdef const char* p
         cdef long expected
         cdef object req_id, prev
         cdef list completed = result.completed
-        cdef list unknown = result.unknown_completions
-        cdef list sample = result.malformed_sample
+        cdef list unknown = result.unknown_sample
         cdef Py_ssize_t ext, seen
         cdef long count, slot
-        for agent, messages in notifs.items():
+        for agent, messages in items:
+            if not isinstance(messages, MESSAGES_TYPES):
+                self._malformed(result, messages)
+                continue
             for msg in messages:
-                if not PyBytes_CheckExact(msg):
-                    msg = bytes(msg)
+                if not PyBytes_Check(msg):
+                    self._malformed(result, msg)
+                    continue
                 p = PyBytes_AS_STRING(msg)
                 n = PyBytes_GET_SIZE(msg)
                 if n >= _HB_LEN and memcmp(p, <const char*>_HB, _HB_LEN) == 0:
@@ -518,12 +771,12 @@ cdef class NotificationRouter:
                         except UnicodeDecodeError:
                             req_id = None
                 if req_id is None:
-                    malformed += 1
-                    if len(sample) < MALFORMED_SAMPLE_SIZE:
-                        sample.append(msg[:MALFORMED_SAMPLE_BYTES])
+                    self._malformed(result, msg)
                     continue
                 if slot < 0 and req_id not in self._in_batch:
-                    unknown.append(req_id)
+                    unknown_n += 1
+                    if len(unknown) < UNKNOWN_SAMPLE_SIZE:
+                        unknown.append(unknown_sample_id(req_id))
                     continue
                 # _counts and _expected hold an entry for exactly the same ids
                 prev = self._counts.get(req_id) if self._counts else None
@@ -545,10 +798,12 @@ cdef class NotificationRouter:
                     completed.append(req_id)
                 else:
                     self._counts[req_id] = count
+        if completed:
+            table._maybe_compact()
         result.heartbeat_messages = hb_msgs
         result.heartbeat_ids = hb_ids
         result.extended = hb_ext
-        result.malformed = malformed
+        result.unknown = unknown_n
         return result
 
     def expire(self, now):

@@ -5,6 +5,7 @@ The property tests run it beside the Cython core and the Python twin.
 
 from __future__ import annotations
 
+import math
 import re
 
 from vllm_nixl_lease._wire import PUSH_REG_PREFIX, heartbeat_payload, is_heartbeat
@@ -27,6 +28,7 @@ class ModelRouter:
         self.leases[req_id] = (deadline, self.seq)
 
     def extend_counted(self, payload: bytes, now: float) -> tuple[int, int]:
+        now = check_now(now)
         extended = seen = 0
         for raw in payload.split(b","):
             if not raw:
@@ -45,7 +47,22 @@ class ModelRouter:
     def release(self, req_id: str) -> bool:
         return self.leases.pop(req_id, None) is not None
 
+    # a read count lives only while its request is leased or in a batch
+    def router_release(self, req_id: str) -> bool:
+        held = self.release(req_id)
+        if req_id not in self.in_batch:
+            self.counts.pop(req_id, None)
+            self.expected.pop(req_id, None)
+        return held
+
+    def discard_in_batch(self, req_id: str) -> None:
+        self.in_batch.discard(req_id)
+        if req_id not in self.leases:
+            self.counts.pop(req_id, None)
+            self.expected.pop(req_id, None)
+
     def pop_expired(self, now: float) -> list[str]:
+        now = check_now(now)
         due = sorted((d, s, r) for r, (d, s) in self.leases.items() if d <= now)
         for _, _, r in due:
             del self.leases[r]
@@ -56,9 +73,16 @@ class ModelRouter:
 
     # router
     def route(self, notifs: dict[str, list[bytes]], now: float) -> dict:
+        now = check_now(now)
         out = {"completed": [], "hb": [0, 0, 0], "unknown": [], "malformed": 0, "passthrough": {}}
         for agent, msgs in notifs.items():
+            if type(msgs) not in (list, tuple):
+                out["malformed"] += 1
+                continue
             for msg in msgs:
+                if not isinstance(msg, bytes):
+                    out["malformed"] += 1
+                    continue
                 if is_heartbeat(msg):
                     ext, seen = self.extend_counted(heartbeat_payload(msg), now)
                     out["hb"][0] += 1
@@ -80,7 +104,7 @@ class ModelRouter:
                     continue
                 expected = int(m.group(2))
                 if rid not in self.in_batch and rid not in self.leases:
-                    out["unknown"].append(rid)
+                    out["unknown"].append(rid if len(rid) <= 64 else rid[:64] + "...")
                     continue
                 self.expected[rid] = expected
                 self.counts[rid] = self.counts.get(rid, 0) + 1
@@ -92,9 +116,23 @@ class ModelRouter:
         return out
 
     def expire(self, now: float) -> list[tuple[str, int]]:
+        now = check_now(now)
         out = []
         for rid in self.pop_expired(now):
             self.expected.pop(rid, None)
             self.in_batch.discard(rid)
             out.append((rid, self.counts.pop(rid, 0)))
         return out
+
+
+def check_now(now: object) -> float:
+    """The documented contract for ``now``, written out independently."""
+    if isinstance(now, (str, bytes, bytearray)) or not isinstance(now, (int, float)):
+        raise TypeError(now)
+    try:
+        value = float(now)
+    except OverflowError:
+        raise ValueError(now) from None
+    if not math.isfinite(value):
+        raise ValueError(now)
+    return value

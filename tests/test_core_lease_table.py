@@ -153,3 +153,29 @@ def test_memory_bounded_under_unique_id_churn(core):
         sizes.append(t.nbytes())
     assert len(t) == 1000
     assert max(sizes[2:]) <= sizes[1] * 1.25
+
+
+def test_memory_follows_live_count_after_burst(core):
+    """After a burst drains to 100 leases, the table is as small as a fresh
+    one holding the same 100 (within 2x), for both drains: release and expiry."""
+    ids = [f"burst-{i:08d}" for i in range(50_000)]
+    keep = ids[-100:]
+    fresh = core.LeaseTable(10.0)
+    for rid in keep:
+        fresh.grant(rid, 1e9)
+    for drain in ("release", "expiry"):
+        t = core.LeaseTable(10.0)
+        for rid in ids[:-100]:
+            t.grant(rid, 1.0)
+        for rid in keep:
+            t.grant(rid, 1e9)
+        peak = t.nbytes()
+        if drain == "release":
+            for rid in ids[:-100]:
+                t.release(rid)
+        else:
+            assert len(t.pop_expired(2.0)) == len(ids) - 100
+        assert len(t) == 100 and sorted(t.ids()) == keep
+        assert t.nbytes() <= 2 * fresh.nbytes() < peak
+        assert t.heap_size() <= 2 * len(t) + 64
+        assert t.extend(",".join(keep), 3.0) == 100 and t.pop_expired(1e8) == []

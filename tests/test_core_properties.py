@@ -1,8 +1,14 @@
 """Hypothesis stateful tests: the Cython core, the Python twin (and the Cython
 core with forced hash collisions) and a brute-force model must agree exactly
-on every random interleaving of grant/extend/release/pop/route."""
+on every random interleaving of grant/extend/release/pop/route, including the
+edges: messages that are not bytes, message lists that are not lists, ``now``
+values that are not finite times (same exception, nothing changed), long and
+non-ASCII ids, and read counts that must not outlive their lease or batch
+membership (the invariant compares every id's count with the model's)."""
 
 from __future__ import annotations
+
+import math
 
 from conftest import load_core
 from core_model import ModelRouter
@@ -12,7 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from vllm_nixl_lease._wire import heartbeat_message, heartbeat_payload
 
-IDS = ["a", "b", "c:1", "réq", "x" * 40, "cmpl-7:0", "z"]
+IDS = ["a", "b", "c:1", "réq", "x" * 40, "cmpl-7:0", "z", "ü" * 70, "y" * 90]
 EXTENSION = 4.0
 
 id_st = st.sampled_from(IDS)
@@ -27,8 +33,23 @@ hb_st = st.builds(
     heartbeat_message,
     st.lists(st.one_of(id_st.map(str.encode), st.sampled_from([b"", b"\xff", b"unknown"])), max_size=6),
 )
-message_st = st.one_of(completion_st, completion_st, hb_st, junk_st)
-batch_st = st.dictionaries(st.sampled_from(["d0", "d1"]), st.lists(message_st, max_size=6), max_size=2)
+not_bytes_st = st.sampled_from(["a:1", None, 7, 1.5, bytearray(b"a:1"), memoryview(b"b:1"), ["a:1"]])
+message_st = st.one_of(completion_st, completion_st, hb_st, junk_st, not_bytes_st)
+messages_st = st.one_of(
+    st.lists(message_st, max_size=6),
+    st.lists(message_st, max_size=3).map(tuple),
+    st.sampled_from([None, b"a:1", "a:1", 3]),
+)
+batch_st = st.dictionaries(st.sampled_from(["d0", "d1"]), messages_st, max_size=2)
+bad_now_st = st.sampled_from([None, "5", b"5", math.nan, math.inf, -math.inf, 10**400, -(10**400), [1.0]])
+
+
+def outcome(fn, *args):
+    """(result, None) or (None, exception type): what a call did."""
+    try:
+        return fn(*args), None
+    except Exception as exc:  # noqa: BLE001 - the type is what is compared
+        return None, type(exc)
 
 
 class CoreAgreement(RuleBasedStateMachine):
@@ -53,7 +74,7 @@ class CoreAgreement(RuleBasedStateMachine):
 
     @rule(rid=id_st)
     def discard_in_batch(self, rid):
-        self.model.in_batch.discard(rid)
+        self.model.discard_in_batch(rid)
         for r in self.routers:
             r.discard_in_batch(rid)
 
@@ -72,8 +93,30 @@ class CoreAgreement(RuleBasedStateMachine):
 
     @rule(rid=id_st)
     def release(self, rid):
-        want = self.model.release(rid)
-        assert [r.table.release(rid) for r in self.routers] == [want] * 3
+        want = self.model.router_release(rid)
+        assert [r.release(rid) for r in self.routers] == [want] * 3
+
+    @rule(rid=id_st, expected=st.integers(1, 3))
+    def read(self, rid, expected):
+        """One read completion on its own: partial counts (and leaks of them
+        past release/discard) come up far more often than in random batches."""
+        self.route({"d0": [f"{rid}:{expected}".encode()]})
+
+    @rule(batch=batch_st, now=bad_now_st)
+    def bad_now(self, batch, now):
+        """Every entry point that takes ``now`` refuses a bad one alike and
+        before changing anything (the invariant then checks nothing moved)."""
+        m = self.model
+        calls = [
+            (m.route, lambda r: r.route, (batch, now)),
+            (m.expire, lambda r: r.expire, (now,)),
+            (m.pop_expired, lambda r: r.table.pop_expired, (now,)),
+            (m.extend_counted, lambda r: r.table.extend_counted, (b"a,b", now)),
+        ]
+        for model_fn, get, args in calls:
+            want = outcome(model_fn, *args)
+            assert want[1] is not None
+            assert [outcome(get(r), *args) for r in self.routers] == [want] * 3
 
     @rule()
     def pop_expired(self):
@@ -90,10 +133,11 @@ class CoreAgreement(RuleBasedStateMachine):
         want = self.model.route(batch, self.now)
         for r in self.routers:
             res = r.route(batch, self.now)
+            assert res.unknown == len(want["unknown"])
             got = {
                 "completed": res.completed,
                 "hb": [res.heartbeat_messages, res.heartbeat_ids, res.extended],
-                "unknown": res.unknown_completions,
+                "unknown": res.unknown_sample + want["unknown"][3:],
                 "malformed": res.malformed,
                 "passthrough": res.passthrough,
             }
@@ -114,7 +158,7 @@ class CoreAgreement(RuleBasedStateMachine):
                 assert r.is_in_batch(rid) == (rid in self.model.in_batch)
 
 
-CoreAgreement.TestCase.settings = settings(max_examples=150, stateful_step_count=40, deadline=None)
+CoreAgreement.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)
 TestCoreAgreement = CoreAgreement.TestCase
 
 

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import math
+
+import pytest
+
 from vllm_nixl_lease._wire import heartbeat_message
 
 
@@ -24,7 +28,7 @@ def test_completion_before_lease_is_counted(core):
     table, router = make(core)
     router.add_in_batch("early")  # in a batch, no deadline yet (async scheduling)
     res = router.route({"d": [b"early:1"]}, 0.0)
-    assert res.completed == ["early"] and res.unknown_completions == []
+    assert res.completed == ["early"] and res.unknown == 0 and res.unknown_sample == []
     assert router.grant("early", 9.0) is False  # no lease once read
 
 
@@ -47,7 +51,7 @@ def test_unknown_and_malformed_do_not_stop_the_batch(core):
     )
     assert res.malformed == len(junk)
     assert len(res.malformed_sample) == 3 and res.malformed_sample[0] == b"nocolon"
-    assert res.unknown_completions == ["gone"]
+    assert res.unknown == 1 and res.unknown_sample == ["gone"]
     assert res.completed == ["a"]
     hb = (res.heartbeat_messages, res.heartbeat_ids, res.extended, res.unknown_heartbeat_ids)
     assert hb == (1, 3, 2, 1)
@@ -71,7 +75,8 @@ def test_expire_reports_reads_seen(core):
     assert router.expire(2.0) == [("a", 0), ("b", 1)]
     assert router.in_batch_count() == 0 and len(table) == 0
     # a late completion after expiry is unknown, as upstream counts it
-    assert router.route({"d": [b"b:2"]}, 3.0).unknown_completions == ["b"]
+    res = router.route({"d": [b"b:2"]}, 3.0)
+    assert (res.unknown, res.unknown_sample) == (1, ["b"])
 
 
 def test_heartbeat_after_completion_does_nothing(core):
@@ -89,3 +94,45 @@ def test_in_batch_ids(core):
         router.add_in_batch(rid)
     router.discard_in_batch("b")
     assert sorted(router.in_batch_ids()) == ["a", "c"] and router.in_batch_count() == 2
+
+
+def test_unknown_completions_are_counted_not_listed(core):
+    """A flood of completions for unknown ids costs a count and a short sample."""
+    _, router = make(core)
+    flood = [f"k{i}:1".encode() for i in range(5000)] + [b"j" * 1_000_000 + b":1"]
+    res = router.route({"rogue": flood}, 0.0)
+    assert res.unknown == 5001 and res.malformed == 0
+    assert res.unknown_sample == ["k0", "k1", "k2"]
+    res = router.route({"rogue": [b"j" * 1_000_000 + b":1"]}, 0.0)
+    assert res.unknown_sample == ["j" * 64 + "..."]
+
+
+def test_edges_same_contract(core):
+    _, router = make(core)
+    router.add_in_batch("a")
+    router.grant("a", 5.0)
+    for bad in (None, "1", math.nan, math.inf, 10**400):
+        with pytest.raises((TypeError, ValueError)):
+            router.route({"d": [b"a:1"]}, bad)
+    assert "a" in router.table  # nothing applied
+    res = router.route({"d": ["a:1", None, memoryview(b"a:1"), 3], "e": None, "f": b"a:1"}, 0.0)
+    assert res.malformed == 6 and res.completed == []
+    assert res.malformed_sample == [b"<str>", b"<NoneType>", b"<memoryview>"]
+
+
+def test_read_count_does_not_outlive_lease_or_batch(core):
+    table, router = make(core)
+    router.add_in_batch("a")
+    router.grant("a", 5.0)
+    router.route({"d": [b"a:2"]}, 0.0)
+    router.discard_in_batch("a")
+    assert router.received("a") == 1  # still leased: the count stands
+    assert router.release("a") is True
+    assert router.received("a") == 0  # neither leased nor in a batch: gone
+    router.add_in_batch("a")
+    router.grant("a", 5.0)
+    assert router.route({"d": [b"a:2"]}, 0.0).completed == []  # 1 of 2, not carried over
+    router.add_in_batch("b")
+    router.route({"d": [b"b:3"]}, 0.0)
+    router.discard_in_batch("b")
+    assert router.received("b") == 0

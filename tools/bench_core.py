@@ -11,6 +11,7 @@ targets are checked by reading the table (or ``--json``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import importlib
 import io
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from unittest import mock
 
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
@@ -341,6 +343,108 @@ def memory(n: int, quick: bool) -> dict[str, float]:
     return out
 
 
+# -- hostile ids and bursts: ratios against a friendly baseline ---------------
+def _hostile_sets(n: int) -> list[tuple[list[str], list[str]]]:
+    """(crafted, look-alike random) id lists: MurmurHash64A collisions aimed at
+    the old fixed seed (ASCII) and seed-independent ones (non-ASCII UTF-8)."""
+    from tools import hostile_ids
+
+    sets = []
+    for crafted in (hostile_ids.fixed_seed_ids(n), hostile_ids.seed_free_ids(n)):
+        sets.append((crafted, hostile_ids.lookalike_ids(crafted)))
+    return sets
+
+
+def _grant_ns(impl: str, ids: list[str]) -> float:
+    if impl == "upstream":
+        return median_ns(lambda: fill_upstream(ids, [1e6] * len(ids)), 3) / len(ids)
+    return median_ns(lambda: fill_ours(impl, ids, [1e6] * len(ids)), 3) / len(ids)
+
+
+def _heartbeat_ns(impl: str, ids: list[str]) -> float:
+    n = len(ids)
+    payload = heartbeat_message(ids[:: max(1, n // 1000)][:1000])
+    per = payload.count(b",") + 1
+    if impl == "upstream":
+        w = fill_upstream(ids, [1e6] * n)
+
+        def up():
+            w.nixl_wrapper.batch = {"d": [payload]}
+            w._get_new_notifs()
+
+        with mock.patch("time.perf_counter", return_value=5.0):
+            return per_call_ns(up, 20, 5) / per
+    router = fill_ours(impl, ids, [1e6] * n)
+    return per_call_ns(lambda: router.route({"d": [payload]}, 5.0), 100, 5) / per
+
+
+def _hostile(n: int, measure) -> dict[str, float]:
+    """Worst crafted-id time per op, and the worst crafted/random ratio."""
+    out: dict[str, float] = {}
+    for impl in ("cython", "python", "upstream"):
+        worst = ratio = 0.0
+        for crafted, lookalike in _hostile_sets(n):
+            bad, good = measure(impl, crafted), measure(impl, lookalike)
+            worst, ratio = max(worst, bad), max(ratio, bad / good)
+        out[impl] = worst
+        out[f"{impl}_ratio"] = ratio
+    return out
+
+
+def hostile_grant(n: int, quick: bool) -> dict[str, float]:
+    return _hostile(n, _grant_ns)
+
+
+def hostile_heartbeat(n: int, quick: bool) -> dict[str, float]:
+    return _hostile(n, _heartbeat_ns)
+
+
+def after_burst(n: int, quick: bool) -> dict[str, float]:
+    """n leases granted, all but 100 expire in one sweep; then grant+release
+    of one lease, against a fresh table holding the same 100 (ratio), and the
+    table's bytes against that fresh table's."""
+    keep = req_ids(100, "keep")
+    burst = req_ids(n, "burst")
+    out: dict[str, float] = {}
+    for impl in ("cython", "python", "upstream"):
+        tables = {}
+        for kind in ("burst", "fresh"):
+            if impl == "upstream":
+                w = fill_upstream(keep, [1e9] * 100)
+                if kind == "burst":
+                    w._reqs_to_send.update((r, 1.0) for r in burst)
+                    w._reqs_to_process.update(burst)
+                    with mock.patch("time.perf_counter", return_value=2.0):
+                        w._reap_expired_send_leases(set())
+                    w._reqs_to_process.difference_update(burst)
+                d = w._reqs_to_send
+
+                def op(d=d):
+                    d["x"] = 1e9
+                    del d["x"]
+
+                tables[kind] = (op, sys.getsizeof(d))
+                continue
+            router = fill_ours(impl, keep, [1e9] * 100)
+            if kind == "burst":
+                for rid in burst:
+                    router.add_in_batch(rid)
+                    router.grant(rid, 1.0)
+                router.expire(2.0)
+            t = router.table
+
+            def op(t=t):
+                t.grant("x", 1e9)
+                t.release("x")
+
+            tables[kind] = (op, t.nbytes())
+        times = {kind: per_call_ns(op, 20000, 7) for kind, (op, _) in tables.items()}
+        out[impl] = times["burst"]
+        out[f"{impl}_ratio"] = times["burst"] / times["fresh"]
+        out[f"{impl}_mem_ratio"] = tables["burst"][1] / tables["fresh"][1]
+    return out
+
+
 SCENARIOS = [
     # key, label, function, size (quick size), target speed-up of cython over upstream, min cython/twin
     ("sweep_idle_100k", "sweep, 100k leases, nothing due", sweep_idle, 100_000, 20_000, 5000, None),
@@ -352,7 +456,12 @@ SCENARIOS = [
     ("d_pickle", "D: pickle round trip of HB metadata, 10k ids", d_pickle, 10_000, 10_000, 20, None),
     ("mass_expiry", "mass expiry: 1k of 10k due, logging incl.", mass_expiry, 10_000, 10_000, 20, None),
     ("memory", "memory: 1M leases after 10M extensions (bytes)", memory, 1_000_000, 100_000, None, None),
+    # ratio rows: the target is on crafted/random (hostile) or drained/fresh (burst), Cython and twin
+    ("hostile_grant", "hostile ids: grant, 100k leases (vs random)", hostile_grant, 100_000, 20_000, 2, None),
+    ("hostile_hb", "hostile ids: heartbeat id, 100k leases", hostile_heartbeat, 100_000, 20_000, 2, None),
+    ("after_burst", "after 1M burst drains to 100: grant+release", after_burst, 1_000_000, 100_000, 2, None),
 ]
+RATIO_ROWS = ("hostile_grant", "hostile_hb", "after_burst")
 
 
 def fmt_time(ns: float) -> str:
@@ -384,7 +493,12 @@ def run_scenario(entry: tuple, quick: bool) -> dict:
         "target": target,
         "twin_target": twin_target,
     }
-    if is_mem:
+    if key in RATIO_ROWS:
+        ratios = [res["cython_ratio"], res["python_ratio"]]
+        ratios += [res[k] for k in ("cython_mem_ratio", "python_mem_ratio") if k in res]
+        row.update({k: v for k, v in res.items() if k.endswith("ratio")})
+        row["ok"] = max(ratios) <= target
+    elif is_mem:
         row["ok"] = res["cython"] <= res["upstream"]
     else:
         row["ok"] = (target is None or speedup >= target) and (
@@ -395,14 +509,71 @@ def run_scenario(entry: tuple, quick: bool) -> dict:
 
 def run_isolated(entry: tuple, quick: bool) -> dict:
     """One scenario in a fresh interpreter, so that the heap left by another
-    scenario (fragmented arenas, scattered ids) does not bias this one."""
+    scenario (fragmented arenas, scattered ids) does not bias this one.  The
+    child's output (vLLM's and torch's import warnings) is kept out of the
+    table and shown only if the child fails."""
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "row.json")
         cmd = [sys.executable, "-m", "tools.bench_core", "--only", entry[0], "--row-json", out]
         cmd += ["--quick"] if quick else []
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT)
+        if proc.returncode:
+            sys.stderr.write(proc.stdout)
+            raise SystemExit(f"bench_core: scenario {entry[0]} failed (exit {proc.returncode})")
         with open(out) as fh:
             return json.load(fh)
+
+
+def cache_miss_floor(loads: int = 1 << 20) -> dict[str, float]:
+    """The physical floor of a heartbeat lookup: ns per random 64-byte load,
+    independent loads (a numpy gather, so misses overlap as a heartbeat's ids
+    can), from a working set the size of a 100k-lease table with its ids
+    (16 MiB) and from DRAM (512 MiB).  Beside it, the Cython table's cost per
+    heartbeat id with no cache miss at all (parse + keyed hash, empty table)."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    out = {}
+    for name, size in (("16MiB", 16 << 20), ("512MiB", 512 << 20)):
+        mem = np.ones(size // 8, dtype=np.int64)  # written: no page faults while timing
+        idx = rng.integers(0, size // 64, size=loads) * 8
+        out[f"load_{name}"] = median_ns(lambda mem=mem, idx=idx: mem.take(idx), 7) / loads
+    LeaseTable, _, _ = load_impl("cython")
+    ids = req_ids(1000, "nomatch")
+    payload = ",".join(ids).encode()
+    empty = LeaseTable(EXTENSION)
+    out["hash_parse"] = per_call_ns(lambda: empty.extend(payload, 1.0), 200, 7) / len(ids)
+    return out
+
+
+HEAD = (
+    f"| {'scenario':<58} | {'ours (Cython)':>13} | {'ours (twin)':>11} | {'upstream':>10} "
+    f"| {'speed-up':>10} | {'Cy/twin':>7} | {'target':>9} | ok |"
+)
+
+
+def format_row(r: dict) -> str:
+    fmt = fmt_bytes if r["unit"] == "bytes" else fmt_time
+    if r["scenario"] in RATIO_ROWS:
+        # speed-up column: Cython's ratio (crafted/random or drained/fresh); twin's in the label
+        extra = f"twin x{r['python_ratio']:.2f}"
+        if "cython_mem_ratio" in r:
+            extra += f"; bytes Cy x{r['cython_mem_ratio']:.2f} twin x{r['python_mem_ratio']:.2f}"
+        label = f"{r['label']} [{extra}]"
+        tgt = f"<= {r['target']}x"
+        sp = f"x{r['cython_ratio']:.2f}"
+    elif r["unit"] == "bytes":
+        label, tgt = r["label"], "<= upstr."
+        sp = f"{r['speedup_vs_upstream']:.2f}x less" if r["speedup_vs_upstream"] >= 1 else "more"
+    else:
+        label = r["label"]
+        tgt = f">= {r['target']:,}x" if r["target"] else "-"
+        sp = f"{r['speedup_vs_upstream']:,.1f}x"
+    return (
+        f"| {label:<58} | {fmt(r['cython']):>13} | {fmt(r['python']):>11} | "
+        f"{fmt(r['upstream']):>10} | {sp:>10} | {r['cython_vs_twin']:>6.1f}x | {tgt:>9} | "
+        f"{'yes' if r['ok'] else 'NO':<2} |"
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -416,47 +587,31 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("vllm").setLevel(logging.ERROR)
     entries = [e for e in SCENARIOS if not args.only or e[0] in args.only]
     entries = [e for e in entries if not (args.quick and e[4] is None)]
-    in_process = args.in_process or args.row_json or len(entries) == 1
+    in_process = args.in_process or args.row_json
     if in_process:
-        import vllm  # noqa: F401  (import once, outside the timings)
+        with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            import vllm  # noqa: F401  (import once, outside the timings and the table)
 
+    if args.row_json:
+        with open(args.row_json, "w") as fh:
+            json.dump(run_scenario(entries[0], args.quick), fh)
+        return 0
+
+    # Each row is printed once, as soon as it is measured.
+    print(HEAD, flush=True)
+    print("|" + "|".join("-" * (len(c)) for c in HEAD.split("|")[1:-1]) + "|", flush=True)
     rows = []
     for entry in entries:
         row = run_scenario(entry, args.quick) if in_process else run_isolated(entry, args.quick)
         rows.append(row)
-        is_mem = row["unit"] == "bytes"
-        fmt = fmt_bytes if is_mem else fmt_time
+        print(format_row(row), flush=True)
+    if not args.only:
+        floor = cache_miss_floor()
         print(
-            f"{row['label']:<58} cython {fmt(row['cython']):>10}  twin {fmt(row['python']):>10}  "
-            f"upstream {fmt(row['upstream']):>10}  x{row['speedup_vs_upstream']:,.1f} "
-            f"(twin x{row['cython_vs_twin']:.1f})",
-            file=sys.stderr,
+            f"\nfloor per heartbeat id: one random load {floor['load_16MiB']:.1f} ns (16 MiB set), "
+            f"{floor['load_512MiB']:.1f} ns (512 MiB); parse + keyed hash alone {floor['hash_parse']:.1f} ns",
             flush=True,
-        )
-    if args.row_json:
-        with open(args.row_json, "w") as fh:
-            json.dump(rows[0], fh)
-        return 0
-
-    print()
-    head = (
-        f"| {'scenario':<58} | {'ours (Cython)':>13} | {'ours (twin)':>11} | {'upstream':>10} "
-        f"| {'speed-up':>10} | {'Cy/twin':>7} | {'target':>9} | ok |"
-    )
-    print(head)
-    print("|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|")
-    for r in rows:
-        fmt = fmt_bytes if r["unit"] == "bytes" else fmt_time
-        if r["unit"] == "bytes":
-            tgt = "<= upstr."
-            sp = f"{r['speedup_vs_upstream']:.2f}x less" if r["speedup_vs_upstream"] >= 1 else "more"
-        else:
-            tgt = f">= {r['target']:,}x" if r["target"] else "-"
-            sp = f"{r['speedup_vs_upstream']:,.1f}x"
-        print(
-            f"| {r['label']:<58} | {fmt(r['cython']):>13} | {fmt(r['python']):>11} | "
-            f"{fmt(r['upstream']):>10} | {sp:>10} | {r['cython_vs_twin']:>6.1f}x | {tgt:>9} | "
-            f"{'yes' if r['ok'] else 'NO':<2} |"
         )
     if args.quick:
         print("\n(--quick: smaller sizes; the targets are defined for the full sizes of `make bench`)")

@@ -13,6 +13,11 @@ orphan that entry ("stale": its seq no longer matches); stale entries are
 dropped when they surface and, so that they cannot pile up, the heap is rebuilt
 from the live leases whenever they outnumber the live ones (amortised O(1)).
 Ties between equal deadlines go to the earlier ``grant``.
+
+After a burst drains (fewer than a quarter of the peak's leases left) the
+dict is copied and the heap rebuilt at the live size, so memory and
+per-operation cost follow the live count, not the peak (a dict never shrinks
+on deletion by itself).
 """
 
 from __future__ import annotations
@@ -25,6 +30,8 @@ from collections.abc import Iterator
 # Below this many stale entries the heap is never rebuilt: rebuilding a tiny
 # heap costs more than carrying a few dead entries.
 _MIN_STALE_FOR_REBUILD = 64
+# Below this peak a drained table is not worth compacting.
+_MIN_PEAK_TO_COMPACT = 256
 
 
 def _check_extension(extension: float) -> float:
@@ -51,6 +58,22 @@ def _check_deadline(deadline: float) -> float:
     return deadline
 
 
+def check_now(now: float) -> float:
+    """``now`` as a float; TypeError if it is no real number, ValueError if it
+    is NaN, infinite or too large for a float (before any state changes)."""
+    if isinstance(now, (str, bytes, bytearray)):
+        raise TypeError(f"now must be a real number, got {type(now).__name__}")
+    try:
+        value = float(now)
+    except OverflowError:
+        raise ValueError(f"now must be a finite time, got an int of {now.bit_length()} bits") from None
+    except (TypeError, ValueError):
+        raise TypeError(f"now must be a real number, got {type(now).__name__}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"now must be a finite time, got {value!r}")
+    return value
+
+
 def split_heartbeat_ids(payload: bytes | str) -> Iterator[str | None]:
     """Yield each non-empty id of a heartbeat payload (the text after ``HB:``),
     or None for an id that is not valid UTF-8 (it can match no lease)."""
@@ -74,7 +97,7 @@ class LeaseTable:
     clock, so behaviour is exact and testable.
     """
 
-    __slots__ = ("_extension", "_leases", "_heap", "_seq", "_stale")
+    __slots__ = ("_extension", "_leases", "_heap", "_seq", "_stale", "_peak")
 
     def __init__(self, extension: float, *, _hash_bits: int = 64) -> None:
         # _hash_bits only exists for parity with the Cython table's test hook.
@@ -86,6 +109,7 @@ class LeaseTable:
         self._heap: list[tuple[float, int, str]] = []
         self._seq = 0
         self._stale = 0
+        self._peak = 0  # most leases held since the last compaction
 
     @property
     def extension(self) -> float:
@@ -99,6 +123,8 @@ class LeaseTable:
         if req_id in self._leases:
             self._stale += 1  # the old heap entry is orphaned
         self._leases[req_id] = [deadline, self._seq]
+        if len(self._leases) > self._peak:
+            self._peak = len(self._leases)
         heapq.heappush(self._heap, (deadline, self._seq, req_id))
         self._maybe_rebuild()
 
@@ -112,7 +138,7 @@ class LeaseTable:
 
     def extend_counted(self, payload: bytes | str, now: float) -> tuple[int, int]:
         """Like ``extend``; returns ``(extended, non-empty ids in payload)``."""
-        new_deadline = float(now) + self._extension
+        new_deadline = check_now(now) + self._extension
         extended = seen = 0
         leases = self._leases
         for req_id in split_heartbeat_ids(payload):
@@ -130,10 +156,12 @@ class LeaseTable:
             return False
         self._stale += 1
         self._maybe_rebuild()
+        self._maybe_compact()
         return True
 
     def pop_expired(self, now: float) -> list[str]:
         """Remove and return every lease with deadline <= now, earliest first."""
+        now = check_now(now)
         heap = self._heap
         expired: list[str] = []
         while heap and heap[0][0] <= now:
@@ -148,6 +176,8 @@ class LeaseTable:
                 continue
             del self._leases[req_id]
             expired.append(req_id)
+        if expired:
+            self._maybe_compact()
         return expired
 
     def deadline(self, req_id: str) -> float | None:
@@ -206,3 +236,11 @@ class LeaseTable:
             self._heap = [(d, s, r) for r, (d, s) in self._leases.items()]
             heapq.heapify(self._heap)
             self._stale = 0
+
+    def _maybe_compact(self) -> None:
+        if self._peak > _MIN_PEAK_TO_COMPACT and len(self._leases) * 4 < self._peak:
+            self._leases = dict(self._leases)
+            self._heap = [(d, s, r) for r, (d, s) in self._leases.items()]
+            heapq.heapify(self._heap)
+            self._stale = 0
+            self._peak = len(self._leases)

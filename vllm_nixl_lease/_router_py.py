@@ -3,17 +3,33 @@
 Routes one engine step's ``get_new_notifs()`` batch with the semantics of
 upstream vLLM's ``_get_new_notifs`` (0.33.0), except that a malformed message
 is counted and skipped instead of raising and losing the rest of the batch.
+
+Contract at the edges (the Cython router keeps it too): ``now`` that is not a
+finite real number raises ``TypeError``/``ValueError`` before anything
+changes; a message that is not ``bytes`` (str, None, memoryview, int, ...) or
+an agent's message list that is not a list/tuple counts as malformed.  So
+``route`` never raises half-way through a batch it has started applying.
+A partial read count lives only as long as its request is leased or in a
+batch: ``release`` and ``discard_in_batch`` drop it when neither holds.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from ._lease_table_py import LeaseTable
-from ._route_result import MALFORMED_SAMPLE_BYTES, MALFORMED_SAMPLE_SIZE, RouteResult
+from ._lease_table_py import LeaseTable, check_now
+from ._route_result import (
+    MALFORMED_SAMPLE_SIZE,
+    UNKNOWN_SAMPLE_SIZE,
+    RouteResult,
+    malformed_sample,
+    unknown_sample_id,
+)
 from ._wire import HEARTBEAT_PREFIX, PUSH_REG_PREFIX, heartbeat_payload, parse_completion
 
 DEFAULT_PASSTHROUGH_PREFIXES: tuple[bytes, ...] = (PUSH_REG_PREFIX,)
+# What an agent's messages may come as; anything else is one malformed entry.
+MESSAGES_TYPES = (list, tuple)
 
 
 class NotificationRouter:
@@ -47,6 +63,20 @@ class NotificationRouter:
 
     def discard_in_batch(self, req_id: str) -> None:
         self._in_batch.discard(req_id)
+        if self._counts and req_id not in self.table:
+            self._forget_reads(req_id)
+
+    def release(self, req_id: str) -> bool:
+        """Drop the lease of ``req_id`` (and its read count, unless it is
+        still in a batch); return whether it held a lease."""
+        held = self.table.release(req_id)
+        if self._counts and req_id not in self._in_batch:
+            self._forget_reads(req_id)
+        return held
+
+    def _forget_reads(self, req_id: str) -> None:
+        self._counts.pop(req_id, None)
+        self._expected.pop(req_id, None)
 
     def is_in_batch(self, req_id: str) -> bool:
         return req_id in self._in_batch
@@ -72,10 +102,18 @@ class NotificationRouter:
 
     # -- one engine step --------------------------------------------------
     def route(self, notifs: Mapping[str, Iterable[bytes]], now: float) -> RouteResult:
+        now = check_now(now)
+        items = _items_of(notifs)
         result = RouteResult()
         table = self.table
-        for agent, messages in notifs.items():
+        for agent, messages in items:
+            if not isinstance(messages, MESSAGES_TYPES):
+                _count_malformed(result, messages)
+                continue
             for msg in messages:
+                if not isinstance(msg, bytes):
+                    _count_malformed(result, msg)
+                    continue
                 if msg.startswith(HEARTBEAT_PREFIX):
                     extended, seen = table.extend_counted(heartbeat_payload(msg), now)
                     result.heartbeat_messages += 1
@@ -87,13 +125,13 @@ class NotificationRouter:
                     continue
                 parsed = parse_completion(msg)
                 if parsed is None:
-                    result.malformed += 1
-                    if len(result.malformed_sample) < MALFORMED_SAMPLE_SIZE:
-                        result.malformed_sample.append(bytes(msg[:MALFORMED_SAMPLE_BYTES]))
+                    _count_malformed(result, msg)
                     continue
                 req_id, expected = parsed
                 if req_id not in self._in_batch and req_id not in table:
-                    result.unknown_completions.append(req_id)
+                    result.unknown += 1
+                    if len(result.unknown_sample) < UNKNOWN_SAMPLE_SIZE:
+                        result.unknown_sample.append(unknown_sample_id(req_id))
                     continue
                 self._expected[req_id] = expected
                 count = self._counts.get(req_id, 0) + 1
@@ -111,8 +149,21 @@ class NotificationRouter:
         """Remove every lease due at ``now``; return ``(req_id, reads seen)``
         pairs, earliest deadline first."""
         out = []
-        for req_id in self.table.pop_expired(now):
+        for req_id in self.table.pop_expired(check_now(now)):
             self._expected.pop(req_id, None)
             self._in_batch.discard(req_id)
             out.append((req_id, self._counts.pop(req_id, 0)))
         return out
+
+
+def _items_of(notifs: Mapping[str, Iterable[bytes]]):
+    try:
+        return notifs.items()
+    except AttributeError:
+        raise TypeError(f"notifications must be a mapping, got {type(notifs).__name__}") from None
+
+
+def _count_malformed(result: RouteResult, msg: object) -> None:
+    result.malformed += 1
+    if len(result.malformed_sample) < MALFORMED_SAMPLE_SIZE:
+        result.malformed_sample.append(malformed_sample(msg))

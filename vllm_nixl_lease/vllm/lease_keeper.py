@@ -43,6 +43,7 @@ class LeaseKeeper:
         self.in_batch = InBatchSet(self.router)
         self._active_reported = 0
         self._malformed_log = RateLimitedLog(logger)
+        self._unknown_log = RateLimitedLog(logger)
 
     @property
     def table(self) -> LeaseTable:
@@ -69,13 +70,17 @@ class LeaseKeeper:
         stats.observe_time("lease_route_time", (time.perf_counter_ns() - start) / 1e9)
         if result.heartbeat_messages:
             self._account_heartbeats(result.heartbeat_messages, result.heartbeat_ids, result.extended)
-        for req_id in result.unknown_completions:
-            # Upstream's counter and wording, one line per notification.
-            stats.record_notification_after_expiry()
-            logger.error(
-                "Potentially invalid KV blocks for unrecognized request %s were retrieved by "
-                "a decode worker. They may have expired.",
-                req_id,
+        if result.unknown:
+            # Upstream's counter (one item per notification) and ours; one
+            # rate-limited line with a few cut ids, not one line per message.
+            stats.record_notifications_after_expiry(result.unknown)
+            stats.add("num_unknown_completions", result.unknown)
+            self._unknown_log.warning(
+                result.unknown,
+                "Potentially invalid KV blocks for %d unrecognized request(s) were retrieved by "
+                "a decode worker, e.g. %s. They may have expired.",
+                result.unknown,
+                result.unknown_sample,
             )
         if result.malformed:
             stats.add("num_malformed_notifs", result.malformed)

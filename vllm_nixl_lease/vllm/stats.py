@@ -7,6 +7,7 @@ event) because a step can carry thousands of heartbeat ids; upstream's
 
 from __future__ import annotations
 
+from itertools import repeat
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,11 @@ LEASE_COUNTERS: dict[str, tuple[str, str]] = {
     "num_malformed_notifs": (
         "vllm:nixl_lease_malformed_notifications",
         "Notifications on P that were neither a heartbeat nor id:count (skipped, not raised).",
+    ),
+    "num_unknown_completions": (
+        "vllm:nixl_lease_unknown_completions",
+        "Read completions on P for requests neither leased nor in a batch (usually expired); "
+        "logged as a rate-limited sample.",
     ),
     "num_reads_fenced": (
         "vllm:nixl_lease_reads_fenced",
@@ -102,6 +108,11 @@ class LeaseKVConnectorStats(NixlKVConnectorStats):
     def add(self, key: str, count: int) -> None:
         if count:
             self.data[key].append(count)
+
+    def record_notifications_after_expiry(self, count: int) -> None:
+        """Upstream's counter, one item per notification as upstream records it
+        (the differential tests compare the lists)."""
+        self.data["num_notifications_after_expiry"].extend(repeat(1, count))
 
     def observe_time(self, key: str, seconds: float) -> None:
         samples = self.data[key]

@@ -47,7 +47,7 @@ class LeaseDeadlines(MutableMapping[str, float]):
             self._on_grant(req_id)
 
     def __delitem__(self, req_id: str) -> None:
-        if not self._router.table.release(req_id):
+        if not self._router.release(req_id):
             raise KeyError(req_id)
         if self._on_release is not None:
             self._on_release(req_id)
