@@ -1,5 +1,5 @@
 """The shipped Prometheus alert rules pass `promtool check` and their unit tests; the dashboard's
-queries name only metrics we or vLLM export (presence on a live scrape: tests/e2e/test_pd_metrics.py)."""
+queries name only metrics we or vLLM export (presence on a live scrape: tests/e2e/test_pd_fencing.py)."""
 
 from __future__ import annotations
 
