@@ -87,7 +87,8 @@ lint: build
 	$(VENV)/bin/ruff check .
 
 # The parallel suite with the Cython core active (its absence is an error).
-test-core: build prometheus
+# matplotlib too, so the demo's figure code is tested rather than skipped.
+test-core: build prometheus $(VENV)/.demo-deps
 	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 $(VPY) -m pytest -n auto -m "not e2e" -p no:cacheprovider -q
 
 # The connector on the pure-Python twin, through the environment switch (the
@@ -115,7 +116,7 @@ bench-quick: build
 	@mkdir -p .build
 	$(VPY) -m tools.bench_core --quick --json .build/bench-quick.json
 
-# matplotlib draws the demo's timeline; only the demo needs it.
+# matplotlib draws the demo's timeline (the demo and its report test need it).
 $(VENV)/.demo-deps: $(VENV)/.deps
 	$(VPY) -m pip install $(PIP_QUIET) matplotlib
 	touch $@

@@ -369,7 +369,7 @@ def _heartbeat_ns(impl: str, ids: list[str]) -> float:
         w = fill_upstream(ids, [1e6] * n)
 
         def up():
-            w.nixl_wrapper.batch = {"d": [payload]}
+            w.nixl_wrapper.inbox = {"d": [payload]}
             w._get_new_notifs()
 
         with mock.patch("time.perf_counter", return_value=5.0):
@@ -547,7 +547,7 @@ def cache_miss_floor(loads: int = 1 << 20) -> dict[str, float]:
 
 
 HEAD = (
-    f"| {'scenario':<68} | {'ours (Cython)':>13} | {'ours (twin)':>11} | {'upstream':>10} "
+    f"| {'scenario':<70} | {'ours (Cython)':>13} | {'ours (twin)':>11} | {'upstream':>10} "
     f"| {'speed-up':>10} | {'Cy/twin':>7} | {'target':>9} | ok |"
 )
 
@@ -570,7 +570,7 @@ def format_row(r: dict) -> str:
         tgt = f">= {r['target']:,}x" if r["target"] else "-"
         sp = f"{r['speedup_vs_upstream']:,.1f}x"
     return (
-        f"| {label:<68} | {fmt(r['cython']):>13} | {fmt(r['python']):>11} | "
+        f"| {label:<70} | {fmt(r['cython']):>13} | {fmt(r['python']):>11} | "
         f"{fmt(r['upstream']):>10} | {sp:>10} | {r['cython_vs_twin']:>6.1f}x | {tgt:>9} | "
         f"{'yes' if r['ok'] else 'NO':<2} |"
     )
