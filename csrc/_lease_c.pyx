@@ -308,7 +308,9 @@ cdef class LeaseTable:
         """Drop orphans from bucket ``it``, move entries whose lease was
         extended to another bucket into ``refile`` and those due at ``t`` into
         ``due`` (with their real deadline).  Entries stored after ``t`` are
-        kept without reading their slot.  Returns whether the bucket is empty."""
+        kept without reading their slot.  With ``due`` NULL nothing is due and
+        every entry's slot is read, so the bucket is left holding only live
+        entries at their real deadlines.  Returns whether the bucket is empty."""
         cdef Bucket* bucket = &deref(it).second
         cdef size_t j, keep = 0
         cdef HeapEntry e
@@ -316,7 +318,7 @@ cdef class LeaseTable:
         cdef double d
         for j in range(bucket.size()):
             e = bucket[0][j]
-            if e.first > t:
+            if due != NULL and e.first > t:
                 bucket[0][keep] = e
                 keep += 1
                 continue
@@ -326,7 +328,7 @@ cdef class LeaseTable:
                 self._entries -= 1
                 continue
             d = self._slots[idx].deadline
-            if d <= t:
+            if due != NULL and d <= t:
                 due.push_back(HeapEntry(d, e.second))
                 self._entries -= 1
             elif self._bucket(d) == deref(it).first:
@@ -554,15 +556,14 @@ cdef class LeaseTable:
     cdef double _settle_first(self) except? -1.0:
         """Clean buckets from the front until the first holds a live entry at
         its real deadline; return the earliest deadline (live leases exist)."""
-        cdef vector[HeapEntry] due, refile
+        cdef vector[HeapEntry] refile
         cdef Wheel.iterator it
         cdef size_t j
         while True:
             it = self._wheel.begin()
-            due.clear()
             refile.clear()
-            # t = -inf: nothing is due, every entry is checked against its slot
-            empty = self._clean_bucket_all(it, &refile)
+            # nothing is due (NULL): every entry is checked against its slot
+            empty = self._clean_bucket(it, -INFINITY, NULL, &refile)
             if empty:
                 self._wheel.erase(it)
             for j in range(refile.size()):
@@ -571,31 +572,6 @@ cdef class LeaseTable:
             if not empty:
                 self._lower = self._first_lower()
                 return self._lower
-
-    cdef bint _clean_bucket_all(self, Wheel.iterator it, vector[HeapEntry]* refile) except -1:
-        """Like _clean_bucket with nothing due: every entry's slot is read, so
-        the bucket is left holding only live entries at their real deadlines."""
-        cdef Bucket* bucket = &deref(it).second
-        cdef size_t j, keep = 0
-        cdef HeapEntry e
-        cdef uint32_t idx
-        cdef double d
-        for j in range(bucket.size()):
-            e = bucket[0][j]
-            idx = <uint32_t>(e.second & 0xFFFFFFFF)
-            if self._slots[idx].seq != <uint32_t>(e.second >> 32):
-                self._stale -= 1
-                self._entries -= 1
-                continue
-            d = self._slots[idx].deadline
-            if self._bucket(d) == deref(it).first:
-                bucket[0][keep] = HeapEntry(d, e.second)
-                keep += 1
-            else:
-                refile.push_back(HeapEntry(d, e.second))
-                self._entries -= 1
-        bucket.resize(keep)
-        return keep == 0
 
     def deadline(self, req_id):
         cdef long idx = self._find_str(req_id)

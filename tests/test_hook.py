@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from typing import Any
 
 import pytest
 import vllm_support  # noqa: F401  (sets VLLM_TARGET_DEVICE before vLLM loads)
@@ -127,6 +128,17 @@ _CHILD = textwrap.dedent(
 )
 
 
+def _run_child(code_and_args: list[str], env: dict[str, str], cwd: Any) -> dict[str, Any]:
+    """Run ``python -c CODE ARGS...`` in a fresh interpreter; return the JSON it
+    printed after ``RESULT``."""
+    proc = subprocess.run(
+        [sys.executable, "-c", *code_and_args], env=env, cwd=cwd, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
+    return json.loads(line[len("RESULT") :])
+
+
 @pytest.mark.skipif(not _entry_point_installed(), reason="package not installed with its entry point")
 @pytest.mark.parametrize("env_value", ["1", None])
 def test_hook_in_fresh_process_with_only_the_env_var(env_value: str | None, tmp_path) -> None:
@@ -134,17 +146,8 @@ def test_hook_in_fresh_process_with_only_the_env_var(env_value: str | None, tmp_
     env.setdefault("VLLM_TARGET_DEVICE", "cpu")
     if env_value is not None:
         env[hook.ENV_VAR] = env_value
-    proc = subprocess.run(
-        [sys.executable, "-c", _CHILD],
-        env=env,
-        cwd=tmp_path,  # not the repo: the installed package must be found
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
-    out = json.loads(line[len("RESULT") :])
+    # cwd not the repo: the installed package must be found
+    out = _run_child([_CHILD], env, tmp_path)
     ours = "vllm_nixl_lease.vllm.connector."
     assert out["LeaseNixlConnector"] == ours + "LeaseNixlPullConnector"
     if env_value:
@@ -205,17 +208,7 @@ def test_every_import_form_in_every_order(order: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != hook.ENV_VAR}
     env.setdefault("VLLM_TARGET_DEVICE", "cpu")
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    proc = subprocess.run(
-        [sys.executable, "-c", _ORDER_CHILD, _ORDERS[order]],
-        env=env,
-        cwd=root,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    line = next(x for x in proc.stdout.splitlines() if x.startswith("RESULT"))
-    out = json.loads(line[len("RESULT") :])
+    out = _run_child([_ORDER_CHILD, _ORDERS[order]], env, root)
     ours = "vllm_nixl_lease.vllm.connector.LeaseNixl"
     for form, cls in out["installed"].items():
         want = ours + ("PushConnector" if "Push" in form else "PullConnector")

@@ -10,6 +10,7 @@ chunks whose encoded bytes are cached, and the metadata carries those bytes
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from vllm.logger import init_logger
@@ -17,7 +18,7 @@ from vllm.logger import init_logger
 from .. import HeartbeatTracker
 from .config import LeaseConfig
 from .metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
-from .upstream import HeartbeatTarget
+from .upstream import HeartbeatTarget, UpstreamScheduler
 
 logger = init_logger(__name__)
 
@@ -29,6 +30,24 @@ class HeartbeatSchedule:
         self.tracker = HeartbeatTracker(lease_config.heartbeat_interval, lease_config.max_heartbeat_bytes)
         # engine id -> (host, port, tp, dcp, pp) of the first live request, as upstream
         self.targets: dict[str, tuple[str, int, int, int, int]] = {}
+
+    def take_over(
+        self, upstream: UpstreamScheduler, req_id: str, stop_upstream: Callable[[str], None]
+    ) -> tuple[str, str] | None:
+        """Move a request upstream's ``on_new_request`` just recorded for
+        heartbeats into this schedule, so upstream's own dicts stay empty (and
+        its ``build_connector_meta`` never ships id sets).  ``stop_upstream``
+        is upstream's ``_stop_heartbeat``.  Returns ``(engine id, P's request
+        id)``, or None when upstream did not record the request."""
+        entry = upstream._heartbeat_req_engine.get(req_id)
+        if entry is None:
+            return None
+        engine_id, remote_id = entry
+        # Read the target first: stopping the last request drops the engine.
+        target = upstream._heartbeat_by_engine[engine_id]
+        stop_upstream(req_id)
+        self.track(req_id, engine_id, remote_id, target)
+        return entry
 
     def track(self, local_id: str, engine_id: str, remote_id: str, target: HeartbeatTarget) -> None:
         try:

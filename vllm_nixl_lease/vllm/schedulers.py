@@ -30,17 +30,13 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
         self.lease_views = LeaseViewCollector(lease_config, self._TRANSFER_MODE)
 
     # D: upstream validates and records the request in its own heartbeat
-    # dicts; move it from there into our components so those stay empty (and
-    # upstream's build_connector_meta never ships id sets).
+    # dicts; our components take it over from there.
     def on_new_request(self, request: Any) -> None:
         super().on_new_request(request)
-        entry = self._heartbeat_req_engine.get(request.request_id)
-        if entry is not None:
-            engine_id, remote_id = entry
-            target = self._heartbeat_by_engine[engine_id]
-            super()._stop_heartbeat(request.request_id)
+        taken = self.heartbeats.take_over(self, request.request_id, super()._stop_heartbeat)
+        if taken is not None:
+            engine_id, remote_id = taken
             self.lease_views.add(request.request_id, engine_id, remote_id, request.kv_transfer_params)
-            self.heartbeats.track(request.request_id, engine_id, remote_id, target)
 
     def _stop_heartbeat(self, req_id: str) -> None:
         self.lease_views.drop(req_id)
@@ -75,12 +71,7 @@ class LeaseNixlPushConnectorScheduler(NixlPushConnectorScheduler):
 
     def on_new_request(self, request: Any) -> None:
         super().on_new_request(request)
-        entry = self._heartbeat_req_engine.get(request.request_id)
-        if entry is not None:
-            engine_id, remote_id = entry
-            target = self._heartbeat_by_engine[engine_id]
-            super()._stop_heartbeat(request.request_id)
-            self.heartbeats.track(request.request_id, engine_id, remote_id, target)
+        self.heartbeats.take_over(self, request.request_id, super()._stop_heartbeat)
 
     def _stop_heartbeat(self, req_id: str) -> None:
         self.heartbeats.untrack(req_id)
