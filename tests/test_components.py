@@ -31,7 +31,7 @@ def test_keeper_grants_extends_releases_and_expires(clock: Clock) -> None:
     keeper.deadlines["a"] = clock.now + 8  # how upstream's start_load_kv grants
     keeper.deadlines["b"] = clock.now + 8
     clock.advance(5)
-    done = keeper.route({"d": [heartbeat_message(["a", "zz"]), completion_message("b", 1)]})
+    done, _ = keeper.route({"d": [heartbeat_message(["a", "zz"]), completion_message("b", 1)]})
     assert done == {"b"} and "b" not in keeper.table
     assert keeper.table.deadline("a") == pytest.approx(clock.now + 8)
     assert (up.count("num_heartbeat_ids_recv"), up.count("num_heartbeat_ids_unknown")) == (2, 1)
@@ -80,7 +80,7 @@ def test_fence_reports_a_lapsing_read_as_failed_load(clock: Clock) -> None:
     up = FakeUpstreamWorker()
     up.connect("P", offset=0.0)
     fence = ReadFence(up, CONFIG)
-    new = {"d1": ("P", "p1", clock.now + 8, 8.0), "d2": ("P", "p2", clock.now + 1, 8.0)}
+    new = {"d1": ("P", "p1", clock.now + 8, 8.0, False), "d2": ("P", "p2", clock.now + 1, 8.0, False)}
     views = LeaseViewUpdates(new, [])
     fence.add_views(SimpleNamespace(**{LEASE_VIEWS_ATTR: views}))
     meta = SimpleNamespace(remote=SimpleNamespace(engine_id="P"), local_block_ids=[[1]])

@@ -23,7 +23,9 @@ NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 class FakeNixlWrapper:
     """Hands out queued notifications; records (or only counts) sends; can fail sends."""
 
-    def __init__(self, keep_sent: bool = True) -> None:
+    def __init__(self, keep_sent: bool = True, name: str = "fake-agent") -> None:
+        self.name = name
+        self.loaded: set[str] = set()  # agents added by add_remote_agent
         self.inbox: dict[str, list[bytes]] = {}
         self.sent: list[tuple[str, bytes]] = []
         self.sent_bytes = 0
@@ -44,6 +46,20 @@ class FakeNixlWrapper:
         self.sent_bytes += len(notif_msg)
         if self._keep_sent:
             self.sent.append((agent_name, notif_msg))
+
+    # Agent metadata: b"fake-md:<name>" stands for NIXL's connection info.
+    def get_partial_agent_metadata(self, descs: Any, inc_conn_info: bool = False, backends: Any = ()) -> bytes:
+        return b"fake-md:" + self.name.encode()
+
+    def add_remote_agent(self, metadata: bytes) -> bytes:
+        if not metadata.startswith(b"fake-md:"):
+            raise ValueError("not agent metadata")
+        name = metadata[len(b"fake-md:") :]
+        self.loaded.add(name.decode())
+        return name
+
+    def remove_remote_agent(self, agent: str) -> None:
+        self.loaded.remove(agent)
 
 
 def stock_worker_class(name: str = "NixlPullConnectorWorker") -> type:

@@ -9,6 +9,16 @@ Messages (byte strings, as upstream vLLM sends them):
 - push registration, D -> P (push mode): ``PUSH_REG:...`` -- upstream's own,
   passed through to its code untouched.
 
+Ours only, sent only to a peer that advertised it (a stock P never sees them;
+see ``vllm/heartbeat_acks.py``):
+- acknowledged heartbeat, D -> P: ``LHB:<seq>:<id>,<id>,...`` -- a heartbeat
+  (same id list as ``HB:``) that P answers with an acknowledgement;
+- acknowledgement, P -> D: ``LACK:<seq>`` (every id was leased and is now
+  extended) or ``LACK:<seq>:<id>,<id>,...`` (these ids were not leased, the
+  rest were) or ``LACK:<seq>:*`` (treat none as extended);
+- hello, D -> P: ``LHELLO:<NIXL agent metadata>`` -- D's connection info
+  (no memory), so P can send acknowledgements back.
+
 Imports nothing from vLLM.
 """
 
@@ -19,6 +29,16 @@ from collections.abc import Iterable
 HEARTBEAT_PREFIX = b"HB:"
 HEARTBEAT_SEPARATOR = b","
 PUSH_REG_PREFIX = b"PUSH_REG:"
+ACKED_HEARTBEAT_PREFIX = b"LHB:"
+HEARTBEAT_ACK_PREFIX = b"LACK:"
+ACK_HELLO_PREFIX = b"LHELLO:"
+# Messages P or D route to the ack components instead of the lease core.
+ACK_PREFIXES = (ACKED_HEARTBEAT_PREFIX, HEARTBEAT_ACK_PREFIX, ACK_HELLO_PREFIX)
+# "None of the ids counts as extended" (the ack's id list would be too long).
+ACK_NONE = b"*"
+# Bytes an ``LHB:<seq>:`` header adds over ``HB:`` (seq < 2**64): heartbeats
+# are chunked this much smaller, so either form fits ``max_heartbeat_bytes``.
+ACKED_HEARTBEAT_OVERHEAD = len(ACKED_HEARTBEAT_PREFIX) + 20 + 1 - 3
 # Largest expected-consumer count accepted (one per D rank; far above any TP).
 MAX_EXPECTED_CONSUMERS = 2**31 - 1
 
@@ -45,6 +65,51 @@ def heartbeat_ids(msg: bytes) -> list[str]:
     """The ids a heartbeat message names, decoded leniently (for accounting on the
     sender; a receiver must use the core, which rejects undecodable ids)."""
     return heartbeat_payload(msg).decode("utf-8", "replace").split(",")
+
+
+# -- acknowledged heartbeats (ours only) ----------------------------------
+def acked_heartbeat_message(seq: int, heartbeat: bytes) -> bytes:
+    """The ``LHB:`` form of an ``HB:`` message, asking for acknowledgement ``seq``."""
+    return b"%s%d:%s" % (ACKED_HEARTBEAT_PREFIX, seq, heartbeat_payload(heartbeat))
+
+
+def parse_acked_heartbeat(msg: bytes) -> tuple[int, bytes] | None:
+    """``(seq, id payload)`` of an ``LHB:`` message; None when malformed."""
+    seq, rest = _split_seq(msg, ACKED_HEARTBEAT_PREFIX)
+    return None if seq is None or rest is None else (seq, rest)
+
+
+def heartbeat_ack_message(seq: int, not_extended: bytes = b"") -> bytes:
+    """``LACK:<seq>[:<ids>]``; ``not_extended`` is a comma-joined id list or ``ACK_NONE``."""
+    if not_extended:
+        return b"%s%d:%s" % (HEARTBEAT_ACK_PREFIX, seq, not_extended)
+    return b"%s%d" % (HEARTBEAT_ACK_PREFIX, seq)
+
+
+def parse_heartbeat_ack(msg: bytes) -> tuple[int, frozenset[str] | None] | None:
+    """``(seq, ids P did not extend)`` of an ``LACK:`` message, the set None for
+    "none extended"; None when malformed."""
+    seq, rest = _split_seq(msg, HEARTBEAT_ACK_PREFIX)
+    if seq is None:
+        return None
+    if not rest:
+        return seq, frozenset()
+    if rest == ACK_NONE:
+        return seq, None
+    try:
+        return seq, frozenset(rest.decode("utf-8").split(","))
+    except UnicodeDecodeError:
+        return seq, None  # cannot tell which: none counts
+
+
+def _split_seq(msg: bytes, prefix: bytes) -> tuple[int | None, bytes | None]:
+    # b"<prefix><seq>" -> (seq, None); b"<prefix><seq>:<rest>" -> (seq, rest)
+    body = msg[len(prefix) :]
+    colon = body.find(b":")
+    digits = body if colon < 0 else body[:colon]
+    if not digits or len(digits) > 20 or not digits.isdigit():
+        return None, None
+    return int(digits), (None if colon < 0 else body[colon + 1 :])
 
 
 # -- completions ----------------------------------------------------------

@@ -7,11 +7,18 @@ earlier than the grantor does):
 
 - it starts at the deadline P reported (P's clock), converted with the clock
   offset measured at the NIXL handshake;
-- a heartbeat D sent at local time ``t`` renews the view to ``t + extension``
-  only if the view still had more than ``margin`` left when the send finished:
-  P applies a heartbeat before it sweeps in the same step, so a heartbeat that
-  reaches P within ``margin`` cannot arrive after P's deadline, and P's new
-  deadline is at least its arrival time (>= ``t``) plus the extension;
+- from a P that acknowledges heartbeats (``acked`` views): P's answer to a
+  heartbeat D sent at local time ``t`` renews the view to ``t + extension``
+  (``heartbeat_acked``; ``ack_ledger.py`` says why that needs no assumption
+  about delivery);
+- from a P that does not, a heartbeat D sent at ``t`` renews the view to
+  ``t + extension`` only if the view still had more than ``margin`` left when
+  the send finished (``heartbeat_sent``).  P applies a heartbeat before it
+  sweeps in the same step, so a heartbeat that reaches P within ``margin``
+  cannot arrive after P's deadline, and P's new deadline is at least its
+  arrival time (>= ``t``) plus the extension.  This assumes delivery within
+  ``margin``, which a partition breaks (UCX queues the send and delivers it
+  after the heal); acknowledged views assume nothing about delivery;
 - before D reads, ``remaining`` must exceed ``margin`` (room for the READ itself
   and for the clock-offset estimate), or D fences the read.
 
@@ -31,6 +38,7 @@ class _View:
     remote_id: str
     grantor_deadline: float  # as reported by P, on P's clock
     extension: float  # P's heartbeat extension
+    acked: bool = False  # P acknowledges heartbeats: renew only on its answers
     local_deadline: float | None = None  # on D's clock, once converted
 
 
@@ -43,6 +51,9 @@ class HolderLeaseViews:
         self.margin = margin
         self._views: dict[str, _View] = {}
         self._by_remote: dict[tuple[str, str], str] = {}
+        # Engines that acknowledge heartbeats (learnt from their views; kept).
+        self.acked_engines: set[str] = set()
+        self.max_extension = 0.0  # the longest extension any view had
 
     def __len__(self) -> int:
         return len(self._views)
@@ -51,17 +62,27 @@ class HolderLeaseViews:
         return local_id in self._views
 
     def add(
-        self, local_id: str, engine_id: str, remote_id: str, grantor_deadline: float, extension: float
+        self,
+        local_id: str,
+        engine_id: str,
+        remote_id: str,
+        grantor_deadline: float,
+        extension: float,
+        acked: bool = False,
     ) -> None:
-        """Start viewing a lease P reported; a second add for the same id replaces the first."""
+        """Start viewing a lease P reported; a second add for the same id replaces
+        the first.  ``acked``: P answers heartbeats, so only answers renew it."""
         if not (math.isfinite(grantor_deadline) and math.isfinite(extension) and extension > 0):
             raise ValueError(
                 f"lease of {local_id!r}: deadline {grantor_deadline!r} / extension {extension!r} "
                 "must be finite and the extension > 0"
             )
         self.drop(local_id)
-        self._views[local_id] = _View(engine_id, remote_id, float(grantor_deadline), float(extension))
+        self._views[local_id] = _View(engine_id, remote_id, float(grantor_deadline), float(extension), acked)
         self._by_remote[(engine_id, remote_id)] = local_id
+        if acked:
+            self.acked_engines.add(engine_id)
+        self.max_extension = max(self.max_extension, float(extension))
 
     def drop(self, local_id: str) -> bool:
         view = self._views.pop(local_id, None)
@@ -83,11 +104,29 @@ class HolderLeaseViews:
             if local_id is None:
                 continue
             view = self._views[local_id]
+            if view.acked:
+                continue  # only P's answer renews it
             deadline = self._local(view, offset)
             # Judged at the end of the send (latest moment it left), renewed
             # from its start (earliest moment P can have received it).
             if deadline - finished > self.margin:
                 view.local_deadline = max(deadline, started + view.extension)
+                renewed += 1
+        return renewed
+
+    def heartbeat_acked(self, engine_id: str, remote_ids: Iterable[str], offset: float, started: float) -> int:
+        """P applied a heartbeat D sent at ``started`` (D's clock) to each of
+        ``remote_ids`` while it held their leases: renew them to ``started +
+        extension``.  Returns how many views it renewed."""
+        renewed = 0
+        for remote_id in remote_ids:
+            local_id = self._by_remote.get((engine_id, remote_id))
+            if local_id is None:
+                continue
+            view = self._views[local_id]
+            deadline = self._local(view, offset)
+            if started + view.extension > deadline:
+                view.local_deadline = started + view.extension
                 renewed += 1
         return renewed
 

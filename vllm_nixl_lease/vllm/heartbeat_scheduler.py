@@ -16,6 +16,7 @@ from typing import Any
 from vllm.logger import init_logger
 
 from .. import HeartbeatTracker
+from .._wire import ACKED_HEARTBEAT_OVERHEAD
 from .config import LeaseConfig
 from .metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
 from .upstream import HeartbeatTarget, UpstreamScheduler
@@ -27,7 +28,11 @@ class HeartbeatSchedule:
     """The requests D heartbeats, per P engine, and the messages due each step."""
 
     def __init__(self, lease_config: LeaseConfig) -> None:
-        self.tracker = HeartbeatTracker(lease_config.heartbeat_interval, lease_config.max_heartbeat_bytes)
+        # Chunked so that the acknowledged form (``LHB:<seq>:``, longer than
+        # ``HB:``) still fits max_heartbeat_bytes.
+        self.tracker = HeartbeatTracker(
+            lease_config.heartbeat_interval, lease_config.max_heartbeat_bytes - ACKED_HEARTBEAT_OVERHEAD
+        )
         # engine id -> (host, port, tp, dcp, pp) of the first live request, as upstream
         self.targets: dict[str, tuple[str, int, int, int, int]] = {}
 

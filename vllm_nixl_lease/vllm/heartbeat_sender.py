@@ -5,7 +5,10 @@ forwards bytes.  Differences from upstream's ``_send_heartbeats``, both on purpo
 - an engine whose proactive handshake is still running is remembered and
   heartbeated on the first step after it completes, not one interval later;
 - a failed ``send_notif`` is counted and retried on the next step (until a
-  fresher tick for that engine replaces it).
+  fresher tick for that engine replaces it);
+- to a P that acknowledges heartbeats, messages go out as ``LHB:`` through
+  ``HeartbeatAcks`` (its answers renew D's views); to any other P as upstream's
+  ``HB:``, and a completed send is reported to ``on_delivered``.
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ from typing import Any
 from vllm.logger import init_logger
 
 from .. import encode_heartbeats
+from .._wire import ACK_HELLO_PREFIX
+from .heartbeat_acks import HeartbeatAcks
 from .metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
 from .upstream import UpstreamWorker
 
@@ -31,11 +36,16 @@ class HeartbeatSender:
     """Sends, waits for handshakes, retries; reports delivered messages to ``on_delivered``."""
 
     def __init__(
-        self, upstream: UpstreamWorker, max_heartbeat_bytes: int, on_delivered: OnDelivered | None = None
+        self,
+        upstream: UpstreamWorker,
+        max_heartbeat_bytes: int,
+        on_delivered: OnDelivered | None = None,
+        acks: HeartbeatAcks | None = None,
     ) -> None:
         self._upstream = upstream
         self._max_bytes = max_heartbeat_bytes
         self._on_delivered = on_delivered
+        self._acks = acks
         # engine -> (heartbeats, handshake future) while its handshake runs
         self.waiting: dict[str, tuple[EngineHeartbeats, Future[Any]]] = {}
         # engine -> (heartbeats, [(agent, message), ...]) whose send failed
@@ -99,9 +109,13 @@ class HeartbeatSender:
         # A heartbeat means the router still pairs this P with us (upstream).
         up._engine_last_active[engine_id] = time.perf_counter()
         fresh = pairs is None
+        acked = False
         if pairs is None:
             agents = list(up._remote_agents[engine_id].values())
-            pairs = [(agent, msg) for agent in agents for msg in hb.messages]
+            if self._acks is not None and self._acks.wanted(engine_id):
+                pairs, acked = self._acks.sends(engine_id, agents, hb.messages), True
+            else:
+                pairs = [(agent, msg) for agent in agents for msg in hb.messages]
         failed: list[tuple[str, bytes]] = []
         sent = ids = nbytes = 0
         wrapper = up.nixl_wrapper
@@ -113,10 +127,11 @@ class HeartbeatSender:
                 failed.append((agent, msg))
                 logger.debug("Failed to send heartbeat to engine %s", engine_id, exc_info=True)
                 continue
-            sent += 1
-            ids += msg.count(b",") + 1
             nbytes += len(msg)
-        if fresh and self._on_delivered is not None:
+            if not msg.startswith(ACK_HELLO_PREFIX):
+                sent += 1
+                ids += msg.count(b",") + 1
+        if fresh and not acked and self._on_delivered is not None:
             # A message renews D's lease views only once every P rank has it;
             # retried sends (later, partial) never do: conservative.
             failed_msgs = {msg for _, msg in failed}

@@ -3,8 +3,10 @@
 Everything P does with a lease happens here:
 - granted: upstream's ``start_load_kv`` assigns ``_reqs_to_send[req] = deadline``;
   that dict is ``deadlines`` (``views.py``), so the grant lands in the router;
-- extended: ``route`` (pull: every notification) and ``extend_heartbeats``
-  (push: heartbeats taken off the writer thread's queue) -> ``LeaseTable``;
+- extended: ``route`` (pull: every notification), ``extend_acked`` (pull:
+  an acknowledged ``LHB:`` heartbeat, for ``heartbeat_acker.py``) and
+  ``extend_heartbeats`` (push: heartbeats taken off the writer thread's queue)
+  -> ``LeaseTable``;
 - released on read: ``route`` returns the requests every consumer has read;
 - expired: ``expire`` sweeps the table once per step and logs through
   ``expiry_log.log_expired`` (the code ``make bench`` times).
@@ -18,7 +20,7 @@ from collections.abc import Mapping
 from vllm.logger import init_logger
 
 from .. import LeaseTable, NotificationRouter
-from .._wire import heartbeat_payload
+from .._wire import ACK_NONE, ACK_PREFIXES, PUSH_REG_PREFIX, heartbeat_payload
 from ..expiry_log import log_expired
 from .config import LeaseConfig
 from .push_aliases import LeaseAliases
@@ -28,6 +30,10 @@ from .views import InBatchSet, LeaseDeadlines
 
 logger = init_logger(__name__)
 
+# An acknowledgement names the ids P did not extend; past this many bytes it
+# says "none" instead, so a hostile heartbeat cannot make P echo megabytes.
+MAX_NOT_EXTENDED_BYTES = 4096
+
 
 class LeaseKeeper:
     """Grants, extends, releases and expires P's leases for one worker."""
@@ -35,7 +41,10 @@ class LeaseKeeper:
     def __init__(self, upstream: UpstreamWorker, lease_config: LeaseConfig, *, push: bool = False) -> None:
         self._upstream = upstream
         self.extension = lease_config.lease_extension
-        self.router = NotificationRouter(LeaseTable(lease_config.lease_extension))
+        # Ack messages (ours) pass through the core to the ack components.
+        self.router = NotificationRouter(
+            LeaseTable(lease_config.lease_extension), (PUSH_REG_PREFIX, *ACK_PREFIXES)
+        )
         # Push mode only: D names leases by the router's id (vLLM issue 53095).
         self.aliases: LeaseAliases | None = LeaseAliases() if push else None
         # Stand-ins for upstream's _reqs_to_send / _reqs_to_process.
@@ -60,10 +69,11 @@ class LeaseKeeper:
             self.aliases.discard(req_id)
 
     # -- pull: one step's notifications -------------------------------------
-    def route(self, notifs: Mapping[str, list[bytes]]) -> set[str]:
-        """Route one step's notifications; return requests read by all consumers."""
+    def route(self, notifs: Mapping[str, list[bytes]]) -> tuple[set[str], dict[str, list[bytes]]]:
+        """Route one step's notifications; return the requests read by all
+        consumers, and the heartbeat-ack messages (per agent) for the ack components."""
         if not notifs:
-            return set()
+            return set(), {}
         start = time.perf_counter_ns()
         result = self.router.route(notifs, time.perf_counter())
         stats = self._upstream.xfer_stats
@@ -90,14 +100,32 @@ class LeaseKeeper:
                 result.malformed,
                 result.malformed_sample[:1],
             )
-        for messages in result.passthrough.values():
-            # Pull workers never receive PUSH_REG; one arriving is a misrouted peer.
-            self._malformed_log.warning(
-                len(messages), "Ignored %d PUSH_REG notification(s) on a pull worker", len(messages)
-            )
+        ack_messages = result.passthrough
+        if ack_messages:
+            push_regs = sum(m.startswith(PUSH_REG_PREFIX) for ms in ack_messages.values() for m in ms)
+            if push_regs:
+                # Pull workers never receive PUSH_REG; one arriving is a misrouted peer.
+                self._malformed_log.warning(
+                    push_regs, "Ignored %d PUSH_REG notification(s) on a pull worker", push_regs
+                )
         for req_id in result.completed:
             self._released(req_id)
-        return set(result.completed)
+        return set(result.completed), ack_messages
+
+    def extend_acked(self, payload: bytes, now: float) -> bytes:
+        """Extend the leases an ``LHB:`` heartbeat names; return the ids it
+        named that hold no lease here (comma-joined), or ``ACK_NONE``."""
+        table = self.router.table
+        extended, ids = table.extend_counted(payload, now)
+        self._account_heartbeats(1, ids, extended)
+        if extended >= ids:
+            return b""
+        try:
+            names = payload.decode("utf-8").split(",")
+        except UnicodeDecodeError:
+            return ACK_NONE
+        missing = b",".join(n.encode() for n in names if n not in table)
+        return ACK_NONE if len(missing) > MAX_NOT_EXTENDED_BYTES else missing
 
     # -- push: heartbeats taken off the writer thread's queue ----------------
     def extend_heartbeats(self, heartbeats: list[bytes]) -> None:

@@ -24,13 +24,17 @@ logger = init_logger(__name__)
 
 PARAM_LEASE_DEADLINE = "remote_lease_deadline"
 PARAM_LEASE_EXTENSION = "remote_lease_extension"
+# P answers acknowledged heartbeats (heartbeat_acker.py): D renews on answers.
+PARAM_LEASE_ACKS = "remote_lease_acks"
 
 
 def add_lease_params(params: dict[str, Any], deadline: float | None, extension: float) -> None:
-    """P side (pull): tell D when its lease ends and how far a heartbeat moves it."""
+    """P side (pull): tell D when its lease ends, how far a heartbeat moves it,
+    and that this P acknowledges heartbeats."""
     if deadline is not None:
         params[PARAM_LEASE_DEADLINE] = deadline
         params[PARAM_LEASE_EXTENSION] = extension
+        params[PARAM_LEASE_ACKS] = True
 
 
 class LeaseViewCollector:
@@ -39,7 +43,7 @@ class LeaseViewCollector:
     def __init__(self, lease_config: LeaseConfig, transfer_mode: str) -> None:
         # Push mode: P writes into D, D never reads, nothing to fence.
         self.enabled = lease_config.lease_fencing and transfer_mode == "pull"
-        self._new: dict[str, tuple[str, str, float, float]] = {}
+        self._new: dict[str, tuple[str, str, float, float, bool]] = {}
         self._dropped: list[str] = []
         self._shipped: set[str] = set()
         self._fencing_off_engines: set[str] = set()
@@ -50,7 +54,8 @@ class LeaseViewCollector:
         deadline = params.get(PARAM_LEASE_DEADLINE)
         extension = params.get(PARAM_LEASE_EXTENSION)
         if _finite(deadline) and _finite(extension) and extension > 0:
-            self._new[local_id] = (engine_id, remote_id, float(deadline), float(extension))
+            acks = params.get(PARAM_LEASE_ACKS) is True
+            self._new[local_id] = (engine_id, remote_id, float(deadline), float(extension), acks)
             return
         if deadline is not None or extension is not None:
             logger.warning(

@@ -30,8 +30,9 @@ class EngineHeartbeats:
 class LeaseViewUpdates:
     """Lease views that start and end this step (see ``holder_view.py``)."""
 
-    # local request id -> (P engine id, P's request id, P's deadline on P's clock, extension)
-    new: dict[str, tuple[str, str, float, float]]
+    # local request id -> (P engine id, P's request id, P's deadline on P's clock,
+    # extension, P acknowledges heartbeats)
+    new: dict[str, tuple[str, str, float, float, bool]]
     dropped: list[str]
 
 

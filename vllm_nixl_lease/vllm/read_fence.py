@@ -1,8 +1,9 @@
 """Read fencing, D worker side: never READ blocks P may already have freed.
 
-The scheduler ships a view of each P lease (``lease_views.py``); heartbeats
-this worker delivers move the views forward (``holder_view.py`` says when
-that is safe); a READ whose view has ``lease_safety_margin`` or less left is
+The scheduler ships a view of each P lease (``lease_views.py``); P's answers
+to heartbeats (``heartbeat_acks.py``), or for a P that does not answer the
+heartbeats this worker delivers, move the views forward (``holder_view.py``
+says when that is safe); a READ whose view has ``lease_safety_margin`` or less left is
 not issued but reported as a failed load, so vLLM's ``kv_load_failure_policy``
 applies (``recompute`` or ``fail``), the same path upstream takes for an
 expired turn-2 readback.
@@ -37,8 +38,8 @@ class ReadFence:
     def add_views(self, metadata: Any) -> None:
         updates = getattr(metadata, LEASE_VIEWS_ATTR, None)
         if updates is not None:
-            for local_id, (engine_id, remote_id, deadline, extension) in updates.new.items():
-                self.views.add(local_id, engine_id, remote_id, deadline, extension)
+            for local_id, (engine_id, remote_id, deadline, extension, acked) in updates.new.items():
+                self.views.add(local_id, engine_id, remote_id, deadline, extension, acked)
 
     def drop_views(self, metadata: Any) -> None:
         # After the reads: an id whose tracking ended this step may still be read in it.
@@ -82,7 +83,8 @@ class ReadFence:
             return False
         return not self.views.may_read(req_id, time.perf_counter(), offset)
 
-    # -- heartbeats this worker delivered (HeartbeatSender's callback) --------
+    # -- heartbeats this worker delivered to a P that does not answer ---------
+    # (HeartbeatSender's callback; answered heartbeats go through HeartbeatAcks)
     def heartbeat_delivered(
         self, engine_id: str, messages: list[bytes], started: float, finished: float
     ) -> None:

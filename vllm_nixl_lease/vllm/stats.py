@@ -62,7 +62,21 @@ LEASE_COUNTERS: dict[str, tuple[str, str]] = {
     ),
     "num_heartbeat_views_renewed": (
         "vllm:nixl_lease_views_renewed",
-        "Lease views on D moved forward by a heartbeat D sent in time.",
+        "Lease views on D moved forward: by P's acknowledgement of a heartbeat, or (P without "
+        "acknowledgements) by a heartbeat D sent in time.",
+    ),
+    "num_heartbeat_acks_sent": (
+        "vllm:nixl_lease_heartbeat_acks_sent",
+        "Acknowledgements P sent for acknowledged (LHB) heartbeats.",
+    ),
+    "num_heartbeat_acks_dropped": (
+        "vllm:nixl_lease_heartbeat_acks_dropped",
+        "Acknowledgements P could not send (no hello from that D yet, or the send raised); "
+        "D's views then stay where they are.",
+    ),
+    "num_heartbeat_acks_recv": (
+        "vllm:nixl_lease_heartbeat_acks_received",
+        "Heartbeat acknowledgements D received from P.",
     ),
 }
 # key -> (Prometheus name, help text); values in seconds.

@@ -24,6 +24,13 @@ class NixlWrapper(Protocol):
 
     def send_notif(self, agent_name: str, notif_msg: bytes) -> None: ...
 
+    # Heartbeat acknowledgements (heartbeat_acker.py / heartbeat_acks.py).
+    def add_remote_agent(self, metadata: bytes) -> bytes: ...
+
+    def remove_remote_agent(self, agent: str) -> None: ...
+
+    def get_partial_agent_metadata(self, descs: Any, inc_conn_info: bool = False, backends: Any = ()) -> bytes: ...
+
 
 class UpstreamWorker(Protocol):
     """vLLM's ``NixlBaseConnectorWorker`` as the lease components see it."""

@@ -6,6 +6,9 @@ Components (one set per worker; a worker is P, D or both with ``kv_both``):
 - ``lease_keeper``: ``LeaseKeeper`` (P) -- grants, extensions, releases, expiry;
 - ``heartbeat_sender``: ``HeartbeatSender`` (D) -- sends, handshake wait, retry;
 - ``read_fence``: ``ReadFence`` (D, pull) -- skips a READ whose lease may be gone;
+- ``heartbeat_acks``: ``HeartbeatAcks`` (D, pull) -- asks our P to acknowledge
+  heartbeats; only answers renew the fence's views;
+- ``heartbeat_acker``: ``HeartbeatAcker`` (P, pull) -- answers them;
 - ``idle_pause``: ``IdlePause`` (P) -- pauses an empty step while leases are held.
 They reach upstream only through ``upstream.UpstreamWorker``.
 """
@@ -20,6 +23,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPu
 
 from .._wire import is_heartbeat
 from .config import LeaseConfig
+from .heartbeat_acker import HeartbeatAcker
+from .heartbeat_acks import HeartbeatAcks
 from .heartbeat_sender import HeartbeatSender
 from .idle_pause import IdlePause
 from .lease_keeper import LeaseKeeper
@@ -42,9 +47,11 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         self.lease_keeper = LeaseKeeper(self, lease_config)
         self._reqs_to_send = self.lease_keeper.deadlines  # upstream grants leases through these
         self._reqs_to_process = self.lease_keeper.in_batch
+        self.heartbeat_acker = HeartbeatAcker(self, self.lease_keeper, forget_after_s(lease_config))
         self.read_fence = ReadFence(self, lease_config)
+        self.heartbeat_acks = HeartbeatAcks(self, self.read_fence.views, rehello_after_s(lease_config))
         self.heartbeat_sender = HeartbeatSender(
-            self, lease_config.max_heartbeat_bytes, self.read_fence.heartbeat_delivered
+            self, lease_config.max_heartbeat_bytes, self.read_fence.heartbeat_delivered, self.heartbeat_acks
         )
         self.idle_pause = IdlePause(lease_config.idle_step_sleep_s, self.lease_keeper.table)
 
@@ -70,13 +77,30 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
     def _get_new_notifs(self) -> set[str]:
         notifs = self.nixl_wrapper.get_new_notifs()
         self.idle_pause.saw_notifications(notifs)
-        return self.lease_keeper.route(notifs)
+        done, ack_messages = self.lease_keeper.route(notifs)  # HB:, completions
+        self.heartbeat_acker.handle(ack_messages)  # P: LHB: extended and answered (before the sweep)
+        self.heartbeat_acks.received(ack_messages)  # D: LACK: answers renew views
+        return done
 
     def _reap_expired_send_leases(self, done_sending: set[str]) -> None:
         self.lease_keeper.expire(done_sending)
 
     def _handle_heartbeat(self, payload: str) -> None:
         self.lease_keeper.extend_payload(payload)
+
+    def shutdown(self) -> None:
+        self.heartbeat_acker.shutdown()
+        super().shutdown()
+
+
+def forget_after_s(lease_config: LeaseConfig) -> float:
+    # P unloads a D agent silent this long: well past any lease it could hold.
+    return max(60.0, 4 * lease_config.lease_extension)
+
+
+def rehello_after_s(lease_config: LeaseConfig) -> float:
+    # D repeats its hello to a P rank that has not answered for two intervals.
+    return max(1.0, 2 * lease_config.heartbeat_interval)
 
 
 class LeaseNixlPushConnectorWorker(NixlPushConnectorWorker):

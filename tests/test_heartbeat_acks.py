@@ -1,0 +1,244 @@
+"""Acknowledged heartbeats: D's views move only on P's answers (issue 12).
+
+D's components (HeartbeatSender, HeartbeatAcks, ReadFence) and P's
+(LeaseKeeper, HeartbeatAcker) run against two fakes of the upstream worker;
+the test carries messages between them by hand, so it decides what a
+partition holds back and when it is delivered.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+from types import SimpleNamespace
+
+import pytest
+from upstream_fake import FakeUpstreamWorker
+from vllm_support import Clock
+
+from vllm_nixl_lease._wire import (
+    ACK_HELLO_PREFIX,
+    acked_heartbeat_message,
+    heartbeat_message,
+    parse_heartbeat_ack,
+)
+from vllm_nixl_lease.vllm.config import LeaseConfig
+from vllm_nixl_lease.vllm.heartbeat_acker import HeartbeatAcker
+from vllm_nixl_lease.vllm.heartbeat_acks import HeartbeatAcks
+from vllm_nixl_lease.vllm.heartbeat_sender import HeartbeatSender
+from vllm_nixl_lease.vllm.lease_keeper import MAX_NOT_EXTENDED_BYTES, LeaseKeeper
+from vllm_nixl_lease.vllm.lease_views import PARAM_LEASE_ACKS, LeaseViewCollector, add_lease_params
+from vllm_nixl_lease.vllm.metadata import LEASE_HEARTBEATS_ATTR, LEASE_VIEWS_ATTR, EngineHeartbeats
+from vllm_nixl_lease.vllm.read_fence import ReadFence
+
+CONFIG = LeaseConfig.from_extra_config({"kv_lease_duration": 12})  # extension 8, interval 2, margin 2
+EXT = CONFIG.lease_extension
+READ = SimpleNamespace(remote=SimpleNamespace(engine_id="P"), local_block_ids=[[1]])
+
+
+class Pair:
+    """One P rank and one D rank, joined by a hand-carried network."""
+
+    def __init__(self, clock: Clock, ranks: int = 1) -> None:
+        self.clock = clock
+        self.p = [FakeUpstreamWorker() for _ in range(ranks)]
+        self.keepers, self.ackers = [], []
+        for r, up in enumerate(self.p):
+            up.nixl_wrapper.name = f"P-agent-{r}"
+            keeper = LeaseKeeper(up, CONFIG)
+            self.keepers.append(keeper)
+            self.ackers.append(HeartbeatAcker(up, keeper, forget_after_s=60))
+        self.d = FakeUpstreamWorker()
+        self.d.nixl_wrapper.name = "D-agent"
+        self.d.connect("P", ranks=ranks)
+        self.fence = ReadFence(self.d, CONFIG)
+        self.acks = HeartbeatAcks(self.d, self.fence.views, rehello_s=4)
+        self.sender = HeartbeatSender(self.d, 8192, self.fence.heartbeat_delivered, self.acks)
+
+    def grant(self, p_id: str, d_id: str, acks: bool = True) -> None:
+        for keeper in self.keepers:
+            keeper.deadlines[p_id] = self.clock.now + EXT
+        params: dict = {"do_remote_prefill": True}
+        add_lease_params(params, self.clock.now + EXT, EXT)
+        if not acks:
+            del params[PARAM_LEASE_ACKS]
+        collector = LeaseViewCollector(CONFIG, "pull")
+        collector.add(d_id, "P", p_id, params)
+        meta = SimpleNamespace()
+        collector.attach(meta)
+        self.fence.add_views(meta)
+
+    def d_heartbeat(self, *p_ids: str) -> None:
+        hb = EngineHeartbeats([heartbeat_message(p_ids)], "10.0.0.1", 5600, len(self.p))
+        self.sender.send(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": hb}}))
+
+    def take_d_sends(self) -> list[tuple[str, bytes]]:
+        sent, self.d.nixl_wrapper.sent = self.d.nixl_wrapper.sent, []
+        return sent
+
+    def p_step(self, held: list[tuple[str, bytes]]) -> None:
+        """Deliver D's messages to the P ranks, step each (route, answer, expire)."""
+        for r, (up, keeper, acker) in enumerate(zip(self.p, self.keepers, self.ackers)):
+            msgs = [m for agent, m in held if agent == f"P-agent-{r}"]
+            _, ack_messages = keeper.route({"D-agent": msgs} if msgs else {})
+            acker.handle(ack_messages)
+            settle(acker)
+            acker.handle({})  # answers queued behind the hello go out now
+            keeper.expire(set())
+
+    def take_p_sends(self) -> list[tuple[str, bytes]]:
+        out = []
+        for up in self.p:
+            out += [(up.nixl_wrapper.name, m) for _, m in up.nixl_wrapper.sent]
+            up.nixl_wrapper.sent = []
+        return out
+
+    def d_receive(self, answers: list[tuple[str, bytes]]) -> None:
+        by_agent: dict[str, list[bytes]] = {}
+        for agent, msg in answers:
+            by_agent.setdefault(agent, []).append(msg)
+        self.acks.received(by_agent)
+
+    def remaining(self, d_id: str) -> float:
+        left = self.fence.views.remaining(d_id, self.clock.now, 0.0)
+        assert left is not None
+        return left
+
+
+def settle(acker: HeartbeatAcker) -> None:
+    concurrent.futures.wait(list(acker._loading.values()), timeout=5)
+
+
+def test_view_moves_only_when_p_answers(clock: Clock) -> None:
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    clock.advance(3)
+    net.d_heartbeat("p1")
+    sent = net.take_d_sends()
+    assert sent[0][1].startswith(ACK_HELLO_PREFIX) and sent[1][1].startswith(b"LHB:")
+    assert net.remaining("d1") == pytest.approx(EXT - 3)  # the send alone proves nothing
+    clock.advance(1)
+    net.p_step(sent)
+    assert net.keepers[0].table.deadline("p1") == pytest.approx(clock.now + EXT)
+    answers = net.take_p_sends()
+    assert [parse_heartbeat_ack(m) for _, m in answers] == [(1, frozenset())]
+    net.d_receive(answers)
+    # Renewed from the send (D's clock), not from the answer's arrival.
+    assert net.remaining("d1") == pytest.approx(EXT - 1)
+    assert net.d.count("num_heartbeat_views_renewed") == 1
+    assert net.p[0].count("num_heartbeat_acks_sent") == 1
+
+
+def test_heartbeat_delivered_after_p_expired_never_renews(clock: Clock) -> None:
+    """The partition of issue 12: the send returns, UCX holds the message, P
+    frees the lease, the message arrives after the heal."""
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    net.grant("p2", "d2")
+    clock.advance(2)
+    net.d_heartbeat("p1", "p2")
+    net.p_step(net.take_d_sends())
+    net.d_receive(net.take_p_sends())
+    clock.advance(2)
+    held_at = clock.now
+    net.d_heartbeat("p1", "p2")
+    held = net.take_d_sends()  # cut: nothing reaches P
+    clock.advance(EXT)
+    net.keepers[0].deadlines["p2"] = clock.now + EXT  # stand-in for a heartbeat P did get for p2
+    net.p_step([])
+    assert "p1" not in net.keepers[0].table and "p2" in net.keepers[0].table
+    clock.advance(1)  # heal
+    net.p_step(held)
+    answers = net.take_p_sends()
+    assert [parse_heartbeat_ack(m) for _, m in answers] == [(2, frozenset({"p1"}))]
+    net.d_receive(answers)
+    assert net.remaining("d1") < net.fence.views.margin
+    assert net.fence.fenced("d1", READ)
+    # p2 was held: renewed, but only to the held send's time + extension.
+    assert net.remaining("d2") == pytest.approx(held_at + EXT - clock.now)
+
+
+def test_answers_from_every_rank_are_needed(clock: Clock) -> None:
+    net = Pair(clock, ranks=2)
+    net.grant("p1", "d1")
+    clock.advance(3)
+    net.d_heartbeat("p1")
+    sent = net.take_d_sends()
+    net.p_step(sent)
+    answers = net.take_p_sends()
+    assert len(answers) == 2
+    net.d_receive(answers[:1])
+    assert net.remaining("d1") == pytest.approx(EXT - 3)
+    net.d_receive(answers[:1])  # a duplicate proves nothing more
+    assert net.remaining("d1") == pytest.approx(EXT - 3)
+    net.d_receive(answers[1:])
+    assert net.remaining("d1") == pytest.approx(EXT)
+
+
+def test_lost_answers_leave_the_view_and_d_says_hello_again(clock: Clock) -> None:
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    clock.advance(1)
+    net.d_heartbeat("p1")
+    net.p_step(net.take_d_sends())
+    net.take_p_sends()  # lost
+    assert net.remaining("d1") == pytest.approx(EXT - 1)
+    clock.advance(2)
+    net.d_heartbeat("p1")
+    assert not net.take_d_sends()[0][1].startswith(ACK_HELLO_PREFIX)  # hello 3 s ago
+    clock.advance(2)
+    net.d_heartbeat("p1")
+    assert net.take_d_sends()[0][1].startswith(ACK_HELLO_PREFIX)  # no answer for 4 s
+
+
+def test_p_without_acks_keeps_renew_on_send_and_gets_plain_heartbeats(clock: Clock) -> None:
+    net = Pair(clock)
+    net.grant("p1", "d1", acks=False)
+    clock.advance(3)
+    net.d_heartbeat("p1")
+    assert [m for _, m in net.take_d_sends()] == [heartbeat_message(["p1"])]
+    assert net.remaining("d1") == pytest.approx(EXT)
+
+
+def test_p_answers_a_hello_only_for_the_agent_that_sent_it(clock: Clock) -> None:
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    keeper, acker, p = net.keepers[0], net.ackers[0], net.p[0]
+    forged = ACK_HELLO_PREFIX + b"fake-md:someone-else"
+    _, msgs = keeper.route({"D-agent": [forged, acked_heartbeat_message(7, heartbeat_message(["p1"]))]})
+    acker.handle(msgs)
+    settle(acker)
+    acker.handle({})
+    assert p.nixl_wrapper.sent == [] and "someone-else" not in p.nixl_wrapper.loaded
+    assert p.count("num_heartbeat_acks_dropped") == 1
+
+
+def test_hostile_acked_heartbeats_are_bounded(clock: Clock) -> None:
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    keeper, acker, p = net.keepers[0], net.ackers[0], net.p[0]
+    many = heartbeat_message([f"x{i:06d}" for i in range(2000)])
+    hello = ACK_HELLO_PREFIX + b"fake-md:D-agent"
+    batch = [hello, b"LHB:", b"LHB:x:p1", acked_heartbeat_message(3, many), b"LHB:4:\xff\xfe"]
+    _, msgs = keeper.route({"D-agent": batch})
+    acker.handle(msgs)
+    settle(acker)
+    acker.handle({})
+    answers = [parse_heartbeat_ack(m) for _, m in p.nixl_wrapper.sent]
+    assert answers == [(3, None), (4, None)]  # "none extended": too many ids / undecodable
+    assert all(len(m) < MAX_NOT_EXTENDED_BYTES + 64 for _, m in p.nixl_wrapper.sent)
+    assert p.count("num_malformed_notifs") == 2
+    # D ignores malformed answers and answers to heartbeats it never sent.
+    net.d_receive([("P-agent-0", b"LACK:zz"), ("P-agent-0", b"LACK:99")])
+    assert net.d.count("num_malformed_notifs") == 1
+
+
+def test_views_carry_the_ack_flag_from_p(clock: Clock) -> None:
+    params: dict = {}
+    add_lease_params(params, 10.0, EXT)
+    assert params[PARAM_LEASE_ACKS] is True
+    collector = LeaseViewCollector(CONFIG, "pull")
+    collector.add("d1", "P", "p1", params)
+    collector.add("d2", "P2", "p2", {**params, PARAM_LEASE_ACKS: "yes"})  # only True counts
+    meta = SimpleNamespace()
+    collector.attach(meta)
+    assert {k: v[4] for k, v in getattr(meta, LEASE_VIEWS_ATTR).new.items()} == {"d1": True, "d2": False}

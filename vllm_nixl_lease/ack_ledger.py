@@ -1,0 +1,103 @@
+"""D's acknowledged heartbeats still waiting for P's answer, and what an answer proves.
+
+Why acknowledgements: a heartbeat whose ``send_notif`` returned has not
+reached P.  Under a partition UCX queues it and delivers it after the heal,
+when P may long have freed the blocks; a D that renewed its view on the send
+then reads someone else's KV (issue 12).  So D renews a view only when P says
+it applied the heartbeat:
+
+- D sends ``LHB:<seq>:<ids>`` to every P rank of an engine at local time
+  ``started`` and records ``seq`` here;
+- each P rank extends the leases it holds (to at least its arrival time plus
+  the extension) and answers ``LACK:<seq>`` naming the ids it did not hold;
+- once every rank has answered, each id no rank disowned was leased on every
+  rank when the heartbeat arrived, which was after ``started``: its lease ends
+  no earlier than ``started + extension``, whatever the delays were.
+
+Late, duplicated, reordered or lost answers cannot break this: an answer only
+ever proves something about the send it names, a second answer from the same
+rank is ignored, and a lost one only leaves the view where it was (D may then
+fence a read it could have made: safe, and counted).
+
+No vLLM imports: ``vllm/heartbeat_acks.py`` feeds it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+
+@dataclass(slots=True)
+class _Sent:
+    engine_id: str
+    payload: bytes  # the heartbeat's comma-joined ids
+    started: float  # D's clock, before the first send
+    waiting: set[str]  # P agents that have not answered yet
+    not_extended: set[str] = field(default_factory=set)
+    none_extended: bool = False
+
+
+@dataclass(slots=True, frozen=True)
+class Proven:
+    """What a complete set of answers proves: each of ``remote_ids`` is leased
+    on P until at least ``started`` plus P's extension (D's clock)."""
+
+    engine_id: str
+    remote_ids: list[str]
+    started: float
+
+
+class AckLedger:
+    """Acknowledged heartbeats in flight, by sequence number."""
+
+    def __init__(self, first_seq: int = 1) -> None:
+        self._next = first_seq
+        self._sent: dict[int, _Sent] = {}  # insertion order == seq order == send order
+
+    def __len__(self) -> int:
+        return len(self._sent)
+
+    def open(self, engine_id: str, agents: Iterable[str], payload: bytes, started: float) -> int:
+        """Record a heartbeat about to be sent to ``agents``; return its sequence number."""
+        seq = self._next
+        self._next += 1
+        waiting = set(agents)
+        if waiting:
+            self._sent[seq] = _Sent(engine_id, bytes(payload), started, waiting)
+        return seq
+
+    def answered(self, agent: str, seq: int, not_extended: frozenset[str] | None) -> Proven | None:
+        """Take ``agent``'s answer to ``seq`` (``not_extended`` None: count none
+        as extended).  Returns what is proven once the last agent has answered;
+        None while answers are missing, and for an unknown, pruned or repeated answer."""
+        sent = self._sent.get(seq)
+        if sent is None or agent not in sent.waiting:
+            return None
+        sent.waiting.discard(agent)
+        if not_extended is None:
+            sent.none_extended = True
+        else:
+            sent.not_extended.update(not_extended)
+        if sent.waiting:
+            return None
+        del self._sent[seq]
+        if sent.none_extended or not sent.payload:
+            return Proven(sent.engine_id, [], sent.started)
+        try:
+            ids = sent.payload.decode("utf-8").split(",")
+        except UnicodeDecodeError:
+            ids = []
+        skip = sent.not_extended
+        return Proven(sent.engine_id, [i for i in ids if i not in skip] if skip else ids, sent.started)
+
+    def prune(self, sent_before: float) -> int:
+        """Forget heartbeats sent before ``sent_before`` (an answer to them
+        could no longer move a view); return how many were forgotten."""
+        dropped = 0
+        for seq, sent in list(self._sent.items()):
+            if sent.started >= sent_before:
+                break
+            del self._sent[seq]
+            dropped += 1
+        return dropped
