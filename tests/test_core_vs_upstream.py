@@ -38,9 +38,7 @@ step_st = st.fixed_dictionaries(
         "notifs": st.lists(
             st.one_of(
                 st.sampled_from(IDS).map(lambda r: f"{r}:{EXPECTED[r]}".encode()),
-                st.lists(st.sampled_from(IDS + ["unknown"]), min_size=1, max_size=5).map(
-                    heartbeat_message
-                ),
+                st.lists(st.sampled_from(IDS + ["unknown"]), min_size=1, max_size=5).map(heartbeat_message),
             ),
             max_size=6,
         ),

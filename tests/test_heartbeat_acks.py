@@ -77,7 +77,7 @@ class Pair:
 
     def p_step(self, held: list[tuple[str, bytes]]) -> None:
         """Deliver D's messages to the P ranks, step each (route, answer, expire)."""
-        for r, (up, keeper, acker) in enumerate(zip(self.p, self.keepers, self.ackers)):
+        for r, (keeper, acker) in enumerate(zip(self.keepers, self.ackers, strict=True)):
             msgs = [m for agent, m in held if agent == f"P-agent-{r}"]
             _, ack_messages = keeper.route({"D-agent": msgs} if msgs else {})
             acker.handle(ack_messages)

@@ -48,7 +48,9 @@ class FakeNixlWrapper:
             self.sent.append((agent_name, notif_msg))
 
     # Agent metadata: b"fake-md:<name>" stands for NIXL's connection info.
-    def get_partial_agent_metadata(self, descs: Any, inc_conn_info: bool = False, backends: Any = ()) -> bytes:
+    def get_partial_agent_metadata(
+        self, descs: Any, inc_conn_info: bool = False, backends: Any = ()
+    ) -> bytes:
         return b"fake-md:" + self.name.encode()
 
     def add_remote_agent(self, metadata: bytes) -> bytes:

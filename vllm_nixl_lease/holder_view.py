@@ -114,7 +114,9 @@ class HolderLeaseViews:
                 renewed += 1
         return renewed
 
-    def heartbeat_acked(self, engine_id: str, remote_ids: Iterable[str], offset: float, started: float) -> int:
+    def heartbeat_acked(
+        self, engine_id: str, remote_ids: Iterable[str], offset: float, started: float
+    ) -> int:
         """P applied a heartbeat D sent at ``started`` (D's clock) to each of
         ``remote_ids`` while it held their leases: renew them to ``started +
         extension``.  Returns how many views it renewed."""

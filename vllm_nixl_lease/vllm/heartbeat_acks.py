@@ -54,7 +54,9 @@ class HeartbeatAcks:
         """Does this P engine acknowledge heartbeats?"""
         return engine_id in self._views.acked_engines
 
-    def sends(self, engine_id: str, agents: Sequence[str], messages: Sequence[bytes]) -> list[tuple[str, bytes]]:
+    def sends(
+        self, engine_id: str, agents: Sequence[str], messages: Sequence[bytes]
+    ) -> list[tuple[str, bytes]]:
         """The (agent, message) pairs for one engine's heartbeats: hellos where
         due, then each ``HB:`` message as ``LHB:`` to every agent, recorded."""
         now = time.perf_counter()
@@ -84,7 +86,9 @@ class HeartbeatAcks:
                 parsed = parse_heartbeat_ack(msg)
                 if parsed is None:
                     stats.add("num_malformed_notifs", 1)
-                    self._log.warning(1, "Skipped a malformed heartbeat acknowledgement from %s: %r", agent, msg[:64])
+                    self._log.warning(
+                        1, "Skipped a malformed heartbeat acknowledgement from %s: %r", agent, msg[:64]
+                    )
                     continue
                 answers += 1
                 self._answered[agent] = now
@@ -95,7 +99,9 @@ class HeartbeatAcks:
                 if offset is None:
                     stale += 1
                     continue
-                renewed += self._views.heartbeat_acked(proven.engine_id, proven.remote_ids, offset, proven.started)
+                renewed += self._views.heartbeat_acked(
+                    proven.engine_id, proven.remote_ids, offset, proven.started
+                )
         if answers:
             stats.add("num_heartbeat_acks_recv", answers)
             stats.add("num_heartbeat_views_renewed", renewed)

@@ -29,7 +29,9 @@ class NixlWrapper(Protocol):
 
     def remove_remote_agent(self, agent: str) -> None: ...
 
-    def get_partial_agent_metadata(self, descs: Any, inc_conn_info: bool = False, backends: Any = ()) -> bytes: ...
+    def get_partial_agent_metadata(
+        self, descs: Any, inc_conn_info: bool = False, backends: Any = ()
+    ) -> bytes: ...
 
 
 class UpstreamWorker(Protocol):
