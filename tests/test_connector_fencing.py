@@ -19,7 +19,7 @@ from vllm_support import (
 )
 
 from vllm_nixl_lease._wire import heartbeat_message
-from vllm_nixl_lease.vllm.lease_views import PARAM_LEASE_DEADLINE, PARAM_LEASE_EXTENSION
+from vllm_nixl_lease.vllm.lease_views import PARAM_LEASE_ACKS, PARAM_LEASE_DEADLINE, PARAM_LEASE_EXTENSION
 from vllm_nixl_lease.vllm.metadata import EngineHeartbeats, LeaseViewUpdates
 from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
 from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
@@ -58,6 +58,7 @@ def test_p_reports_its_lease_deadline_and_extension(scheduler_factory, clock: Cl
     assert delay and params["do_remote_prefill"]
     assert params[PARAM_LEASE_DEADLINE] == sched._reqs_need_send["p-1"] == clock.now + LEASE
     assert params[PARAM_LEASE_EXTENSION] == LEASE * 2 // 3
+    assert params[PARAM_LEASE_ACKS] is True
     # Nothing to hold (no blocks): no lease, no deadline.
     delay, params = sched.request_finished(_finished_prefill("p-2"), ([],))
     assert not delay and PARAM_LEASE_DEADLINE not in params
@@ -77,7 +78,7 @@ def test_d_scheduler_ships_views_and_drops(scheduler_factory, clock: Clock) -> N
     sched.on_new_request(fake_request("d2", **_d_params("P", "p2", 5001.0)))
     meta = sched.build_connector_meta(None)
     assert meta.lease_views == LeaseViewUpdates(
-        {"d1": ("P", "p1", 5000.0, 8.0), "d2": ("P", "p2", 5001.0, 8.0)}, []
+        {"d1": ("P", "p1", 5000.0, 8.0, False), "d2": ("P", "p2", 5001.0, 8.0, False)}, []
     )
     sched.update_connector_output(SimpleNamespace(finished_recving={"d1"}))  # read done
     sched.on_new_request(fake_request("d3", **_d_params("P", "p3", 5002.0)))
@@ -201,9 +202,49 @@ def test_start_load_kv_adds_views_before_reads_and_drops_after(d_worker, clock: 
     monkeypatch.setattr(
         STOCK_PULL_WORKER, "start_load_kv", lambda self, meta: seen.append("d1" in self.read_fence.views)
     )
-    new = {"d1": ("P", "p1", clock.now + 510.0, 8.0)}
+    new = {"d1": ("P", "p1", clock.now + 510.0, 8.0, True)}
     d_worker.start_load_kv(_Meta(LeaseViewUpdates(new, [])))
     d_worker.start_load_kv(_Meta(LeaseViewUpdates({}, ["d1"])))
     assert seen == [True, True] and "d1" not in d_worker.read_fence.views
     d_worker.start_load_kv(_Meta(None))  # metadata from a stock scheduler
     assert seen == [True, True, False]
+
+
+def test_acked_views_move_only_on_p_workers_answers(d_worker, clock: Clock) -> None:
+    """Our D worker and two of our P workers (real classes, fake NIXL): hello and
+    LHB out, LACK back through ``_get_new_notifs`` on both sides."""
+    import concurrent.futures
+
+    d_worker.nixl_wrapper.name = "d-agent"
+    d_worker.read_fence.views.add("d1", "P", "p1", clock.now + 500.0 + 10.0, 8.0, acked=True)
+    p_workers = []
+    for rank in range(2):
+        p = make_worker(LeaseNixlPullConnectorWorker, LEASE)
+        p.nixl_wrapper.name = f"p-agent-{rank}"
+        p.lease_keeper.deadlines["p1"] = clock.now + 10.0
+        p_workers.append(p)
+    clock.advance(5.0)
+    sent_at = clock.now
+    hb = EngineHeartbeats([heartbeat_message(["p1"])], "127.0.0.1", 5600, 2)
+    d_worker._send_heartbeats(_Meta(heartbeats={"P": hb}))
+    assert d_worker.read_fence.views.remaining("d1", clock.now, 500.0) == pytest.approx(5.0)
+    clock.advance(1.0)
+    for p in p_workers:
+        for agent, msg in d_worker.nixl_wrapper.sent:
+            if agent == p.nixl_wrapper.name:
+                p.nixl_wrapper.deliver("d-agent", msg)
+        p._get_new_notifs()  # extends p1 now, answer waits for the hello's load
+        concurrent.futures.wait(list(p.heartbeat_acker._loading.values()), timeout=5)
+        p._get_new_notifs()  # sends it
+        assert p.lease_keeper.table.deadline("p1") == pytest.approx(clock.now + 8.0)
+        (answer,) = p.nixl_wrapper.sent
+        assert answer[0] == "d-agent" and answer[1].startswith(b"LACK:")
+        d_worker.nixl_wrapper.deliver(p.nixl_wrapper.name, answer[1])
+        if p is p_workers[0]:
+            d_worker._get_new_notifs()
+            assert d_worker.read_fence.views.remaining("d1", clock.now, 500.0) == pytest.approx(4.0)
+    d_worker._get_new_notifs()
+    assert d_worker.read_fence.views.remaining("d1", clock.now, 500.0) == pytest.approx(
+        sent_at + 8.0 - clock.now
+    )
+    assert sum(d_worker.xfer_stats.data["num_heartbeat_acks_recv"]) == 2
