@@ -52,14 +52,14 @@ def test_none_extended_and_pruning() -> None:
 def test_wire_round_trip() -> None:
     msg = acked_heartbeat_message(42, heartbeat_message(["a:1", "b"]))
     assert msg == b"LHB:42:a:1,b" and parse_acked_heartbeat(msg) == (42, b"a:1,b")
-    assert parse_heartbeat_ack(heartbeat_ack_message(7)) == (7, frozenset())
-    assert parse_heartbeat_ack(heartbeat_ack_message(7, b"x,y")) == (7, frozenset({"x", "y"}))
-    assert parse_heartbeat_ack(heartbeat_ack_message(7, b"*")) == (7, None)
+    assert parse_heartbeat_ack(heartbeat_ack_message([7])) == ([7], frozenset())
+    assert parse_heartbeat_ack(heartbeat_ack_message([7, 9], b"x,y")) == ([7, 9], frozenset({"x", "y"}))
+    assert parse_heartbeat_ack(heartbeat_ack_message([7], b"*")) == ([7], None)
     for bad in (b"LHB:", b"LHB:7", b"LHB:-1:a", b"LHB:1" + b"0" * 20 + b":a"):
         assert parse_acked_heartbeat(bad) is None
-    for bad in (b"LACK:", b"LACK:x", b"LACK::a"):
+    for bad in (b"LACK:", b"LACK:x", b"LACK::a", b"LACK:1,,2", b"LACK:1,x:a"):
         assert parse_heartbeat_ack(bad) is None
-    assert parse_heartbeat_ack(b"LACK:3:\xff") == (3, None)
+    assert parse_heartbeat_ack(b"LACK:3:\xff") == ([3], None)
 
 
 # One step of the world: ("hb", ids) D sends a heartbeat now; ("tick", dt)
@@ -121,17 +121,22 @@ def test_view_never_outlives_p_under_any_delivery(core, ranks, script, delays, d
                 to_p += [(t, rank, msg) for t in fate(now)]
         else:
             now += arg
-            # P: apply what arrived (in arrival order), answer, then sweep.
+            # P: apply what arrived (in arrival order), answer once per
+            # rank listing every heartbeat (as HeartbeatAcker does), then sweep.
             arrived = sorted(m for m in to_p if m[0] <= now)
             to_p = [m for m in to_p if m[0] > now]
+            answered: dict[int, tuple[list[int], set[str]]] = {}
             for _, rank, msg in arrived:
                 parsed = parse_acked_heartbeat(msg)
                 assert parsed is not None
                 seq, payload = parsed
                 table = tables[rank]
                 table.extend_counted(payload, now)
-                missing = ",".join(i for i in payload.decode().split(",") if i not in table).encode()
-                answer = heartbeat_ack_message(seq, missing)
+                seqs, missing = answered.setdefault(rank, ([], set()))
+                seqs.append(seq)
+                missing.update(i for i in payload.decode().split(",") if i not in table)
+            for rank, (seqs, missing) in answered.items():
+                answer = heartbeat_ack_message(seqs, ",".join(sorted(missing)).encode())
                 to_d += [(t, agents[rank], answer) for t in fate(now)]
             for rank, table in enumerate(tables):
                 deadlines = {p_id: table.deadline(p_id) for p_id in IDS if p_id in table}
@@ -143,9 +148,10 @@ def test_view_never_outlives_p_under_any_delivery(core, ranks, script, delays, d
             for _, agent, answer in arrived_d:
                 parsed_ack = parse_heartbeat_ack(answer)
                 assert parsed_ack is not None
-                proven = ledger.answered(agent, *parsed_ack)
-                if proven is not None:
-                    views.heartbeat_acked(proven.engine_id, proven.remote_ids, 0.0, proven.started)
+                for seq in parsed_ack[0]:
+                    proven = ledger.answered(agent, seq, parsed_ack[1])
+                    if proven is not None:
+                        views.heartbeat_acked(proven.engine_id, proven.remote_ids, 0.0, proven.started)
             ledger.prune(now - EXT)
         # The property, after every action.
         for p_id in IDS:

@@ -22,10 +22,10 @@ from vllm_nixl_lease._wire import (
     parse_heartbeat_ack,
 )
 from vllm_nixl_lease.vllm.config import LeaseConfig
-from vllm_nixl_lease.vllm.heartbeat_acker import HeartbeatAcker
+from vllm_nixl_lease.vllm.heartbeat_acker import MAX_NOT_EXTENDED_BYTES, MAX_SEQS_PER_ANSWER, HeartbeatAcker
 from vllm_nixl_lease.vllm.heartbeat_acks import HeartbeatAcks
 from vllm_nixl_lease.vllm.heartbeat_sender import HeartbeatSender
-from vllm_nixl_lease.vllm.lease_keeper import MAX_NOT_EXTENDED_BYTES, LeaseKeeper
+from vllm_nixl_lease.vllm.lease_keeper import LeaseKeeper
 from vllm_nixl_lease.vllm.lease_views import PARAM_LEASE_ACKS, LeaseViewCollector, add_lease_params
 from vllm_nixl_lease.vllm.metadata import LEASE_HEARTBEATS_ATTR, LEASE_VIEWS_ATTR, EngineHeartbeats
 from vllm_nixl_lease.vllm.read_fence import ReadFence
@@ -122,7 +122,7 @@ def test_view_moves_only_when_p_answers(clock: Clock) -> None:
     net.p_step(sent)
     assert net.keepers[0].table.deadline("p1") == pytest.approx(clock.now + EXT)
     answers = net.take_p_sends()
-    assert [parse_heartbeat_ack(m) for _, m in answers] == [(1, frozenset())]
+    assert [parse_heartbeat_ack(m) for _, m in answers] == [([1], frozenset())]
     net.d_receive(answers)
     # Renewed from the send (D's clock), not from the answer's arrival.
     assert net.remaining("d1") == pytest.approx(EXT - 1)
@@ -151,7 +151,7 @@ def test_heartbeat_delivered_after_p_expired_never_renews(clock: Clock) -> None:
     clock.advance(1)  # heal
     net.p_step(held)
     answers = net.take_p_sends()
-    assert [parse_heartbeat_ack(m) for _, m in answers] == [(2, frozenset({"p1"}))]
+    assert [parse_heartbeat_ack(m) for _, m in answers] == [([2], frozenset({"p1"}))]
     net.d_receive(answers)
     assert net.remaining("d1") < net.fence.views.margin
     assert net.fence.fenced("d1", READ)
@@ -226,7 +226,7 @@ def test_hostile_acked_heartbeats_are_bounded(clock: Clock) -> None:
     settle(acker)
     acker.handle({})
     answers = [parse_heartbeat_ack(m) for _, m in p.nixl_wrapper.sent]
-    assert answers == [(3, None), (4, None)]  # "none extended": too many ids / undecodable
+    assert answers == [([3, 4], None)]  # "none extended": too many ids / undecodable
     assert all(len(m) < MAX_NOT_EXTENDED_BYTES + 64 for _, m in p.nixl_wrapper.sent)
     assert p.count("num_malformed_notifs") == 2
     # D ignores malformed answers and answers to heartbeats it never sent.
@@ -244,3 +244,22 @@ def test_views_carry_the_ack_flag_from_p(clock: Clock) -> None:
     meta = SimpleNamespace()
     collector.attach(meta)
     assert {k: v[4] for k, v in getattr(meta, LEASE_VIEWS_ATTR).new.items()} == {"d1": True, "d2": False}
+
+
+def test_one_answer_per_d_agent_per_step(clock: Clock) -> None:
+    """A D heartbeating thousands of leases sends hundreds of LHB messages per
+    interval; P answers them with a few sends, not one each."""
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    keeper, acker, p = net.keepers[0], net.ackers[0], net.p[0]
+    n = MAX_SEQS_PER_ANSWER + 10
+    batch = [ACK_HELLO_PREFIX + b"fake-md:D-agent"]
+    batch += [acked_heartbeat_message(seq, heartbeat_message(["p1", f"gone{seq % 3}"])) for seq in range(n)]
+    _, msgs = keeper.route({"D-agent": batch})
+    acker.handle(msgs)
+    settle(acker)
+    acker.handle({})
+    answers = [parse_heartbeat_ack(m) for _, m in p.nixl_wrapper.sent]
+    assert [len(seqs) for seqs, _ in answers] == [MAX_SEQS_PER_ANSWER, 10]  # type: ignore[misc]
+    assert all(missing == {"gone0", "gone1", "gone2"} for _, missing in answers)  # type: ignore[misc]
+    assert p.count("num_heartbeat_acks_sent") == n

@@ -13,9 +13,10 @@ Ours only, sent only to a peer that advertised it (a stock P never sees them;
 see ``vllm/heartbeat_acks.py``):
 - acknowledged heartbeat, D -> P: ``LHB:<seq>:<id>,<id>,...`` -- a heartbeat
   (same id list as ``HB:``) that P answers with an acknowledgement;
-- acknowledgement, P -> D: ``LACK:<seq>`` (every id was leased and is now
-  extended) or ``LACK:<seq>:<id>,<id>,...`` (these ids were not leased, the
-  rest were) or ``LACK:<seq>:*`` (treat none as extended);
+- acknowledgement, P -> D: ``LACK:<seq>,<seq>,...`` (every id those
+  heartbeats named was leased and is now extended) or
+  ``LACK:<seqs>:<id>,<id>,...`` (these ids were not leased, the rest were) or
+  ``LACK:<seqs>:*`` (treat none as extended); one per D agent per P step;
 - hello, D -> P: ``LHELLO:<NIXL agent metadata>`` -- D's connection info
   (no memory), so P can send acknowledgements back.
 
@@ -79,27 +80,34 @@ def parse_acked_heartbeat(msg: bytes) -> tuple[int, bytes] | None:
     return None if seq is None or rest is None else (seq, rest)
 
 
-def heartbeat_ack_message(seq: int, not_extended: bytes = b"") -> bytes:
-    """``LACK:<seq>[:<ids>]``; ``not_extended`` is a comma-joined id list or ``ACK_NONE``."""
-    if not_extended:
-        return b"%s%d:%s" % (HEARTBEAT_ACK_PREFIX, seq, not_extended)
-    return b"%s%d" % (HEARTBEAT_ACK_PREFIX, seq)
+def heartbeat_ack_message(seqs: Iterable[int], not_extended: bytes = b"") -> bytes:
+    """``LACK:<seq>,...[:<ids>]``; ``not_extended`` is a comma-joined id list or
+    ``ACK_NONE``, and applies to every listed heartbeat (an id missing from one
+    counts as missing from all: conservative)."""
+    head = HEARTBEAT_ACK_PREFIX + b",".join(b"%d" % seq for seq in seqs)
+    return head + b":" + not_extended if not_extended else head
 
 
-def parse_heartbeat_ack(msg: bytes) -> tuple[int, frozenset[str] | None] | None:
-    """``(seq, ids P did not extend)`` of an ``LACK:`` message, the set None for
+def parse_heartbeat_ack(msg: bytes) -> tuple[list[int], frozenset[str] | None] | None:
+    """``(seqs, ids P did not extend)`` of an ``LACK:`` message, the set None for
     "none extended"; None when malformed."""
-    seq, rest = _split_seq(msg, HEARTBEAT_ACK_PREFIX)
-    if seq is None:
-        return None
+    body = msg[len(HEARTBEAT_ACK_PREFIX) :]
+    colon = body.find(b":")
+    seq_list = body if colon < 0 else body[:colon]
+    seqs = []
+    for digits in seq_list.split(b","):
+        if not digits or len(digits) > 20 or not digits.isdigit():
+            return None
+        seqs.append(int(digits))
+    rest = b"" if colon < 0 else body[colon + 1 :]
     if not rest:
-        return seq, frozenset()
+        return seqs, frozenset()
     if rest == ACK_NONE:
-        return seq, None
+        return seqs, None
     try:
-        return seq, frozenset(rest.decode("utf-8").split(","))
+        return seqs, frozenset(rest.decode("utf-8").split(","))
     except UnicodeDecodeError:
-        return seq, None  # cannot tell which: none counts
+        return seqs, None  # cannot tell which: none counts
 
 
 def _split_seq(msg: bytes, prefix: bytes) -> tuple[int | None, bytes | None]:

@@ -7,9 +7,11 @@ the argument; ``heartbeat_acks.py`` is D's side).
   first remote agent takes ~60 ms of UCX set-up here; later ones 1-6 ms), and
   checks that the metadata names the agent that sent it.
 - ``LHB:<seq>:<ids>``: extended in the table by ``LeaseKeeper.extend_acked``
-  in this step (before the sweep), then answered ``LACK:<seq>[:<ids not held>]``.
-  An answer for an agent still loading waits (bounded); for an agent that
-  never said hello it is dropped and counted: D says hello again.
+  in this step (before the sweep), then answered: one
+  ``LACK:<seq>,<seq>,...[:<ids not held>]`` per D agent per step, so a D
+  heartbeating 100k leases in hundreds of messages costs P one send, not
+  hundreds.  An answer for an agent still loading waits (bounded); for an
+  agent that never said hello it is dropped and counted: D says hello again.
 - Agents not heard from for ``forget_after_s`` are unloaded, unless upstream
   uses them too.
 
@@ -27,6 +29,7 @@ from vllm.logger import init_logger
 
 from .._wire import (
     ACK_HELLO_PREFIX,
+    ACK_NONE,
     ACKED_HEARTBEAT_PREFIX,
     heartbeat_ack_message,
     parse_acked_heartbeat,
@@ -42,6 +45,20 @@ logger = init_logger(__name__)
 MAX_QUEUED_ACKS = 256
 # Distinct D agents P loads; a hello flood past this is ignored and logged.
 MAX_AGENTS = 4096
+# One answer lists at most this many heartbeats ...
+MAX_SEQS_PER_ANSWER = 256
+# ... and names the ids P did not extend; past this many bytes it says "none"
+# instead, so a hostile heartbeat cannot make P echo megabytes.
+MAX_NOT_EXTENDED_BYTES = 4096
+
+
+class _Answer:
+    __slots__ = ("seqs", "missing", "none")
+
+    def __init__(self) -> None:
+        self.seqs: list[int] = []
+        self.missing: set[str] = set()
+        self.none = False
 
 
 class HeartbeatAcker:
@@ -53,7 +70,8 @@ class HeartbeatAcker:
         self._forget_after = forget_after_s
         self._heard: dict[str, float] = {}  # loaded agent -> last hello/heartbeat
         self._loading: dict[str, Future[bytes]] = {}
-        self._queued: dict[str, list[bytes]] = {}  # agent -> answers waiting for its load
+        # agent -> (answer, heartbeats it acknowledges) waiting for the agent's load
+        self._queued: dict[str, list[tuple[bytes, int]]] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._next_sweep = 0.0
         self._log = RateLimitedLog(logger)
@@ -63,12 +81,15 @@ class HeartbeatAcker:
         now = time.perf_counter()
         if self._loading:
             self._finish_loads()
+        answers: dict[str, _Answer] = {}
         for agent, msgs in messages.items():
             for msg in msgs:
                 if msg.startswith(ACKED_HEARTBEAT_PREFIX):
-                    self._heartbeat(agent, msg, now)
+                    self._heartbeat(agent, msg, now, answers)
                 elif msg.startswith(ACK_HELLO_PREFIX):
                     self._hello(agent, msg[len(ACK_HELLO_PREFIX) :], now)
+        for agent, answer in answers.items():
+            self._answer(agent, answer, now)
         if now >= self._next_sweep:
             self._next_sweep = now + min(self._forget_after, 10.0)
             self._forget_idle(now)
@@ -78,37 +99,54 @@ class HeartbeatAcker:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
     # -- LHB ------------------------------------------------------------------
-    def _heartbeat(self, agent: str, msg: bytes, now: float) -> None:
-        stats = self._upstream.xfer_stats
+    def _heartbeat(self, agent: str, msg: bytes, now: float, answers: dict[str, _Answer]) -> None:
         parsed = parse_acked_heartbeat(msg)
         if parsed is None:
-            stats.add("num_malformed_notifs", 1)
+            self._upstream.xfer_stats.add("num_malformed_notifs", 1)
             self._log.warning(1, "Skipped a malformed acknowledged heartbeat from %s: %r", agent, msg[:64])
             return
         seq, payload = parsed
-        answer = heartbeat_ack_message(seq, self._keeper.extend_acked(payload, now))
-        if agent in self._heard:
-            self._heard[agent] = now
-            self._send(agent, answer)
-        elif agent in self._loading:
+        missing = self._keeper.extend_acked(payload, now)
+        answer = answers.get(agent)
+        if answer is None:
+            answer = answers[agent] = _Answer()
+        answer.seqs.append(seq)
+        if missing is None:
+            answer.none = True
+        else:
+            answer.missing.update(missing)
+
+    def _answer(self, agent: str, answer: _Answer, now: float) -> None:
+        stats = self._upstream.xfer_stats
+        if agent not in self._heard and agent not in self._loading:
+            # No hello yet (or forgotten): D says hello again when answers stop.
+            stats.add("num_heartbeat_acks_dropped", len(answer.seqs))
+            return
+        not_extended = b",".join(sorted(m.encode() for m in answer.missing))
+        if answer.none or len(not_extended) > MAX_NOT_EXTENDED_BYTES:
+            not_extended = ACK_NONE
+        seqs = answer.seqs
+        for start in range(0, len(seqs), MAX_SEQS_PER_ANSWER):
+            chunk = seqs[start : start + MAX_SEQS_PER_ANSWER]
+            msg = heartbeat_ack_message(chunk, not_extended)
+            if agent in self._heard:
+                self._heard[agent] = now
+                self._send(agent, msg, len(chunk))
+                continue
             queued = self._queued.setdefault(agent, [])
             if len(queued) >= MAX_QUEUED_ACKS:
-                del queued[0]
-                stats.add("num_heartbeat_acks_dropped", 1)
-            queued.append(answer)
-        else:
-            # No hello yet (or forgotten): D says hello again when answers stop.
-            stats.add("num_heartbeat_acks_dropped", 1)
+                stats.add("num_heartbeat_acks_dropped", queued.pop(0)[1])
+            queued.append((msg, len(chunk)))
 
-    def _send(self, agent: str, answer: bytes) -> None:
+    def _send(self, agent: str, msg: bytes, heartbeats: int) -> None:
         stats = self._upstream.xfer_stats
         try:
-            self._upstream.nixl_wrapper.send_notif(agent, notif_msg=answer)
+            self._upstream.nixl_wrapper.send_notif(agent, notif_msg=msg)
         except Exception as exc:
-            stats.add("num_heartbeat_acks_dropped", 1)
-            self._log.warning(1, "Could not acknowledge a heartbeat to %s: %s", agent, exc)
+            stats.add("num_heartbeat_acks_dropped", heartbeats)
+            self._log.warning(1, "Could not acknowledge heartbeats to %s: %s", agent, exc)
             return
-        stats.add("num_heartbeat_acks_sent", 1)
+        stats.add("num_heartbeat_acks_sent", heartbeats)
 
     # -- LHELLO -----------------------------------------------------------------
     def _hello(self, agent: str, metadata: bytes, now: float) -> None:
@@ -138,19 +176,19 @@ class HeartbeatAcker:
                 loaded = fut.result()
                 name = loaded.decode() if isinstance(loaded, bytes) else str(loaded)
             except Exception as exc:
-                self._upstream.xfer_stats.add("num_heartbeat_acks_dropped", len(queued))
+                self._upstream.xfer_stats.add("num_heartbeat_acks_dropped", sum(n for _, n in queued))
                 self._log.warning(1, "Could not load the agent metadata %s sent in its hello: %s", agent, exc)
                 continue
             if name != agent:
                 # Someone else's metadata: never answer on another agent's behalf.
-                self._upstream.xfer_stats.add("num_heartbeat_acks_dropped", len(queued))
+                self._upstream.xfer_stats.add("num_heartbeat_acks_dropped", sum(n for _, n in queued))
                 self._log.warning(1, "Hello from %s carried the metadata of %s; ignored", agent, name)
                 if name not in self._heard and not self._used_by_upstream(name):
                     self._remove(name)
                 continue
             self._heard[agent] = now
-            for answer in queued:
-                self._send(agent, answer)
+            for msg, heartbeats in queued:
+                self._send(agent, msg, heartbeats)
 
     # -- forgetting ---------------------------------------------------------------
     def _forget_idle(self, now: float) -> None:

@@ -81,7 +81,7 @@ class HeartbeatAcks:
         now = time.perf_counter()
         stats = self._upstream.xfer_stats
         offsets = self._upstream._engine_clock_offset
-        answers = stale = renewed = 0
+        answers = renewed = 0
         for agent, msgs in messages.items():
             for msg in msgs:
                 if not msg.startswith(HEARTBEAT_ACK_PREFIX):
@@ -93,18 +93,18 @@ class HeartbeatAcks:
                         1, "Skipped a malformed heartbeat acknowledgement from %s: %r", agent, msg[:64]
                     )
                     continue
-                answers += 1
+                seqs, not_extended = parsed
+                answers += len(seqs)
                 self._answered[agent] = now
-                proven = self.ledger.answered(agent, *parsed)
-                if proven is None:
-                    continue
-                offset = offsets.get(proven.engine_id)
-                if offset is None:
-                    stale += 1
-                    continue
-                renewed += self._views.heartbeat_acked(
-                    proven.engine_id, proven.remote_ids, offset, proven.started
-                )
+                for seq in seqs:
+                    proven = self.ledger.answered(agent, seq, not_extended)
+                    if proven is None:
+                        continue
+                    offset = offsets.get(proven.engine_id)
+                    if offset is not None:
+                        renewed += self._views.heartbeat_acked(
+                            proven.engine_id, proven.remote_ids, offset, proven.started
+                        )
         if answers:
             stats.add("num_heartbeat_acks_recv", answers)
             stats.add("num_heartbeat_views_renewed", renewed)

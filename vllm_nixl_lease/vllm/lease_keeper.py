@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from vllm.logger import init_logger
 
 from .. import LeaseTable, NotificationRouter
-from .._wire import ACK_NONE, ACK_PREFIXES, PUSH_REG_PREFIX, heartbeat_payload
+from .._wire import ACK_PREFIXES, PUSH_REG_PREFIX, heartbeat_payload
 from ..expiry_log import log_expired
 from .config import LeaseConfig
 from .push_aliases import LeaseAliases
@@ -29,10 +29,6 @@ from .upstream import UpstreamWorker
 from .views import InBatchSet, LeaseDeadlines
 
 logger = init_logger(__name__)
-
-# An acknowledgement names the ids P did not extend; past this many bytes it
-# says "none" instead, so a hostile heartbeat cannot make P echo megabytes.
-MAX_NOT_EXTENDED_BYTES = 4096
 
 
 class LeaseKeeper:
@@ -112,20 +108,19 @@ class LeaseKeeper:
             self._released(req_id)
         return set(result.completed), ack_messages
 
-    def extend_acked(self, payload: bytes, now: float) -> bytes:
+    def extend_acked(self, payload: bytes, now: float) -> list[str] | None:
         """Extend the leases an ``LHB:`` heartbeat names; return the ids it
-        named that hold no lease here (comma-joined), or ``ACK_NONE``."""
+        named that hold no lease here (None: cannot tell, count none extended)."""
         table = self.router.table
         extended, ids = table.extend_counted(payload, now)
         self._account_heartbeats(1, ids, extended)
         if extended >= ids:
-            return b""
+            return []
         try:
             names = payload.decode("utf-8").split(",")
         except UnicodeDecodeError:
-            return ACK_NONE
-        missing = b",".join(n.encode() for n in names if n not in table)
-        return ACK_NONE if len(missing) > MAX_NOT_EXTENDED_BYTES else missing
+            return None
+        return [n for n in names if n not in table]
 
     # -- push: heartbeats taken off the writer thread's queue ----------------
     def extend_heartbeats(self, heartbeats: list[bytes]) -> None:
