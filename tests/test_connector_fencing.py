@@ -248,3 +248,20 @@ def test_acked_views_move_only_on_p_workers_answers(d_worker, clock: Clock) -> N
         sent_at + 8.0 - clock.now
     )
     assert sum(d_worker.xfer_stats.data["num_heartbeat_acks_recv"]) == 2
+
+
+def test_read_seen_complete_after_the_view_ended_is_discarded(d_worker, clock: Clock, monkeypatch) -> None:
+    """A READ posted in time but stalled (a partition while it ran) may have read
+    blocks P freed and reused: seen complete after the view ended, it is a failed load."""
+    _views(d_worker, d1=clock.now + 500.0 + 10.0, d2=clock.now + 500.0 + 10.0)
+    monkeypatch.setattr(
+        STOCK_PULL_WORKER, "_pop_done_transfers", lambda self, transfers: ({"d1", "d2", "x"}, {"d2"})
+    )
+    d_worker._recving_transfers = {}
+    clock.advance(9.9)
+    assert d_worker._pop_done_transfers(d_worker._recving_transfers) == ({"d1", "d2", "x"}, {"d2"})
+    clock.advance(0.2)
+    assert d_worker._pop_done_transfers(d_worker._recving_transfers) == ({"d1", "d2", "x"}, {"d1", "d2"})
+    assert sum(d_worker.xfer_stats.data["num_reads_discarded"]) == 1
+    # Sending-side polls (other dicts) are not reads: untouched.
+    assert d_worker._pop_done_transfers({}) == ({"d1", "d2", "x"}, {"d2"})

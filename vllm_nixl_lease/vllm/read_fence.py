@@ -7,6 +7,11 @@ says when that is safe); a READ whose view has ``lease_safety_margin`` or less l
 not issued but reported as a failed load, so vLLM's ``kv_load_failure_policy``
 applies (``recompute`` or ``fail``), the same path upstream takes for an
 expired turn-2 readback.
+
+A READ that was issued but whose completion D sees only after the view ended
+(it stalled: a partition, a congested link) is discarded the same way
+(``discard_late``): P may have freed and reused the blocks while it ran.
+Seen before the view ended, every byte was read while P still held the lease.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ class ReadFence:
         self._upstream = upstream
         self.views = HolderLeaseViews(lease_config.lease_safety_margin)
         self._log = RateLimitedLog(logger)
+        self._log_late = RateLimitedLog(logger)
 
     # -- views shipped by the scheduler, around upstream's start_load_kv -----
     def add_views(self, metadata: Any) -> None:
@@ -82,6 +88,35 @@ class ReadFence:
         if not any(len(group) > 0 for group in meta.local_block_ids):
             return False
         return not self.views.may_read(req_id, time.perf_counter(), offset)
+
+    # -- READs completed this step (after upstream's _pop_done_transfers) ----
+    def discard_late(self, done: set[str], failed: set[str]) -> None:
+        """Report as failed each completed READ whose view ended before D saw it complete."""
+        if not len(self.views):
+            return
+        now = time.perf_counter()
+        offsets = self._upstream._engine_clock_offset
+        late = []
+        for req_id in done:
+            engine_id = self.views.engine_of(req_id)
+            if engine_id is None or req_id in failed:
+                continue
+            offset = offsets.get(engine_id)
+            left = None if offset is None else self.views.remaining(req_id, now, offset)
+            if left is not None and left <= 0:
+                late.append(req_id)
+        if not late:
+            return
+        failed.update(late)
+        self._upstream.xfer_stats.add("num_reads_discarded", len(late))
+        self._log_late.warning(
+            len(late),
+            "Discarding %d READ(s) that completed after D's view of their lease on P ended (e.g. %s): "
+            "P may have freed the blocks while they ran; reported as failed loads "
+            "(kv_load_failure_policy applies)",
+            len(late),
+            late[:3],
+        )
 
     # -- heartbeats this worker delivered to a P that does not answer ---------
     # (HeartbeatSender's callback; answered heartbeats go through HeartbeatAcks)

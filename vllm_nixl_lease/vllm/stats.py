@@ -60,6 +60,11 @@ LEASE_COUNTERS: dict[str, tuple[str, str]] = {
         "READs D refused because its view of P's lease had less than lease_safety_margin left "
         "(reported as failed loads: kv_load_failure_policy applies).",
     ),
+    "num_reads_discarded": (
+        "vllm:nixl_lease_reads_discarded",
+        "READs D issued but saw complete only after its view of P's lease ended (a stall or "
+        "partition while they ran): discarded as failed loads, since P may have reused the blocks.",
+    ),
     "num_heartbeat_views_renewed": (
         "vllm:nixl_lease_views_renewed",
         "Lease views on D moved forward: by P's acknowledgement of a heartbeat, or (P without "
@@ -99,6 +104,7 @@ _REDUCED_COUNTERS = {
     "num_heartbeat_send_failures": "Num HB send failures",
     "num_malformed_notifs": "Num malformed notifs",
     "num_reads_fenced": "Num reads fenced",
+    "num_reads_discarded": "Num reads discarded",
 }
 ACTIVE_LEASES = "active_leases"  # items: [tp_rank, leases held after the step]
 ACTIVE_LEASES_METRIC = "vllm:nixl_lease_active"

@@ -70,9 +70,16 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         self.heartbeat_sender.send(metadata)
 
     def get_transfer_results(self) -> Any:
-        results = super().get_transfer_results()  # _get_new_notifs, then _reap_expired_send_leases
+        # _get_new_notifs, _pop_done_transfers, then _reap_expired_send_leases
+        results = super().get_transfer_results()
         self.idle_pause.end_step(results, self._recving_transfers)
         return results
+
+    def _pop_done_transfers(self, transfers: dict[str, list[int]]) -> tuple[set[str], set[str]]:
+        done, failed = super()._pop_done_transfers(transfers)
+        if transfers is self._recving_transfers:
+            self.read_fence.discard_late(done, failed)  # READs that outlived the lease view
+        return done, failed
 
     def _get_new_notifs(self) -> set[str]:
         notifs = self.nixl_wrapper.get_new_notifs()
