@@ -265,3 +265,19 @@ def test_read_seen_complete_after_the_view_ended_is_discarded(d_worker, clock: C
     assert sum(d_worker.xfer_stats.data["num_reads_discarded"]) == 1
     # Sending-side polls (other dicts) are not reads: untouched.
     assert d_worker._pop_done_transfers({}) == ({"d1", "d2", "x"}, {"d2"})
+
+
+def test_heartbeats_go_out_before_the_steps_reads(d_worker, clock: Clock, monkeypatch) -> None:
+    """A step posting thousands of READs must not delay heartbeats (issue 11's
+    burst): ours sends them first, and upstream's own call after the reads is a no-op."""
+    seen: list[int] = []
+
+    def stock_start_load_kv(self, meta) -> None:
+        seen.append(len(self.nixl_wrapper.sent))  # the reads would happen here
+        self._send_heartbeats(meta)  # as upstream's start_load_kv ends
+
+    monkeypatch.setattr(STOCK_PULL_WORKER, "start_load_kv", stock_start_load_kv)
+    hb = EngineHeartbeats([heartbeat_message(["p1"])], "127.0.0.1", 5600, 2)
+    d_worker.start_load_kv(_Meta(heartbeats={"P": hb}))
+    assert seen == [2]  # both P ranks had their heartbeat before the reads
+    assert len(d_worker.nixl_wrapper.sent) == 2  # and no second copy after them

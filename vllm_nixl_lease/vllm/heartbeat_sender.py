@@ -6,6 +6,7 @@ forwards bytes.  Differences from upstream's ``_send_heartbeats``, both on purpo
   heartbeated on the first step after it completes, not one interval later;
 - a failed ``send_notif`` is counted and retried on the next step (until a
   fresher tick for that engine replaces it);
+- the pull worker sends before the step's reads, not after;
 - to a P that acknowledges heartbeats, messages go out as ``LHB:`` through
   ``HeartbeatAcks`` (its answers renew D's views); to any other P as upstream's
   ``HB:``, and a completed send is reported to ``on_delivered``.
@@ -46,13 +47,19 @@ class HeartbeatSender:
         self._max_bytes = max_heartbeat_bytes
         self._on_delivered = on_delivered
         self._acks = acks
+        self._last_metadata: Any = None  # one send per step's metadata
         # engine -> (heartbeats, handshake future) while its handshake runs
         self.waiting: dict[str, tuple[EngineHeartbeats, Future[Any]]] = {}
         # engine -> (heartbeats, [(agent, message), ...]) whose send failed
         self.retry: dict[str, tuple[EngineHeartbeats, list[tuple[str, bytes]]]] = {}
 
     def send(self, metadata: Any) -> None:
-        """One step: this step's ticks, then what waited on a handshake, then retries."""
+        """One step: this step's ticks, then what waited on a handshake, then
+        retries.  A second call with the same metadata does nothing (the pull
+        worker sends before its reads; upstream calls again after them)."""
+        if metadata is self._last_metadata:
+            return
+        self._last_metadata = metadata
         fresh: dict[str, EngineHeartbeats] | None = getattr(metadata, LEASE_HEARTBEATS_ATTR, None)
         if fresh is None:
             fresh = self._from_stock_metadata(metadata)

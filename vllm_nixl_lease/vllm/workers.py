@@ -59,7 +59,10 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
     def start_load_kv(self, metadata: Any) -> None:
         self.idle_pause.begin_step(metadata)
         self.read_fence.add_views(metadata)
-        super().start_load_kv(metadata)  # grants leases, reads, then _send_heartbeats
+        # Heartbeats before the reads (upstream sends them after): a step that
+        # posts thousands of READs must not delay P's renewals or D's answers.
+        self.heartbeat_sender.send(metadata)
+        super().start_load_kv(metadata)  # reads, grants leases, then _send_heartbeats (done above)
         self.read_fence.drop_views(metadata)
 
     def _read_blocks_for_req(self, req_id: str, meta: Any) -> None:
