@@ -90,7 +90,7 @@ lint: build
 # The parallel suite with the Cython core active (its absence is an error).
 # matplotlib too, so the demo's figure code is tested rather than skipped.
 test-core: build prometheus $(VENV)/.demo-deps
-	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 $(VPY) -m pytest -n auto -m "not e2e" -p no:cacheprovider -q
+	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 $(VPY) -m pytest -n auto -m "not e2e and not serial" -p no:cacheprovider -q
 
 # The connector on the pure-Python twin, through the environment switch (the
 # core tests already run both implementations side by side).
@@ -106,9 +106,11 @@ test-vllm032: build-cpu
 test: lint test-core test-twin test-vllm032 test-e2e
 
 # Real `vllm serve` P/D pairs behind vllm-router, stock connector then ours,
-# one pair at a time (4.5-8.5 minutes measured on 2 cores).
+# one pair at a time (4.5-8.5 minutes measured on 2 cores); then the network
+# partitions between real NIXL engines on two hosts (tests marked serial; need root).
 test-e2e: build build-cpu venv-router prometheus
 	$(VPY) -m pytest -m e2e -p no:xdist -p no:cacheprovider -rxXs tests/e2e
+	$(VPY) -m pytest -m serial -p no:xdist -p no:cacheprovider -rxXs tests
 
 bench: build
 	$(VPY) -m tools.bench_core --json .build/bench.json

@@ -84,7 +84,7 @@ class Engine:
         self.spec = spec
         self.status = RequestStatus
         self.engine_id = f"{spec.name or spec.role}-{os.getpid()}"
-        os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = "127.0.0.1"
+        os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = spec.host_ip or "127.0.0.1"
         os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(spec.side_channel_port)
         # A file store, not TCP: no port to race for on a shared machine.
         dist_file = os.path.join(spec.workdir, f"dist-{self.engine_id}")
@@ -388,10 +388,37 @@ def publish_handshakes(sched: Any, handshakes: dict[tuple[int, int], Any], port:
         raise failure[0]
 
 
+def join_host(spec: EngineSpec) -> None:
+    """Move this process onto its host (see ``tools.netns``) and make UCX use
+    TCP over that host's interface only.
+
+    Called first thing, while the process has one thread: setns(2) moves only
+    the calling thread, and threads started later (UCX's and NIXL's progress
+    threads, ZMQ's, the TP ranks forked in ``Engine``) inherit its namespace.
+    Without ``UCX_TLS=tcp`` UCX would pick shared memory or CMA between two
+    processes of one machine, which no network partition can cut.
+    """
+    if spec.netns:
+        from tools.netns import enter_netns
+
+        enter_netns(spec.netns)
+        os.environ["UCX_TLS"] = "tcp"
+        os.environ["UCX_NET_DEVICES"] = spec.net_device
+    os.environ.update(spec.env)
+
+
+def net_namespace(pid: int | str = "self") -> str:
+    """The network namespace of a process, e.g. ``net:[4026531840]``."""
+    return os.readlink(f"/proc/{pid}/ns/net")
+
+
 def engine_main(spec: EngineSpec, conn: Any) -> None:
     """Child entry point: build, say ready, then step and serve commands."""
+    join_host(spec)
     redirect_output(spec, "engine")
     log(f"engine {spec.name} forked (vLLM preloaded: {'nixl_harness.preload' in sys.modules})")
+    if spec.netns:
+        log(f"on host {spec.netns} ({spec.host_ip}, {spec.net_device}): {net_namespace()}")
     # A start-up that hangs leaves every thread's Python stack in the log.
     faulthandler.dump_traceback_later(30, repeat=True, file=sys.stderr)
     if spec.clock_skew:
@@ -403,7 +430,13 @@ def engine_main(spec: EngineSpec, conn: Any) -> None:
         eng = Engine(spec)
         faulthandler.cancel_dump_traceback_later()
         agent, _ = eng.rank0.agent_metadata()
-        conn.send(("ok", {"engine_id": eng.engine_id, "agent": agent, "pid": os.getpid()}))
+        info = {
+            "engine_id": eng.engine_id,
+            "agent": agent,
+            "pid": os.getpid(),
+            "net_ns": [net_namespace()] + [net_namespace(rr.pid) for rr in eng.remote],
+        }
+        conn.send(("ok", info))
     except Exception:
         conn.send(("error", traceback.format_exc()))
         return

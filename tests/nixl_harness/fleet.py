@@ -163,14 +163,33 @@ class Engine:
 
 
 class Fleet:
-    """Engines of one scenario; ``with Fleet(tmp_path) as fleet:``."""
+    """Engines of one scenario; ``with Fleet(tmp_path) as fleet:``.
 
-    def __init__(self, workdir: str, lease: int = 6) -> None:
+    With ``hosts`` (a ``tools.netns.TwoHosts``, entered by the caller and
+    closed after the fleet), ``start(..., host="p")`` runs an engine on that
+    host: in its network namespace, reachable only over its veth.  The
+    driver still talks to every engine over a pipe, which no partition cuts.
+    """
+
+    def __init__(self, workdir: str, lease: int = 6, hosts: Any = None) -> None:
         self.workdir = str(workdir)
         self.lease = lease
+        self.hosts = hosts
         self.engines: list[Engine] = []
 
-    def start(self, role: str, name: str, stock: bool = False, **kw: Any) -> Engine:
+    def _placement(self, host: str | None) -> dict[str, str]:
+        if host is None:
+            return {}
+        if self.hosts is None:
+            raise ValueError("Fleet(hosts=...) is needed to place an engine on a host")
+        return {
+            "netns": self.hosts.netns(host),
+            "host_ip": self.hosts.ip(host),
+            "net_device": self.hosts.iface(host),
+        }
+
+    def start(self, role: str, name: str, stock: bool = False, host: str | None = None, **kw: Any) -> Engine:
+        kw.update(self._placement(host))
         # A port free when picked can be bound by someone else before the
         # engine's listener binds it; pick another and start again.
         for attempt in range(3):
