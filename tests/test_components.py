@@ -107,3 +107,21 @@ def test_idle_pause_only_on_a_quiet_idle_step(clock: Clock, monkeypatch: pytest.
     pause.begin_step(SimpleNamespace(lease_idle_step=True))
     pause.end_step(results, {})
     assert sleeps == [pytest.approx(0.005)]
+
+
+def test_sender_releases_an_engine_whose_connection_is_gone(clock: Clock) -> None:
+    """UCX gave the connection up: no retry storm on a dead agent, upstream's
+    invalid-engine path releases it and the next tick handshakes again."""
+
+    class nixlRemoteDisconnectError(Exception):  # noqa: N801 (NIXL's name)
+        pass
+
+    up = FakeUpstreamWorker()
+    up.connect("P", ranks=2)
+    up.handshakes["P"] = None
+    sender = HeartbeatSender(up, 8192)
+    hb = EngineHeartbeats([heartbeat_message(["a"])], "127.0.0.1", 5600, 2)
+    up.nixl_wrapper.fail_sends, up.nixl_wrapper.fail_error = 2, nixlRemoteDisconnectError
+    sender.send(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": hb}}))
+    assert up._invalid_remote_engines == {"P"} and not sender.retry
+    assert up.count("num_heartbeat_send_failures") == 2

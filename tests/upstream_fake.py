@@ -27,6 +27,7 @@ class FakeUpstreamWorker:
         self._recving_transfers: dict[str, Any] = {}
         self._recv_failures: set[str] = set()
         self._hb_handshake_notif_only = False
+        self._invalid_remote_engines: set[str] = set()
         self._pending_completion_notifs: queue.Queue[bytes] = queue.Queue()
         # engine id -> future returned by _ensure_handshake (None: connected)
         self.handshakes: dict[str, Future[Any] | None] = {}
@@ -38,6 +39,9 @@ class FakeUpstreamWorker:
 
     def _ensure_handshake(self, engine_id: str, *args: Any) -> Future[Any] | None:
         return self.handshakes.get(engine_id)
+
+    def _mark_remote_engine_invalid(self, engine_id: str, now: float) -> None:
+        self._invalid_remote_engines.add(engine_id)
 
     def _handle_failed_transfer(
         self, req_id: str, handle: Any, failures: Any, record_failed_transfer: bool = True

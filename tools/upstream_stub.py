@@ -30,6 +30,7 @@ class FakeNixlWrapper:
         self.sent: list[tuple[str, bytes]] = []
         self.sent_bytes = 0
         self.fail_sends = 0
+        self.fail_error: type[Exception] = RuntimeError
         self._keep_sent = keep_sent
 
     def deliver(self, agent: str, *messages: bytes) -> None:
@@ -42,7 +43,7 @@ class FakeNixlWrapper:
     def send_notif(self, agent_name: str, notif_msg: bytes) -> None:
         if self.fail_sends > 0:
             self.fail_sends -= 1
-            raise RuntimeError("fake send failure")
+            raise self.fail_error("fake send failure")
         self.sent_bytes += len(notif_msg)
         if self._keep_sent:
             self.sent.append((agent_name, notif_msg))

@@ -34,6 +34,7 @@ from .._wire import (
     heartbeat_ack_message,
     parse_acked_heartbeat,
 )
+from .heartbeat_sender import is_disconnect
 from .lease_keeper import LeaseKeeper
 from .ratelimit import RateLimitedLog
 from .upstream import UpstreamWorker
@@ -145,6 +146,10 @@ class HeartbeatAcker:
         except Exception as exc:
             stats.add("num_heartbeat_acks_dropped", heartbeats)
             self._log.warning(1, "Could not acknowledge heartbeats to %s: %s", agent, exc)
+            if is_disconnect(exc) and self._heard.pop(agent, None) is not None:
+                # UCX gave the connection up: unload it; D's next hello loads it afresh.
+                if not self._used_by_upstream(agent):
+                    self._remove(agent)
             return
         stats.add("num_heartbeat_acks_sent", heartbeats)
 

@@ -7,6 +7,10 @@ forwards bytes.  Differences from upstream's ``_send_heartbeats``, both on purpo
 - a failed ``send_notif`` is counted and retried on the next step (until a
   fresher tick for that engine replaces it);
 - the pull worker sends before the step's reads, not after;
+- a send that fails because UCX lost the connection (a partition longer than
+  its TCP timeouts, a restarted P) marks the engine invalid through upstream's
+  own mechanism, so it is released and handshaken again; upstream keeps the
+  dead agent and every later heartbeat and READ to that P fails;
 - to a P that acknowledges heartbeats, messages go out as ``LHB:`` through
   ``HeartbeatAcks`` (its answers renew D's views); to any other P as upstream's
   ``HB:``, and a completed send is reported to ``on_delivered``.
@@ -125,13 +129,15 @@ class HeartbeatSender:
                 pairs = [(agent, msg) for agent in agents for msg in hb.messages]
         failed: list[tuple[str, bytes]] = []
         sent = ids = nbytes = 0
+        disconnected = False
         wrapper = up.nixl_wrapper
         started = time.perf_counter()
         for agent, msg in pairs:
             try:
                 wrapper.send_notif(agent, notif_msg=msg)
-            except Exception:
+            except Exception as exc:
                 failed.append((agent, msg))
+                disconnected = disconnected or is_disconnect(exc)
                 logger.debug("Failed to send heartbeat to engine %s", engine_id, exc_info=True)
                 continue
             nbytes += len(msg)
@@ -151,4 +157,23 @@ class HeartbeatSender:
         stats.add("num_heartbeat_bytes_sent", nbytes)
         if failed:
             stats.add("num_heartbeat_send_failures", len(failed))
-            self.retry[engine_id] = (hb, failed)
+            if disconnected:
+                self._reconnect(engine_id)  # the next tick handshakes again
+            else:
+                self.retry[engine_id] = (hb, failed)
+
+    def _reconnect(self, engine_id: str) -> None:
+        up = self._upstream
+        if engine_id in up._invalid_remote_engines:
+            return
+        logger.warning(
+            "Lost the NIXL connection to P engine %s (remote disconnect); releasing it so that the "
+            "next heartbeat handshakes again",
+            engine_id,
+        )
+        up._mark_remote_engine_invalid(engine_id, time.perf_counter())
+
+
+def is_disconnect(exc: BaseException) -> bool:
+    """NIXL's ``nixlRemoteDisconnectError`` (UCX gave the connection up)."""
+    return type(exc).__name__ == "nixlRemoteDisconnectError" or "REMOTE_DISCONNECT" in str(exc)

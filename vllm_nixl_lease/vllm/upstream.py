@@ -52,6 +52,10 @@ class UpstreamWorker(Protocol):
     _recving_transfers: Mapping[str, Any]
     _recv_failures: Any
     _hb_handshake_notif_only: bool
+    # engines whose connection is gone, released after their reads drain
+    _invalid_remote_engines: set[str]
+
+    def _mark_remote_engine_invalid(self, engine_id: str, now: float) -> None: ...
 
     def _ensure_handshake(
         self,
