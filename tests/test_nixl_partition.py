@@ -82,12 +82,9 @@ OFFSETS = [0.1, 0.5, 0.9]
 
 
 @pytest.mark.parametrize("offset", OFFSETS)
-@pytest.mark.xfail(
-    strict=False,
-    reason="D renews its lease views when send_notif returns, and UCX accepts (queues) heartbeats "
-    "during a partition: D reads blocks P already reused (fix: renew only on P's acknowledgements)",
-)
 def test_partition_past_lease_ours_never_reads_reused_blocks(tmp_path, offset: float) -> None:
+    """UCX accepts (queues) heartbeats during the cut and delivers them after the heal;
+    D renews its views only on P's acknowledgements, so it fences every read."""
     with netns.TwoHosts() as hosts, Fleet(tmp_path, lease=sc.LEASE, hosts=hosts) as fleet:
         out = pt.partition_past_lease(fleet, hosts, False, False, offset=offset * pt.INTERVAL)
     n = len(out["ids"])
@@ -97,7 +94,7 @@ def test_partition_past_lease_ours_never_reads_reused_blocks(tmp_path, offset: f
     assert out["after_expiry"] == 0
 
 
-@pytest.mark.parametrize("offset", OFFSETS)
+@pytest.mark.parametrize("offset", OFFSETS[-1:])  # one phase is enough to document it
 def test_partition_past_lease_stock_reads_reused_blocks(tmp_path, offset: float) -> None:
     """Stock P/D: after the heal D reads the reused blocks (what the fence is for)."""
     with netns.TwoHosts() as hosts, Fleet(tmp_path, lease=sc.LEASE, hosts=hosts) as fleet:
@@ -108,12 +105,9 @@ def test_partition_past_lease_stock_reads_reused_blocks(tmp_path, offset: float)
     assert out["wrong"] == n, "stock D read the blocks before they were reused?"
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="the fence checks D's lease view when a READ is issued, not when it completes: a READ "
-    "queued in TCP during a partition executes after the heal on blocks P reused",
-)
 def test_read_in_flight_across_partition_ours_never_returns_reused_blocks(tmp_path) -> None:
+    """A READ posted just before the cut runs after the heal on reused blocks; D sees it
+    complete after its view ended and discards it (a failed load)."""
     with netns.TwoHosts() as hosts, Fleet(tmp_path, lease=sc.LEASE, hosts=hosts) as fleet:
         out = pt.read_in_flight(fleet, hosts, False, False)
     n = len(out["ids"])
