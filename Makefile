@@ -22,7 +22,7 @@ CONNECTOR_TESTS := tests/test_connector_differential.py tests/test_connector_hea
 ROUTER_VENV := .venv-router
 
 .PHONY: all venv venv-cpu venv-router prometheus build build-cpu test test-core test-twin test-vllm032 test-e2e \
-	lint bench bench-quick demo demo-pd clean
+	lint bench bench-quick bench-acks demo demo-pd clean
 
 all: build
 
@@ -111,6 +111,10 @@ test: lint test-core test-twin test-vllm032 test-e2e
 test-e2e: build build-cpu venv-router prometheus
 	$(VPY) -m pytest -m e2e -p no:xdist -p no:cacheprovider -rxXs tests/e2e
 	$(VPY) -m pytest -m serial -p no:xdist -p no:cacheprovider -rxXs tests
+
+# What heartbeat acknowledgements cost on P and D, against upstream's heartbeat code.
+bench-acks: build
+	$(VPY) -m tools.bench_acks
 
 bench: build
 	$(VPY) -m tools.bench_core --json .build/bench.json
