@@ -95,9 +95,11 @@ class AckLedger:
         """Forget heartbeats sent before ``sent_before`` (an answer to them
         could no longer move a view); return how many were forgotten."""
         dropped = 0
-        for seq, sent in list(self._sent.items()):
-            if sent.started >= sent_before:
+        sent_by_seq = self._sent
+        while sent_by_seq:
+            seq = next(iter(sent_by_seq))  # the oldest: seqs are opened in time order
+            if sent_by_seq[seq].started >= sent_before:
                 break
-            del self._sent[seq]
+            del sent_by_seq[seq]
             dropped += 1
         return dropped
