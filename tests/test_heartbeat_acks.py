@@ -50,6 +50,8 @@ class Pair:
         self.d = FakeUpstreamWorker()
         self.d.nixl_wrapper.name = "D-agent"
         self.d.connect("P", ranks=ranks)
+        # As upstream keeps them: add_remote_agent's return value, bytes.
+        self.d._remote_agents["P"] = {r: f"P-agent-{r}".encode() for r in range(ranks)}
         self.fence = ReadFence(self.d, CONFIG)
         self.acks = HeartbeatAcks(self.d, self.fence.views, rehello_s=4)
         self.sender = HeartbeatSender(self.d, 8192, self.fence.heartbeat_delivered, self.acks)
@@ -78,7 +80,7 @@ class Pair:
     def p_step(self, held: list[tuple[str, bytes]]) -> None:
         """Deliver D's messages to the P ranks, step each (route, answer, expire)."""
         for r, (keeper, acker) in enumerate(zip(self.keepers, self.ackers, strict=True)):
-            msgs = [m for agent, m in held if agent == f"P-agent-{r}"]
+            msgs = [m for agent, m in held if agent == f"P-agent-{r}".encode()]
             _, ack_messages = keeper.route({"D-agent": msgs} if msgs else {})
             acker.handle(ack_messages)
             settle(acker)

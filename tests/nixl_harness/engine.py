@@ -22,11 +22,10 @@ import traceback
 from types import SimpleNamespace
 from typing import Any
 
-from vllm_nixl_lease._wire import heartbeat_payload, is_heartbeat
 
 from . import model
 from .fleet import PORT_TAKEN
-from .ranks import Rank, rank_main
+from .ranks import Rank, heartbeat_ids_of, is_any_heartbeat, rank_main
 from .spec import EngineSpec
 
 MAX_LIFETIME_S = 600.0  # orphan guard: an engine never outlives a test run
@@ -303,8 +302,8 @@ class Engine:
     def _absorb_notifs(self, res: dict[str, Any]) -> None:
         for t, agent, msg in res["notifs"]:
             self.notif_log.append((t, agent, len(msg)))
-            if is_heartbeat(msg):
-                for raw in heartbeat_payload(msg).split(b","):
+            if is_any_heartbeat(msg):
+                for raw in heartbeat_ids_of(msg).split(b","):
                     rec = self.reqs.get(raw.decode("utf-8", "replace"))
                     if rec is not None and "freed_t" not in rec:
                         rec["hb"] += 1

@@ -15,7 +15,12 @@ import time
 import traceback
 from typing import Any
 
-from vllm_nixl_lease._wire import heartbeat_payload, is_heartbeat
+from vllm_nixl_lease._wire import (
+    ACKED_HEARTBEAT_PREFIX,
+    heartbeat_payload,
+    is_heartbeat,
+    parse_acked_heartbeat,
+)
 
 from . import model
 from .spec import EngineSpec
@@ -94,16 +99,16 @@ class Rank:
             try:
                 orig_send(agent_name, notif_msg=notif_msg)
             except Exception:
-                if is_heartbeat(notif_msg):
+                if is_any_heartbeat(notif_msg):
                     self.hb_sent["failed"] += 1
                 raise
-            if is_heartbeat(notif_msg):
+            if is_any_heartbeat(notif_msg):
                 hb = self.hb_sent
                 hb["msgs"] += 1
                 hb["bytes"] += len(notif_msg)
                 hb["max"] = max(hb["max"], len(notif_msg))
                 hb["last_t"] = time.monotonic()
-                ids = heartbeat_payload(notif_msg).decode().split(",")
+                ids = heartbeat_ids_of(notif_msg).decode().split(",")
                 hb["ids"] += len(ids)
                 self.hb_sent_ids.append((hb["last_t"], ids))
 
@@ -177,6 +182,19 @@ class Rank:
             self.connector.shutdown()
         except Exception:
             pass
+
+
+def is_any_heartbeat(msg: bytes) -> bool:
+    """Upstream's ``HB:`` or our acknowledged ``LHB:``."""
+    return is_heartbeat(msg) or msg.startswith(ACKED_HEARTBEAT_PREFIX)
+
+
+def heartbeat_ids_of(msg: bytes) -> bytes:
+    """The id payload of either heartbeat form."""
+    if is_heartbeat(msg):
+        return heartbeat_payload(msg)
+    parsed = parse_acked_heartbeat(msg)
+    return parsed[1] if parsed else b""
 
 
 def rank_main(spec: EngineSpec, rank: int, dist_init: str, conn: Any) -> None:

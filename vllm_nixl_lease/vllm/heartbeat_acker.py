@@ -167,4 +167,9 @@ class HeartbeatAcker:
             logger.debug("Could not unload agent %s", agent, exc_info=True)
 
     def _used_by_upstream(self, agent: str) -> bool:
-        return any(agent in agents.values() for agents in self._upstream._remote_agents.values())
+        # Upstream keeps add_remote_agent's return value: bytes.
+        raw = agent.encode()
+        return any(
+            agent in agents.values() or raw in agents.values()
+            for agents in self._upstream._remote_agents.values()
+        )

@@ -61,14 +61,17 @@ class HeartbeatAcks:
         due, then each ``HB:`` message as ``LHB:`` to every agent, recorded."""
         now = time.perf_counter()
         pairs: list[tuple[str, bytes]] = []
-        for agent in agents:
-            if self._hello_due(agent, now):
+        # Upstream keeps the names add_remote_agent returned (bytes); answers
+        # arrive keyed by str.
+        names = [agent.decode() if isinstance(agent, bytes) else agent for agent in agents]
+        for agent, name in zip(agents, names, strict=True):
+            if self._hello_due(name, now):
                 hello = self._hello_message()
                 if hello is not None:
                     pairs.append((agent, hello))
-                    self._hello_sent[agent] = now
+                    self._hello_sent[name] = now
         for msg in messages:
-            seq = self.ledger.open(engine_id, agents, heartbeat_payload(msg), now)
+            seq = self.ledger.open(engine_id, names, heartbeat_payload(msg), now)
             acked = acked_heartbeat_message(seq, msg)
             pairs.extend((agent, acked) for agent in agents)
         return pairs
