@@ -22,7 +22,6 @@ import traceback
 from types import SimpleNamespace
 from typing import Any
 
-
 from . import model
 from .fleet import PORT_TAKEN
 from .ranks import Rank, heartbeat_ids_of, is_any_heartbeat, rank_main
