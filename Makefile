@@ -106,8 +106,9 @@ test-vllm032: build-cpu
 test: lint test-core test-twin test-vllm032 test-e2e
 
 # Real `vllm serve` P/D pairs behind vllm-router, stock connector then ours,
-# one pair at a time (4.5-8.5 minutes measured on 2 cores); then the network
-# partitions between real NIXL engines on two hosts (tests marked serial; need root).
+# one pair at a time, the last ones on two network namespaces with partitions
+# (~15 minutes measured on 2 cores); then the network partitions between real
+# NIXL engines on two hosts (tests marked serial, ~5 minutes; need root).
 test-e2e: build build-cpu venv-router prometheus
 	$(VPY) -m pytest -m e2e -p no:xdist -p no:cacheprovider -rxXs tests/e2e
 	$(VPY) -m pytest -m serial -p no:xdist -p no:cacheprovider -rxXs tests
