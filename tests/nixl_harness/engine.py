@@ -28,6 +28,7 @@ from .ranks import Rank, heartbeat_ids_of, is_any_heartbeat, rank_main
 from .spec import EngineSpec
 
 MAX_LIFETIME_S = 600.0  # orphan guard: an engine never outlives a test run
+EXIT_DUMP_S = 1.5  # dump every thread's stack if the process has not exited this long after "stop"
 SLOW_S = 0.1  # steps (and gaps between step starts) longer than this are logged
 SLOW_KEEP = 2000
 
@@ -490,6 +491,10 @@ def engine_main(spec: EngineSpec, conn: Any) -> None:
             if cmd == "stop":
                 eng.shutdown()
                 conn.send(("ok", None))
+                # An exit that lingers (Python joins non-daemon threads, e.g. a
+                # handshake waiting on a dead peer) leaves its stacks in the log.
+                log("stopped; exiting")
+                faulthandler.dump_traceback_later(EXIT_DUMP_S, file=sys.stderr)
                 return
             try:
                 conn.send(("ok", _handle(eng, cmd, kwargs)))

@@ -116,10 +116,12 @@ def _counts(
 ) -> dict[str, Any]:
     p_stats, d_stats = p.stats(), d.stats()
     failed = sum(bool(d_rep["reqs"][d_id(r)].get("failed")) for r in ids)
+    accepted = [r for r in ids if not d_rep["reqs"][d_id(r)].get("failed")]
     ranks = range(len(d_stats))
     return {
         "failed": failed,
-        "wrong": len(data_mismatches(p_rep, d_rep, ids)) - failed,
+        # Among the loads D accepted (a failed READ may still have landed P's bytes).
+        "wrong": len(data_mismatches(p_rep, d_rep, accepted)),
         "fenced": _sum(d_stats, "num_reads_fenced"),
         # Per D rank (D with TP > 1: rank r holds KV head r).
         "fenced_by_rank": [s.get("num_reads_fenced", 0) for s in d_stats],
