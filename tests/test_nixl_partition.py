@@ -94,6 +94,23 @@ def test_partition_past_lease_ours_never_reads_reused_blocks(tmp_path, offset: f
     assert out["after_expiry"] == 0
 
 
+def test_partition_past_lease_d_tp2_ours_never_reads_reused_blocks_on_either_rank(tmp_path) -> None:
+    """P TP 1, D TP 2 (each D rank reads its KV head from P rank 0 and keeps its
+    own acknowledged view): after a cut past the lease and P's reuse, both D
+    ranks fence (or discard) every read."""
+    with netns.TwoHosts() as hosts, Fleet(tmp_path, lease=sc.LEASE, hosts=hosts) as fleet:
+        out = pt.partition_past_lease(fleet, hosts, False, False, offset=0.9 * pt.INTERVAL, d_tp=2)
+    n = len(out["ids"])
+    assert out["expired"] == n, "P should have let every lease lapse"
+    assert out["wrong_by_rank"] == {0: 0, 1: 0}, "a D rank read other requests' KV"
+    assert out["wrong"] == 0 and out["failed"] == n
+    assert out["failed_by_rank"] == [n, n], "each D rank must fail every load"
+    stopped = [f + x for f, x in zip(out["fenced_by_rank"], out["discarded_by_rank"], strict=True)]
+    assert stopped == [n, n], f"fenced {out['fenced_by_rank']}, discarded {out['discarded_by_rank']}"
+    assert out["after_expiry"] == 0
+    _no_errors(out["p"], out["d"])
+
+
 @pytest.mark.parametrize("offset", OFFSETS[-1:])  # one phase is enough to document it
 def test_partition_past_lease_stock_reads_reused_blocks(tmp_path, offset: float) -> None:
     """Stock P/D: after the heal D reads the reused blocks (what the fence is for)."""

@@ -28,6 +28,15 @@ from .ranks import Rank, heartbeat_ids_of, is_any_heartbeat, rank_main
 from .spec import EngineSpec
 
 MAX_LIFETIME_S = 600.0  # orphan guard: an engine never outlives a test run
+EXIT_DUMP_S = 1.5  # dump every thread's stack if the process has not exited this long after "stop"
+SLOW_S = 0.1  # steps (and gaps between step starts) longer than this are logged
+SLOW_KEEP = 2000
+
+
+def _keep(log: list[tuple[float, float]], item: tuple[float, float]) -> None:
+    log.append(item)
+    if len(log) > SLOW_KEEP:
+        del log[: len(log) - SLOW_KEEP]
 
 
 def log(msg: str) -> None:
@@ -129,6 +138,14 @@ class Engine:
         self.hb_sent = {"msgs": 0, "bytes": 0, "max": 0, "ids": 0, "last_t": 0.0, "failed": 0}
         self.steps = 0
         self.max_step_s = 0.0
+        # Steps that took long, and long gaps between step starts: (t, seconds).
+        self.slow_steps: list[tuple[float, float]] = []
+        self.step_gaps: list[tuple[float, float]] = []
+        self._last_step_t = 0.0
+        # D with TP > 1: a read is done once every rank reports it
+        # (vLLM's KVOutputAggregator); a failed rank fails the load.
+        self.recv_counts: dict[str, int] = {}
+        self.failed_pending: set[str] = set()
         self._hb_seen: dict[tuple[int, str], int] = {}
         self.hb_ids_sent: dict[str, tuple[int, float]] = {}  # D: id -> (times sent, last send)
 
@@ -216,10 +233,16 @@ class Engine:
     def step(self) -> None:
         self.steps += 1
         start = time.monotonic()
+        if self._last_step_t and start - self._last_step_t > SLOW_S:
+            _keep(self.step_gaps, (start, start - self._last_step_t))
+        self._last_step_t = start
         try:
             self._step()
         finally:
-            self.max_step_s = max(self.max_step_s, time.monotonic() - start)
+            took = time.monotonic() - start
+            self.max_step_s = max(self.max_step_s, took)
+            if took > SLOW_S:
+                _keep(self.slow_steps, (start, took))
 
     def _step(self) -> None:
         if self.spec.role == "D":
@@ -267,7 +290,17 @@ class Engine:
                 self.sent_counts[req_id] = self.sent_counts.get(req_id, 0) + 1
                 if self.sent_counts[req_id] == world:  # KVOutputAggregator: all ranks done
                     sending.add(req_id)
-            recving |= res["recving"]
+            for req_id in res["failed"]:
+                self.failed_pending.add(req_id)
+                if req_id in self.reqs:
+                    self.reqs[req_id].setdefault("failed_ranks", set()).add(res["rank"])
+            for req_id in res["recving"]:
+                if req_id in self.reqs:
+                    self.reqs[req_id].setdefault("recv_ranks", set()).add(res["rank"])
+                self.recv_counts[req_id] = self.recv_counts.get(req_id, 0) + 1
+                if self.recv_counts[req_id] == world:  # KVOutputAggregator: all ranks done
+                    del self.recv_counts[req_id]
+                    recving.add(req_id)
             for req_id, heads in res["digests"].items():
                 if req_id in self.reqs:
                     self.reqs[req_id].setdefault("digest", {}).update(heads)
@@ -285,7 +318,8 @@ class Engine:
         for req_id in recving:  # D: read done; decode would run; finish and free
             rec = self.reqs[req_id]
             rec["read_t"] = now
-            rec["failed"] = any(req_id in r["failed"] for r in results)
+            rec["failed"] = req_id in self.failed_pending
+            self.failed_pending.discard(req_id)
             req = rec["req"]
             req.status = self.status.FINISHED_LENGTH_CAPPED
             self.sched.request_finished(req, rec["blocks"])
@@ -308,12 +342,15 @@ class Engine:
                         rec["hb"] += 1
                         rec["hb_last_t"] = t
                         rec.setdefault("hb_ranks", set()).add(res["rank"])
+                        rec.setdefault("hb_agents", set()).add(agent)
             else:
-                req_id = msg.decode("utf-8", "replace").rpartition(":")[0]
+                req_id, _, count = msg.decode("utf-8", "replace").rpartition(":")
                 rec = self.reqs.get(req_id)
                 if rec is not None:
                     rec.setdefault("read_t", t)
                     rec.setdefault("read_ranks", set()).add(res["rank"])
+                    # (P) each consumer's completion "<id>:<consumers>", as received
+                    rec.setdefault("completions", []).append((res["rank"], agent, count))
 
     # -- reports -------------------------------------------------------------
     def report(self) -> dict[str, Any]:
@@ -327,6 +364,8 @@ class Engine:
             "notif_log": list(self.notif_log),
             "steps": self.steps,
             "max_step_s": self.max_step_s,
+            "slow_steps": list(self.slow_steps),
+            "step_gaps": list(self.step_gaps),
             "free_blocks": len(self.free_blocks),
             "waiting": len(self.waiting),
         }
@@ -452,6 +491,10 @@ def engine_main(spec: EngineSpec, conn: Any) -> None:
             if cmd == "stop":
                 eng.shutdown()
                 conn.send(("ok", None))
+                # An exit that lingers (Python joins non-daemon threads, e.g. a
+                # handshake waiting on a dead peer) leaves its stacks in the log.
+                log("stopped; exiting")
+                faulthandler.dump_traceback_later(EXIT_DUMP_S, file=sys.stderr)
                 return
             try:
                 conn.send(("ok", _handle(eng, cmd, kwargs)))

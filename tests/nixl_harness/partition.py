@@ -16,7 +16,17 @@ import time
 from typing import Any
 
 from .fleet import Engine, Fleet, wait_for
-from .scenarios import EXTENSION, LEASE, TOKENS, d_id, data_mismatches, hand_to_d, prefill, wait_freed
+from .scenarios import (
+    EXTENSION,
+    LEASE,
+    TOKENS,
+    d_id,
+    data_mismatches,
+    hand_to_d,
+    prefill,
+    wait_freed,
+    wrong_by_rank,
+)
 
 INTERVAL = LEASE // 6  # D's heartbeat interval for LEASE (upstream's d // 6)
 BLOCKS_PER_REQ = -(-TOKENS // 32)
@@ -27,10 +37,18 @@ def who(p_stock: bool, d_stock: bool) -> str:
 
 
 def start_pair(
-    fleet: Fleet, p_stock: bool, d_stock: bool, p_blocks: int = 256, env: dict[str, str] | None = None
+    fleet: Fleet,
+    p_stock: bool,
+    d_stock: bool,
+    p_blocks: int = 256,
+    env: dict[str, str] | None = None,
+    d_tp: int = 1,
 ) -> tuple[Engine, Engine]:
-    p = fleet.start("P", "p", stock=p_stock, host="p", num_blocks=p_blocks, env=dict(env or {}))
-    d = fleet.start("D", "d", stock=d_stock, host="d", env=dict(env or {}))
+    """P (TP 1) on host "p", D on host "d"; with ``d_tp`` > 1, D runs that many
+    TP ranks (all on host "d") and the model has ``d_tp`` KV heads, one per D rank."""
+    heads = {"kv_heads": d_tp} if d_tp > 1 else {}
+    p = fleet.start("P", "p", stock=p_stock, host="p", num_blocks=p_blocks, env=dict(env or {}), **heads)
+    d = fleet.start("D", "d", stock=d_stock, host="d", env=dict(env or {}), tp_size=d_tp, **heads)
     return p, d
 
 
@@ -98,10 +116,20 @@ def _counts(
 ) -> dict[str, Any]:
     p_stats, d_stats = p.stats(), d.stats()
     failed = sum(bool(d_rep["reqs"][d_id(r)].get("failed")) for r in ids)
+    accepted = [r for r in ids if not d_rep["reqs"][d_id(r)].get("failed")]
+    ranks = range(len(d_stats))
     return {
         "failed": failed,
-        "wrong": len(data_mismatches(p_rep, d_rep, ids)) - failed,
+        # Among the loads D accepted (a failed READ may still have landed P's bytes).
+        "wrong": len(data_mismatches(p_rep, d_rep, accepted)),
         "fenced": _sum(d_stats, "num_reads_fenced"),
+        # Per D rank (D with TP > 1: rank r holds KV head r).
+        "fenced_by_rank": [s.get("num_reads_fenced", 0) for s in d_stats],
+        "discarded_by_rank": [s.get("num_reads_discarded", 0) for s in d_stats],
+        "failed_by_rank": [
+            sum(rank in d_rep["reqs"][d_id(r)].get("failed_ranks", ()) for r in ids) for rank in ranks
+        ],
+        "wrong_by_rank": wrong_by_rank(p_rep, d_rep, ids, {rank: [rank] for rank in ranks}),
         "expired": sum(p_rep["reqs"][r].get("freed_reason") == "expiry" for r in ids),
         "p_expired_total": _sum(p_stats, "num_kv_expired_reqs"),
         "after_expiry": _sum(p_stats, "num_notifications_after_expiry"),
@@ -185,13 +213,14 @@ def _print_ucx(out: dict[str, Any]) -> None:
 
 # -- (b) a partition longer than the lease ---------------------------------------
 def partition_past_lease(
-    fleet: Fleet, hosts: Any, p_stock: bool, d_stock: bool, offset: float, n: int = 4
+    fleet: Fleet, hosts: Any, p_stock: bool, d_stock: bool, offset: float, n: int = 4, d_tp: int = 1
 ) -> dict[str, Any]:
     """D's link goes down ``offset`` s after P takes in a heartbeat and stays
     down until P's leases lapse and P reuses the blocks; then the link heals
-    and D is let read.  A D that reads now gets other requests' KV."""
+    and D is let read.  A D that reads now gets other requests' KV.  With
+    ``d_tp`` > 1, D's ranks each read their KV head from P (TP 1)."""
     # P holds exactly n requests: the prefills after the expiry reuse the freed blocks.
-    p, d = start_pair(fleet, p_stock, d_stock, p_blocks=n * BLOCKS_PER_REQ + 1)
+    p, d = start_pair(fleet, p_stock, d_stock, p_blocks=n * BLOCKS_PER_REQ + 1, d_tp=d_tp)
     warm_up(p, d)
     ids, params = prefill(p, "part", n)
     hand_to_d(d, params, hold=True)
@@ -230,6 +259,12 @@ def partition_past_lease(
         f"+{max(freed) - t_cut:.2f}s; D: failed loads {out['failed']}, fenced {out['fenced']}, "
         f"reads returning other requests' KV {out['wrong']}; P completions after expiry {out['after_expiry']}"
     )
+    if d_tp > 1:
+        print(
+            f"   D TP {d_tp}, per rank: fenced {out['fenced_by_rank']}, "
+            f"discarded {out['discarded_by_rank']}, failed loads {out['failed_by_rank']}, "
+            f"wrong reads {out['wrong_by_rank']}"
+        )
     _print_ucx(out)
     return out
 

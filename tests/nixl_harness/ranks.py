@@ -198,7 +198,7 @@ def heartbeat_ids_of(msg: bytes) -> bytes:
 
 
 def rank_main(spec: EngineSpec, rank: int, dist_init: str, conn: Any) -> None:
-    """Entry point of a TP rank > 0 in its own process (P with TP > 1)."""
+    """Entry point of a TP rank > 0 in its own process (P or D with TP > 1)."""
     from . import engine
 
     engine.redirect_output(spec, f"rank{rank}")

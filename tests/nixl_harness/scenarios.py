@@ -253,6 +253,91 @@ def hetero_tp(fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 4) -> dict[st
     return {"ids": ids, "p": p_rep, "d": d_rep}
 
 
+def wait_loaded(d: Engine, ids: list[str], timeout: float) -> dict[str, Any]:
+    """D's report once every rank of D finished loading (or failing) ``ids``."""
+
+    def done() -> dict[str, Any] | None:
+        rep = d.report()
+        return rep if all("read_t" in rep["reqs"][d_id(r)] for r in ids) else None
+
+    return wait_for(done, timeout, what=f"D finishing {len(ids)} load(s)")
+
+
+def wrong_by_rank(
+    p_rep: dict[str, Any], d_rep: dict[str, Any], ids: list[str], d_heads: dict[int, list[int]]
+) -> dict[int, int]:
+    """Per D rank: loads that rank did not fail whose heads differ from what P wrote.
+
+    ``d_heads``: D rank -> the KV heads it holds (rank r of a TP-k D of k heads: [r])."""
+    out = {}
+    for rank, heads in d_heads.items():
+        wrong = 0
+        for r in ids:
+            rec = d_rep["reqs"][d_id(r)]
+            if rank in rec.get("failed_ranks", ()):
+                continue
+            wrote = p_rep["reqs"][r].get("digest", {})
+            read = rec.get("digest", {})
+            if any(read.get(h) != wrote.get(h) for h in heads):
+                wrong += 1
+        out[rank] = wrong
+    return out
+
+
+def hetero_tp_reverse(
+    fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 4, hold_s: float = LEASE + 2
+) -> dict[str, Any]:
+    """P with TP 1 (both KV heads) and D with TP 2 (two worker processes, one
+    head each): each D rank reads its head from P rank 0 and heartbeats it
+    while the requests wait in D's queue for ``hold_s`` (past one lease); P
+    must take two completions per request and free it once."""
+    p = fleet.start("P", "p", stock=p_stock, kv_heads=2)
+    d = fleet.start("D", "d", stock=d_stock, tp_size=2, kv_heads=2)
+    ids, params = prefill(p, "rtp", n)
+    t_handed = time.monotonic()
+    hand_to_d(d, params, hold=True)
+    wait_for(
+        lambda: all(len(p.report()["reqs"][r].get("hb_agents", ())) == 2 for r in ids),
+        15,
+        what="heartbeats from both D ranks on P",
+    )
+    time.sleep(max(0.0, t_handed + hold_s - time.monotonic()))
+    during = p.report()
+    d_stats_during = d.stats()
+    d.release()
+    p_rep = wait_freed(p, ids, timeout=30)
+    d_rep = wait_loaded(d, ids, 30)
+    held_s = min(d_rep["reqs"][d_id(r)]["admitted_t"] for r in ids) - t_handed
+    out = {
+        "ids": ids,
+        "during": during,
+        "held_s": held_s,
+        "p": p_rep,
+        "d": d_rep,
+        "p_stats": p.stats(),
+        "d_stats_during": d_stats_during,
+        "d_stats": d.stats(),
+    }
+    print_summary(
+        f"P TP1 -> D TP2, held {held_s:.1f}s (P {'stock' if p_stock else 'ours'}, "
+        f"D {'stock' if d_stock else 'ours'})",
+        p_rep,
+        ids,
+        [d_rep],
+    )
+    for rank, st in enumerate(out["d_stats"]):
+        print(
+            f"   D rank {rank}: heartbeat msgs sent {st.get('num_heartbeat_msgs_sent', 'n/a')}, "
+            f"acks received {st.get('num_heartbeat_acks_recv', 'n/a')}, "
+            f"views renewed {st.get('num_heartbeat_views_renewed', 'n/a')}, "
+            f"fenced {st.get('num_reads_fenced', 0)}"
+        )
+    comps = [len(p_rep["reqs"][r].get("completions", [])) for r in ids]
+    agents = [len(p_rep["reqs"][r].get("hb_agents", ())) for r in ids]
+    print(f"   P: completions per request {comps}, D agents heartbeating each {agents}")
+    return out
+
+
 def d_frozen(
     fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 4, p_skew: float = 0.0, d_skew: float = 0.0
 ) -> dict[str, Any]:
