@@ -28,7 +28,7 @@ No vLLM imports: the vLLM adapter feeds it (``vllm/read_fence.py``).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 
@@ -99,11 +99,7 @@ class HolderLeaseViews:
         """Account one heartbeat to ``engine_id`` sent between ``started`` and ``finished``
         (D's clock); ``offset`` is P's clock minus D's.  Returns how many views it renewed."""
         renewed = 0
-        for remote_id in remote_ids:
-            local_id = self._by_remote.get((engine_id, remote_id))
-            if local_id is None:
-                continue
-            view = self._views[local_id]
+        for view in self._named(engine_id, remote_ids):
             if view.acked:
                 continue  # only P's answer renews it
             deadline = self._local(view, offset)
@@ -121,16 +117,20 @@ class HolderLeaseViews:
         ``remote_ids`` while it held their leases: renew them to ``started +
         extension``.  Returns how many views it renewed."""
         renewed = 0
-        for remote_id in remote_ids:
-            local_id = self._by_remote.get((engine_id, remote_id))
-            if local_id is None:
-                continue
-            view = self._views[local_id]
+        for view in self._named(engine_id, remote_ids):
             deadline = self._local(view, offset)
             if started + view.extension > deadline:
                 view.local_deadline = started + view.extension
                 renewed += 1
         return renewed
+
+    def _named(self, engine_id: str, remote_ids: Iterable[str]) -> Iterator[_View]:
+        """The views of those of ``remote_ids`` (P's ids on ``engine_id``) that D views."""
+        by_remote, views = self._by_remote, self._views
+        for remote_id in remote_ids:
+            local_id = by_remote.get((engine_id, remote_id))
+            if local_id is not None:
+                yield views[local_id]
 
     def remaining(self, local_id: str, now: float, offset: float) -> float | None:
         """Seconds the view of ``local_id`` has left at ``now`` (D's clock); None if not viewed."""
