@@ -68,6 +68,15 @@ def warm_up(p: Engine, d: Engine) -> float:
     return time.monotonic() - t
 
 
+def queue_on_d(p: Engine, d: Engine, tag: str, n: int) -> tuple[list[str], dict[str, Any]]:
+    """Prefill ``n`` requests on P and hold them in D's queue until P has seen
+    two heartbeats for each; return their ids and D's report at that point."""
+    ids, params = prefill(p, tag, n)
+    hand_to_d(d, params, hold=True)
+    wait_for(lambda: all(p.report()["reqs"][r].get("hb", 0) >= 2 for r in ids), 20, what="heartbeats on P")
+    return ids, d.report()
+
+
 def last_heartbeat_on_p(p: Engine, ids: list[str]) -> float:
     rep = p.report()
     return max(rep["reqs"][r].get("hb_last_t", 0.0) for r in ids)
@@ -152,10 +161,7 @@ def short_partition(
     interval); then D is let read.  Nothing should expire or be fenced."""
     p, d = start_pair(fleet, p_stock, d_stock)
     warm_up(p, d)
-    ids, params = prefill(p, "short", n)
-    hand_to_d(d, params, hold=True)
-    wait_for(lambda: all(p.report()["reqs"][r].get("hb", 0) >= 2 for r in ids), 20, what="heartbeats on P")
-    d_before = d.report()
+    ids, d_before = queue_on_d(p, d, "short", n)
     t_hb, t_cut = cut_after_heartbeat(hosts, "d", p, ids, offset)
     try:
         time.sleep(cut_s)
@@ -222,10 +228,7 @@ def partition_past_lease(
     # P holds exactly n requests: the prefills after the expiry reuse the freed blocks.
     p, d = start_pair(fleet, p_stock, d_stock, p_blocks=n * BLOCKS_PER_REQ + 1, d_tp=d_tp)
     warm_up(p, d)
-    ids, params = prefill(p, "part", n)
-    hand_to_d(d, params, hold=True)
-    wait_for(lambda: all(p.report()["reqs"][r].get("hb", 0) >= 2 for r in ids), 20, what="heartbeats on P")
-    d_before = d.report()
+    ids, d_before = queue_on_d(p, d, "part", n)
     t_hb, t_cut = cut_after_heartbeat(hosts, "d", p, ids, offset)
     try:
         p_expired = wait_freed(p, ids, timeout=LEASE + 10)
@@ -278,10 +281,7 @@ def read_in_flight(fleet: Fleet, hosts: Any, p_stock: bool, d_stock: bool, n: in
     cannot see this; checking again when it completes can."""
     p, d = start_pair(fleet, p_stock, d_stock, p_blocks=n * BLOCKS_PER_REQ + 1)
     warm_up(p, d)  # reads now go straight over UCX, no handshake first
-    ids, params = prefill(p, "inflight", n)
-    hand_to_d(d, params, hold=True)
-    wait_for(lambda: all(p.report()["reqs"][r].get("hb", 0) >= 2 for r in ids), 20, what="heartbeats on P")
-    d_before = d.report()
+    ids, d_before = queue_on_d(p, d, "inflight", n)
     t_hb, t_cut = cut_after_heartbeat(hosts, "d", p, ids, 0.1 * INTERVAL)
     try:
         d.release()  # D admits them on its next step and posts the READs
@@ -338,10 +338,7 @@ def flapping_link(
     Every lease must be freed afterwards (by read or by expiry: none stuck)."""
     p, d = start_pair(fleet, p_stock, d_stock)
     warm_up(p, d)
-    ids, params = prefill(p, "flap", n)
-    hand_to_d(d, params, hold=True)
-    wait_for(lambda: all(p.report()["reqs"][r].get("hb", 0) >= 2 for r in ids), 20, what="heartbeats on P")
-    d_before = d.report()
+    ids, d_before = queue_on_d(p, d, "flap", n)
     t0 = time.monotonic()
     flapper = hosts.flapping("d", down_s, up_s)
     try:
@@ -408,10 +405,7 @@ def partition_past_connection_timeout(
     old requests load and whether a new request is heartbeated and read."""
     p, d = start_pair(fleet, p_stock, d_stock, env=env)
     warm_up(p, d)
-    ids, params = prefill(p, "long", n)
-    hand_to_d(d, params, hold=True)
-    wait_for(lambda: all(p.report()["reqs"][r].get("hb", 0) >= 2 for r in ids), 20, what="heartbeats on P")
-    d_before = d.report()
+    ids, d_before = queue_on_d(p, d, "long", n)
     t_cut = time.monotonic()
     hosts.cut("d")
     timeline: list[tuple[float, int, int]] = []  # (t - t_cut, sends accepted, sends raised)
