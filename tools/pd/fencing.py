@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from tools.pd import client
 from tools.pd.launcher import PDCluster
 from tools.pd.procs import signal_tree
-from tools.pd.scenarios import EXPIRED, NOTIF_AFTER_EXPIRY, block_decode, burst_prompts, queue_behind
+from tools.pd.scenarios import (
+    EXPIRED,
+    NOTIF_AFTER_EXPIRY,
+    block_decode,
+    burst_prompts,
+    p_alone_references,
+    queue_behind,
+)
 
 FENCED = "vllm:nixl_lease_reads_fenced"
 # Long prompts that cycle P's few KV blocks, so the freed ones are overwritten before D resumes.
@@ -40,12 +47,7 @@ class Frozen:
 def frozen_decode(pd: PDCluster, n: int = 4, max_tokens: int = 16, timeout: float = 240.0) -> Frozen:
     assert pd.decode is not None
     prompts = burst_prompts(n, "frozen")
-    references = []
-    for prompt in prompts:
-        alone = client.complete(pd.p_url, prompt, max_tokens, timeout=60)
-        if not alone.ok:
-            raise AssertionError(f"P alone failed: {alone.error}")
-        references.append(alone.text)
+    references = p_alone_references(pd, prompts, max_tokens)
     exp0 = client.metric(pd.p_url, EXPIRED)
     nae0 = client.metric(pd.p_url, NOTIF_AFTER_EXPIRY)
     fenced0 = client.metric(pd.d_url, FENCED)

@@ -40,6 +40,7 @@ from tools.pd.scenarios import (
     burst_prompts,
     lease_extension,
     lease_interval,
+    p_alone_references,
     queue_behind,
 )
 
@@ -176,12 +177,7 @@ def partition_decode(
     marks: dict[str, float] = {"start": time.time()}
     pd.wait_router_sees_decode(timeout=60)  # after an earlier cut the router may still mark D down
     prompts = burst_prompts(n, tag)
-    references = []
-    for prompt in prompts:
-        alone = client.complete(pd.p_url, prompt, max_tokens, timeout=60)
-        if not alone.ok:
-            raise AssertionError(f"P alone failed: {alone.error}")
-        references.append(alone.text)
+    references = p_alone_references(pd, prompts, max_tokens)
     exp0 = _metric(pd.p_url, EXPIRED)
     nae0 = _metric(pd.p_url, NOTIF_AFTER_EXPIRY)
     fenced0 = _metric(pd.d_url, FENCED)

@@ -43,6 +43,17 @@ def burst_prompts(n: int, tag: str) -> list[str]:
     ]
 
 
+def p_alone_references(pd: PDCluster, prompts: list[str], max_tokens: int) -> list[str]:
+    """What P alone answers (greedy) to each prompt: the text a routed request must match."""
+    references = []
+    for prompt in prompts:
+        alone = client.complete(pd.p_url, prompt, max_tokens, timeout=60)
+        if not alone.ok:
+            raise AssertionError(f"P alone failed: {alone.error}")
+        references.append(alone.text)
+    return references
+
+
 def lease_extension(lease_s: int) -> int:
     return int(default_lease_extension(lease_s))
 
