@@ -25,6 +25,7 @@ from .scenarios import (
     hand_to_d,
     prefill,
     wait_freed,
+    wait_loaded,
     wrong_by_rank,
 )
 
@@ -108,14 +109,6 @@ def notifs_between(p_rep: dict[str, Any], start: float, end: float = float("inf"
     return [t for t, _, _ in p_rep["notif_log"] if start <= t < end]
 
 
-def _loads_done(d: Engine, ids: list[str], timeout: float) -> dict[str, Any]:
-    def done() -> dict[str, Any] | None:
-        rep = d.report()
-        return rep if all("read_t" in rep["reqs"][d_id(r)] for r in ids) else None
-
-    return wait_for(done, timeout, what="D finishing its loads")
-
-
 def _sum(stats: list[dict[str, Any]], key: str) -> int:
     return sum(s.get(key, 0) for s in stats)
 
@@ -174,7 +167,7 @@ def short_partition(
     d.release()
     p_rep = wait_freed(p, ids, timeout=30)
     time.sleep(0.5)
-    d_rep = _loads_done(d, ids, 30)
+    d_rep = wait_loaded(d, ids, 30)
     out = {
         "ids": ids,
         "during": during,
@@ -238,7 +231,7 @@ def partition_past_lease(
         hosts.heal("d")
     t_heal = time.monotonic()
     d.release()
-    d_rep = _loads_done(d, ids, 40)
+    d_rep = wait_loaded(d, ids, 40)
     time.sleep(1.0)  # let P take in late completions and heartbeats
     p_rep = p.report()
     out = {
@@ -294,7 +287,7 @@ def read_in_flight(fleet: Fleet, hosts: Any, p_stock: bool, d_stock: bool, n: in
     finally:
         hosts.heal("d")
     t_heal = time.monotonic()
-    d_rep = _loads_done(d, ids, 60)
+    d_rep = wait_loaded(d, ids, 60)
     time.sleep(1.0)
     p_rep = p.report()
     done = [d_rep["reqs"][d_id(r)]["read_t"] for r in ids]
@@ -427,7 +420,7 @@ def partition_past_connection_timeout(
     # The old requests: released after the heal (P let them lapse long ago).
     d.release()
     try:
-        old_rep = _loads_done(d, ids, 40)
+        old_rep = wait_loaded(d, ids, 40)
         old_loaded = True
     except TimeoutError:
         old_rep, old_loaded = d.report(), False
@@ -447,7 +440,7 @@ def partition_past_connection_timeout(
     t_new_hb = time.monotonic()
     d.release()
     try:
-        new_rep = _loads_done(d, new_ids, 15)
+        new_rep = wait_loaded(d, new_ids, 15)
         time.sleep(0.5)
         new_p = p.report()
         new_ok = not new_rep["reqs"][d_id(new_ids[0])].get("failed") and not data_mismatches(

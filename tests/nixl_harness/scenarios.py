@@ -362,11 +362,7 @@ def d_frozen(
         d.thaw()
     d.collect("release")
 
-    def loads_done() -> dict[str, Any] | None:
-        rep = d.report()
-        return rep if all("read_t" in rep["reqs"][d_id(r)] for r in ids) else None
-
-    d_rep = wait_for(loads_done, 30, what="D finishing its loads")
+    d_rep = wait_loaded(d, ids, 30)
     time.sleep(1.0)  # let P take in any late completion notification
     p_rep = p.report()
     out = {
