@@ -76,7 +76,8 @@ def acked_heartbeat_message(seq: int, heartbeat: bytes) -> bytes:
 
 def parse_acked_heartbeat(msg: bytes) -> tuple[int, bytes] | None:
     """``(seq, id payload)`` of an ``LHB:`` message; None when malformed."""
-    seq, rest = _split_seq(msg, ACKED_HEARTBEAT_PREFIX)
+    head, rest = _split_head(msg, ACKED_HEARTBEAT_PREFIX)
+    seq = _seq(head)
     return None if seq is None or rest is None else (seq, rest)
 
 
@@ -91,15 +92,11 @@ def heartbeat_ack_message(seqs: Iterable[int], not_extended: bytes = b"") -> byt
 def parse_heartbeat_ack(msg: bytes) -> tuple[list[int], frozenset[str] | None] | None:
     """``(seqs, ids P did not extend)`` of an ``LACK:`` message, the set None for
     "none extended"; None when malformed."""
-    body = msg[len(HEARTBEAT_ACK_PREFIX) :]
-    colon = body.find(b":")
-    seq_list = body if colon < 0 else body[:colon]
-    seqs = []
-    for digits in seq_list.split(b","):
-        if not digits or len(digits) > 20 or not digits.isdigit():
-            return None
-        seqs.append(int(digits))
-    rest = b"" if colon < 0 else body[colon + 1 :]
+    seq_list, rest = _split_head(msg, HEARTBEAT_ACK_PREFIX)
+    seqs = [_seq(digits) for digits in seq_list.split(b",")]
+    if None in seqs:
+        return None
+    rest = rest or b""
     if not rest:
         return seqs, frozenset()
     if rest == ACK_NONE:
@@ -110,14 +107,18 @@ def parse_heartbeat_ack(msg: bytes) -> tuple[list[int], frozenset[str] | None] |
         return seqs, None  # cannot tell which: none counts
 
 
-def _split_seq(msg: bytes, prefix: bytes) -> tuple[int | None, bytes | None]:
-    # b"<prefix><seq>" -> (seq, None); b"<prefix><seq>:<rest>" -> (seq, rest)
+def _split_head(msg: bytes, prefix: bytes) -> tuple[bytes, bytes | None]:
+    # b"<prefix><head>" -> (head, None); b"<prefix><head>:<rest>" -> (head, rest)
     body = msg[len(prefix) :]
     colon = body.find(b":")
-    digits = body if colon < 0 else body[:colon]
+    return (body, None) if colon < 0 else (body[:colon], body[colon + 1 :])
+
+
+def _seq(digits: bytes) -> int | None:
+    """A sequence number: 1-20 ASCII digits."""
     if not digits or len(digits) > 20 or not digits.isdigit():
-        return None, None
-    return int(digits), (None if colon < 0 else body[colon + 1 :])
+        return None
+    return int(digits)
 
 
 # -- completions ----------------------------------------------------------

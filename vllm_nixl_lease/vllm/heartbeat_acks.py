@@ -111,7 +111,7 @@ class HeartbeatAcks:
         # An answer to a heartbeat older than the longest extension could
         # not move any view: stop waiting for it.
         if len(self.ledger):
-            self.ledger.prune(now - self._max_extension())
+            self.ledger.prune(now - self._views.max_extension)
 
     def _hello_due(self, agent: str, now: float) -> bool:
         sent = self._hello_sent.get(agent)
@@ -128,6 +128,3 @@ class HeartbeatAcks:
                 self._log.warning(1, "Cannot build the heartbeat-ack hello (no acknowledgements): %s", exc)
                 return None
         return self._hello
-
-    def _max_extension(self) -> float:
-        return self._views.max_extension
