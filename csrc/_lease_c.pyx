@@ -119,6 +119,10 @@ cdef Py_ssize_t MIN_STALE_FOR_REBUILD = 64   # same constant as the twin
 cdef size_t MIN_INDEX_SIZE = 16            # a power of two
 cdef uint32_t EMPTY = 0                     # index cell values: slot + 1, or these
 cdef uint32_t DELETED = 0xFFFFFFFF
+# A C constant: a bare 0xFFFFFFFF in an expression is a Python int to Cython (it
+# does not fit a C int), which boxed every operand it met.
+cdef uint64_t LOW32 = 0xFFFFFFFF
+cdef uint32_t MAX_SEQ = 0xFFFFFFFF
 cdef long MAX_EXPECTED_CONSUMERS = _MAX_CONSUMERS
 cdef size_t MIN_SLOTS_TO_COMPACT = 256      # below this, a sparse slot vector is cheap
 cdef double WHEEL_BUCKETS_PER_EXTENSION = 16.0
@@ -322,7 +326,7 @@ cdef class LeaseTable:
                 bucket[0][keep] = e
                 keep += 1
                 continue
-            idx = <uint32_t>(e.second & 0xFFFFFFFF)
+            idx = <uint32_t>(e.second & LOW32)
             if self._slots[idx].seq != <uint32_t>(e.second >> 32):
                 self._stale -= 1
                 self._entries -= 1
@@ -349,7 +353,7 @@ cdef class LeaseTable:
                 order.push_back((<uint64_t>self._slots[i].seq << 32) | i)
         sort(order.begin(), order.end())
         for i in range(order.size()):
-            self._slots[order[i] & 0xFFFFFFFF].seq = <uint32_t>(i + 1)
+            self._slots[order[i] & LOW32].seq = <uint32_t>(i + 1)
         self._seq = <uint32_t>order.size()
         self._stale = self._live + 1  # force the rebuild: old entries carry old seqs
         self._maybe_rebuild_heap(True)
@@ -380,7 +384,7 @@ cdef class LeaseTable:
             raise ValueError("lease deadline must not be NaN")
         if self._slots.size() >= 0xFFFFFFFE:
             raise OverflowError("too many leases")
-        if self._seq == 0xFFFFFFFF:
+        if self._seq == MAX_SEQ:
             self._renumber()
         self._seq += 1
         h = self._hash_id(req_id, p, n)
@@ -532,7 +536,7 @@ cdef class LeaseTable:
             else:
                 inc(it)
         for j in range(refile.size()):
-            idx = <uint32_t>(refile[j].second & 0xFFFFFFFF)
+            idx = <uint32_t>(refile[j].second & LOW32)
             self._push(refile[j].first, <uint32_t>(refile[j].second >> 32), idx)
         # (deadline, seq << 32 | slot): ties go to the earlier grant, as in the twin
         sort(due.begin(), due.end())
@@ -540,12 +544,12 @@ cdef class LeaseTable:
             # the slot 16 entries ahead, and the id and index cell of the one 8
             # ahead (its slot is cached by now): their misses overlap this one
             if j + 16 < due.size():
-                VNL_PREFETCH(&self._slots[due[j + 16].second & 0xFFFFFFFF])
+                VNL_PREFETCH(&self._slots[due[j + 16].second & LOW32])
             if j + 8 < due.size():
-                idx = <uint32_t>(due[j + 8].second & 0xFFFFFFFF)
+                idx = <uint32_t>(due[j + 8].second & LOW32)
                 VNL_PREFETCH(self._slots[idx].req_id)
                 VNL_PREFETCH(&self._index[self._slots[idx].link & (self._index.size() - 1)])
-            idx = <uint32_t>(due[j].second & 0xFFFFFFFF)
+            idx = <uint32_t>(due[j].second & LOW32)
             expired.append(<object>self._slots[idx].req_id)
             self._unlink(idx)
         self._lower = self._first_lower()
@@ -568,7 +572,7 @@ cdef class LeaseTable:
                 self._wheel.erase(it)
             for j in range(refile.size()):
                 self._push(refile[j].first, <uint32_t>(refile[j].second >> 32),
-                           <uint32_t>(refile[j].second & 0xFFFFFFFF))
+                           <uint32_t>(refile[j].second & LOW32))
             if not empty:
                 self._lower = self._first_lower()
                 return self._lower
