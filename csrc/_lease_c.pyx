@@ -27,7 +27,8 @@ Layout, and why:
   per due lease, a sweep here reads the due buckets front to back, sorts the
   few due entries by (deadline, seq) and is done; a sweep with nothing due
   is one comparison against a lower bound of every stored deadline.  Grant
-  seqs are 32-bit; when they run out the live leases are renumbered in
+  seqs are 31-bit (the top bit marks a request also in a batch, for the
+  router); when they run out the live leases are renumbered in
   order, which keeps every tie-break as it was.  As in the twin, extensions
   only raise the slot's deadline; an outdated entry is moved to its
   bucket when its old bucket comes due, orphaned entries are dropped there,
@@ -55,10 +56,10 @@ from cython.operator cimport dereference as deref, preincrement as inc
 
 import math
 
-from ._lease_table_py import check_now
+from ._lease_table_py import check_limit, check_now
 from ._route_result import (
-    MALFORMED_SAMPLE_BYTES, MALFORMED_SAMPLE_SIZE, UNKNOWN_SAMPLE_SIZE, RouteResult, malformed_sample,
-    unknown_sample_id,
+    MALFORMED_SAMPLE_BYTES, MALFORMED_SAMPLE_SIZE, UNKNOWN_SAMPLE_SIZE, Expiry, RouteResult,
+    malformed_sample, unknown_sample_id,
 )
 from ._router_py import MESSAGES_TYPES
 from ._wire import HEARTBEAT_PREFIX, PUSH_REG_PREFIX
@@ -112,7 +113,7 @@ ctypedef cmap[int64_t, Bucket] Wheel
 cdef struct Slot:
     double deadline
     PyObject* req_id    # owned reference to the id (a str)
-    uint32_t seq        # grant order; 0: free slot
+    uint32_t seq        # grant order | IN_BATCH; 0: free slot
     uint32_t link       # live: low 32 bits of the id's hash; free: next free slot + 1
 
 cdef Py_ssize_t MIN_STALE_FOR_REBUILD = 64   # same constant as the twin
@@ -122,7 +123,12 @@ cdef uint32_t DELETED = 0xFFFFFFFF
 # A C constant: a bare 0xFFFFFFFF in an expression is a Python int to Cython (it
 # does not fit a C int), which boxed every operand it met.
 cdef uint64_t LOW32 = 0xFFFFFFFF
-cdef uint32_t MAX_SEQ = 0xFFFFFFFF
+# Slot.seq: the grant seq in the low 31 bits; the top bit marks a lease whose
+# request is also in a batch (the router's in_batch), so that a sweep or a
+# completion need not look the id up in a Python set.
+cdef uint32_t IN_BATCH = 0x80000000
+cdef uint32_t SEQ_BITS = 0x7FFFFFFF
+cdef uint32_t MAX_SEQ = 0x7FFFFFFF
 cdef long MAX_EXPECTED_CONSUMERS = _MAX_CONSUMERS
 cdef size_t MIN_SLOTS_TO_COMPACT = 256      # below this, a sparse slot vector is cheap
 cdef double WHEEL_BUCKETS_PER_EXTENSION = 16.0
@@ -141,6 +147,8 @@ cdef class LeaseTable:
     cdef double _lower               # no stored deadline is below this
     cdef uint32_t _free              # head of free slot list (+1), 0 = none
     cdef Py_ssize_t _live
+    cdef Py_ssize_t _in_batch        # live slots marked IN_BATCH
+    cdef set _batch_spill            # the router's in_batch set, once a router owns the table
     cdef Py_ssize_t _stale
     cdef uint32_t _seq
     cdef vector[uint32_t] _index
@@ -262,6 +270,8 @@ cdef class LeaseTable:
         while self._index[i] != idx + 1:
             i = (i + 1) & mask
         self._index[i] = DELETED
+        if self._slots[idx].seq & IN_BATCH:
+            self._in_batch -= 1
         Py_DECREF(<object>self._slots[idx].req_id)
         self._slots[idx].req_id = NULL
         self._slots[idx].seq = 0
@@ -291,7 +301,7 @@ cdef class LeaseTable:
             self._lower = INFINITY
             for i in range(self._slots.size()):
                 if self._slots[i].seq != 0:
-                    self._push(self._slots[i].deadline, self._slots[i].seq, <uint32_t>i)
+                    self._push(self._slots[i].deadline, self._slots[i].seq & SEQ_BITS, <uint32_t>i)
             self._stale = 0
 
     cdef double _first_lower(self) noexcept:
@@ -327,7 +337,7 @@ cdef class LeaseTable:
                 keep += 1
                 continue
             idx = <uint32_t>(e.second & LOW32)
-            if self._slots[idx].seq != <uint32_t>(e.second >> 32):
+            if (self._slots[idx].seq & SEQ_BITS) != <uint32_t>(e.second >> 32):
                 self._stale -= 1
                 self._entries -= 1
                 continue
@@ -347,27 +357,32 @@ cdef class LeaseTable:
     cdef void _renumber(self) except *:
         """Give live leases seqs 1..n in their current order (seqs ran out)."""
         cdef vector[uint64_t] order
-        cdef size_t i
+        cdef size_t i, idx
         for i in range(self._slots.size()):
             if self._slots[i].seq != 0:
-                order.push_back((<uint64_t>self._slots[i].seq << 32) | i)
+                order.push_back((<uint64_t>(self._slots[i].seq & SEQ_BITS) << 32) | i)
         sort(order.begin(), order.end())
         for i in range(order.size()):
-            self._slots[order[i] & LOW32].seq = <uint32_t>(i + 1)
+            idx = order[i] & LOW32
+            self._slots[idx].seq = (self._slots[idx].seq & IN_BATCH) | <uint32_t>(i + 1)
         self._seq = <uint32_t>order.size()
         self._stale = self._live + 1  # force the rebuild: old entries carry old seqs
         self._maybe_rebuild_heap(True)
 
     def _debug_set_seq(self, seq):
         """Test hook: jump the grant counter (to reach renumbering quickly)."""
-        if not self._live and 0 <= seq <= 0xFFFFFFFF:
+        if not self._live and 0 <= seq <= MAX_SEQ:
             self._seq = seq
         else:
-            raise ValueError("only on an empty table, 0 <= seq < 2**32")
+            raise ValueError("only on an empty table, 0 <= seq < 2**31")
 
     # -- public API -----------------------------------------------------
     def grant(self, req_id, deadline):
         """Start (or overwrite) the lease of ``req_id`` until ``deadline``."""
+        self._grant(req_id, deadline)
+
+    cdef long _grant(self, object req_id, object deadline) except -1:
+        """``grant``; returns the lease's slot."""
         cdef Py_ssize_t n
         cdef const char* p
         cdef double d
@@ -400,9 +415,21 @@ cdef class LeaseTable:
             self._live += 1
             self._index_insert(<uint32_t>idx)
         self._slots[idx].deadline = d
-        self._slots[idx].seq = self._seq
+        self._slots[idx].seq = (self._slots[idx].seq & IN_BATCH) | self._seq
         self._push(d, self._seq, <uint32_t>idx)
         self._maybe_rebuild_heap()
+        return idx
+
+    cdef inline bint _is_in_batch(self, long idx) noexcept:
+        return (self._slots[idx].seq & IN_BATCH) != 0
+
+    cdef inline void _set_in_batch(self, long idx, bint on) noexcept:
+        if on and not self._slots[idx].seq & IN_BATCH:
+            self._slots[idx].seq |= IN_BATCH
+            self._in_batch += 1
+        elif not on and self._slots[idx].seq & IN_BATCH:
+            self._slots[idx].seq &= SEQ_BITS
+            self._in_batch -= 1
 
     cdef (Py_ssize_t, Py_ssize_t) _extend_span(self, const char* p, Py_ssize_t n, double new_deadline):
         """Extend every lease named in the comma-separated span ``p[:n]``.
@@ -487,6 +514,8 @@ cdef class LeaseTable:
         cdef long idx = self._find_str(req_id)
         if idx < 0:
             return False
+        if self._slots[idx].seq & IN_BATCH:
+            self._batch_spill.add(req_id)  # it stays in its batch
         self._release_slot(<uint32_t>idx)
         self._maybe_compact()
         return True
@@ -517,17 +546,26 @@ cdef class LeaseTable:
         self._rehash()
         self._maybe_rebuild_heap(True)
 
-    def pop_expired(self, now):
-        """Remove and return every lease with deadline <= now, earliest first."""
-        cdef double t = check_now(now)
+    def pop_expired(self, now, limit=None):
+        """Remove and return the leases with deadline <= now, earliest first:
+        all of them, or the ``limit`` earliest (the rest stay due)."""
         cdef list expired = []
+        cdef list marked = [] if self._in_batch else None
+        self._pop_due(check_now(now), check_limit(limit), expired, marked, True)
+        if marked:
+            self._batch_spill.update(marked)  # they stay in their batch
+        return expired
+
+    cdef void _pop_due(self, double t, Py_ssize_t cap, list expired, list others, bint marked) except *:
+        """``pop_expired`` into ``expired``; with ``others``, also the ids
+        among them whose slot was (``marked``) or was not marked IN_BATCH."""
         cdef vector[HeapEntry] due, refile
         cdef Wheel.iterator it
         cdef int64_t last
-        cdef size_t j
+        cdef size_t j, take
         cdef uint32_t idx
-        if t < self._lower:
-            return expired
+        if t < self._lower or cap == 0:
+            return
         last = self._bucket(t)
         it = self._wheel.begin()
         while it != self._wheel.end() and deref(it).first <= last:
@@ -535,27 +573,48 @@ cdef class LeaseTable:
                 it = self._wheel.erase(it)
             else:
                 inc(it)
+            # With a limit, stop once ``cap`` due leases are certainly the
+            # earliest: every entry in a later bucket is due no earlier than
+            # that bucket's start (extensions only raise a deadline).
+            if cap > 0 and due.size() >= <size_t>cap and self._earliest_settled(due, it, last, cap):
+                break
         for j in range(refile.size()):
             idx = <uint32_t>(refile[j].second & LOW32)
             self._push(refile[j].first, <uint32_t>(refile[j].second >> 32), idx)
         # (deadline, seq << 32 | slot): ties go to the earlier grant, as in the twin
         sort(due.begin(), due.end())
-        for j in range(due.size()):
+        take = due.size() if cap < 0 or due.size() < <size_t>cap else <size_t>cap
+        for j in range(take):
             # the slot 16 entries ahead, and the id and index cell of the one 8
             # ahead (its slot is cached by now): their misses overlap this one
-            if j + 16 < due.size():
+            if j + 16 < take:
                 VNL_PREFETCH(&self._slots[due[j + 16].second & LOW32])
-            if j + 8 < due.size():
+            if j + 8 < take:
                 idx = <uint32_t>(due[j + 8].second & LOW32)
                 VNL_PREFETCH(self._slots[idx].req_id)
                 VNL_PREFETCH(&self._index[self._slots[idx].link & (self._index.size() - 1)])
             idx = <uint32_t>(due[j].second & LOW32)
             expired.append(<object>self._slots[idx].req_id)
+            if others is not None and ((self._slots[idx].seq & IN_BATCH) != 0) == marked:
+                others.append(<object>self._slots[idx].req_id)
             self._unlink(idx)
+        for j in range(take, due.size()):  # due, beyond the limit: back for the next call
+            self._push(due[j].first, <uint32_t>(due[j].second >> 32), <uint32_t>(due[j].second & LOW32))
         self._lower = self._first_lower()
-        if expired:
+        if take:
             self._maybe_compact()
-        return expired
+
+    cdef bint _earliest_settled(self, vector[HeapEntry]& due, Wheel.iterator nxt, int64_t last,
+                                Py_ssize_t cap) noexcept:
+        """Whether at least ``cap`` of ``due`` fall before bucket ``nxt``'s start."""
+        cdef double bound
+        cdef size_t j, before = 0
+        if nxt == self._wheel.end() or deref(nxt).first > last:
+            return True
+        bound = (deref(nxt).first - 0.001) * self._width  # a hair low: float rounding
+        for j in range(due.size()):
+            before += due[j].first < bound
+        return before >= <size_t>cap
 
     cdef double _settle_first(self) except? -1.0:
         """Clean buckets from the front until the first holds a live entry at
@@ -630,51 +689,88 @@ cdef class NotificationRouter:
     def __init__(self, LeaseTable table not None, passthrough_prefixes=(PUSH_REG_PREFIX,)):
         self.table = table
         self._in_batch = set()
+        if table._batch_spill is not None:
+            raise ValueError("this LeaseTable already belongs to a NotificationRouter")
+        table._batch_spill = self._in_batch
         self._counts = {}
         self._expected = {}
         self._passthrough = tuple(bytes(p) for p in passthrough_prefixes)
         if any(not p or p.startswith(HEARTBEAT_PREFIX) for p in self._passthrough):
             raise ValueError("passthrough prefixes must be non-empty and not start with " + HEARTBEAT_PREFIX.decode())
 
+    # Batch membership: an id with a lease is marked in its slot (IN_BATCH);
+    # ``_in_batch`` holds the others.  A sweep or a completion then needs no
+    # set operation for a leased request, which is nearly every one.  An id
+    # marked in its slot is never also in the set.
     def add_in_batch(self, req_id):
-        self._in_batch.add(req_id)
+        cdef long slot = self.table._find_str(req_id)
+        if slot >= 0:
+            self.table._set_in_batch(slot, True)
+            if self._in_batch:
+                self._in_batch.discard(req_id)
+        else:
+            self._in_batch.add(req_id)
 
     def discard_in_batch(self, req_id):
+        cdef long slot = self.table._find_str(req_id)
+        if slot >= 0:
+            self.table._set_in_batch(slot, False)
         self._in_batch.discard(req_id)
-        if self._counts and req_id not in self.table:
+        if self._counts and slot < 0:
             self._forget_reads(req_id)
 
     def release(self, req_id):
         """Drop the lease of ``req_id`` (and its read count, unless it is
         still in a batch); return whether it held a lease."""
-        held = self.table.release(req_id)
+        cdef LeaseTable table = self.table
+        cdef long slot = table._find_str(req_id)
+        if slot >= 0:
+            if table._is_in_batch(slot):
+                self._in_batch.add(req_id)  # it stays in its batch
+            table._release_slot(<uint32_t>slot)
+            table._maybe_compact()
         if self._counts and req_id not in self._in_batch:
             self._forget_reads(req_id)
-        return held
+        return slot >= 0
 
     cdef void _forget_reads(self, object req_id) except *:
         self._counts.pop(req_id, None)
         self._expected.pop(req_id, None)
 
     def is_in_batch(self, req_id):
-        return req_id in self._in_batch
+        cdef long slot = self.table._find_str(req_id)
+        return (slot >= 0 and self.table._is_in_batch(slot)) or req_id in self._in_batch
 
     def grant(self, req_id, deadline):
         """Lease ``req_id`` until ``deadline`` if it is in a batch."""
-        if req_id not in self._in_batch:
+        cdef LeaseTable table = self.table
+        cdef long slot
+        if req_id in self._in_batch:
+            slot = table._grant(req_id, deadline)
+            self._in_batch.discard(req_id)
+            table._set_in_batch(slot, True)
+            return True
+        slot = table._find_str(req_id)
+        if slot < 0 or not table._is_in_batch(slot):
             return False
-        self.table.grant(req_id, deadline)
+        table._grant(req_id, deadline)
         return True
 
     def received(self, req_id):
         return self._counts.get(req_id, 0)
 
     def in_batch_count(self):
-        return len(self._in_batch)
+        return len(self._in_batch) + self.table._in_batch
 
     def in_batch_ids(self):
         """Ids in a batch (no particular order)."""
-        return list(self._in_batch)
+        cdef LeaseTable table = self.table
+        cdef size_t i
+        ids = list(self._in_batch)
+        if table._in_batch:
+            ids += [<object>table._slots[i].req_id for i in range(table._slots.size())
+                    if table._slots[i].seq & IN_BATCH]
+        return ids
 
     cdef bint _is_passthrough(self, const char* p, Py_ssize_t n):
         cdef bytes prefix
@@ -761,7 +857,8 @@ cdef class NotificationRouter:
                 # _counts and _expected hold an entry for exactly the same ids
                 prev = self._counts.get(req_id) if self._counts else None
                 if prev is None and expected == 1:  # the common case: one reader
-                    self._in_batch.discard(req_id)
+                    if slot < 0 or not table._is_in_batch(slot):
+                        self._in_batch.discard(req_id)
                     if slot >= 0:
                         table._release_slot(<uint32_t>slot)
                     completed.append(req_id)
@@ -772,7 +869,8 @@ cdef class NotificationRouter:
                     if prev is not None:
                         del self._counts[req_id]
                     del self._expected[req_id]
-                    self._in_batch.discard(req_id)
+                    if slot < 0 or not table._is_in_batch(slot):
+                        self._in_batch.discard(req_id)
                     if slot >= 0:
                         table._release_slot(<uint32_t>slot)
                     completed.append(req_id)
@@ -786,16 +884,23 @@ cdef class NotificationRouter:
         result.unknown = unknown_n
         return result
 
-    def expire(self, now):
-        """Remove every lease due at ``now``; return ``(req_id, reads seen)``
-        pairs, earliest deadline first."""
-        cdef list out = []
-        cdef bint partial = bool(self._counts) or bool(self._expected)
-        for req_id in self.table.pop_expired(now):
-            self._in_batch.discard(req_id)
-            if partial:
-                self._expected.pop(req_id, None)
-                out.append((req_id, self._counts.pop(req_id, 0)))
-            else:
-                out.append((req_id, 0))
-        return out
+    def expire(self, now, limit=None):
+        """Remove the leases due at ``now`` (all, or the ``limit`` earliest);
+        return them as an ``Expiry``: ids earliest deadline first, and the
+        reads seen of those that had been read by some consumer."""
+        cdef double t = check_now(now)
+        cdef Py_ssize_t cap = check_limit(limit)
+        cdef list ids = []
+        cdef list not_in_batch = [] if self._in_batch else None
+        cdef dict reads = {}
+        self.table._pop_due(t, cap, ids, not_in_batch, False)
+        if not_in_batch:
+            for req_id in not_in_batch:
+                self._in_batch.discard(req_id)
+        if self._expected:
+            for req_id in ids:
+                if self._expected.pop(req_id, None) is not None:
+                    count = self._counts.pop(req_id, 0)
+                    if count:
+                        reads[req_id] = count
+        return Expiry(ids, reads)

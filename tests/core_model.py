@@ -61,9 +61,11 @@ class ModelRouter:
             self.counts.pop(req_id, None)
             self.expected.pop(req_id, None)
 
-    def pop_expired(self, now: float) -> list[str]:
+    def pop_expired(self, now: float, limit: int | None = None) -> list[str]:
         now = check_now(now)
         due = sorted((d, s, r) for r, (d, s) in self.leases.items() if d <= now)
+        if check_limit(limit) is not None:
+            due = due[:limit]
         for _, _, r in due:
             del self.leases[r]
         return [r for _, _, r in due]
@@ -115,14 +117,17 @@ class ModelRouter:
                     out["completed"].append(rid)
         return out
 
-    def expire(self, now: float) -> list[tuple[str, int]]:
-        now = check_now(now)
-        out = []
-        for rid in self.pop_expired(now):
+    def expire(self, now: float, limit: int | None = None) -> tuple[list[str], dict[str, int]]:
+        """(expired ids earliest first, {id: reads seen} for those read at all)."""
+        ids = self.pop_expired(now, limit)
+        reads = {}
+        for rid in ids:
             self.expected.pop(rid, None)
             self.in_batch.discard(rid)
-            out.append((rid, self.counts.pop(rid, 0)))
-        return out
+            count = self.counts.pop(rid, 0)
+            if count:
+                reads[rid] = count
+        return ids, reads
 
 
 def check_now(now: object) -> float:
@@ -136,3 +141,14 @@ def check_now(now: object) -> float:
     if not math.isfinite(value):
         raise ValueError(now)
     return value
+
+
+def check_limit(limit: object) -> int | None:
+    """The documented contract for a sweep's ``limit``, written out independently."""
+    if limit is None:
+        return None
+    if type(limit) is not int:
+        raise TypeError(limit)
+    if limit < 0 or limit >= 2**63:
+        raise ValueError(limit)
+    return limit

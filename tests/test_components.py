@@ -44,6 +44,25 @@ def test_keeper_grants_extends_releases_and_expires(clock: Clock) -> None:
     assert [list(x) for x in up.xfer_stats.data["active_leases"]] == [[0, 1], [0, 0]]
 
 
+def test_keeper_spreads_a_mass_expiry_over_steps(clock: Clock) -> None:
+    """A dead D's leases come due at once: each step frees at most
+    max_expiries_per_step of them, earliest first, until none is left."""
+    up = FakeUpstreamWorker()
+    keeper = LeaseKeeper(
+        up, LeaseConfig.from_extra_config({"kv_lease_duration": 12, "max_expiries_per_step": 40})
+    )
+    ids = [f"r{i}" for i in range(100)]
+    for i, rid in enumerate(ids):
+        keeper.deadlines[rid] = clock.now + 1 + i / 100
+    clock.advance(9)
+    freed: list[set[str]] = []
+    while len(keeper.table):
+        freed.append(set())
+        keeper.expire(freed[-1])
+    assert freed == [set(ids[:40]), set(ids[40:80]), set(ids[80:])]
+    assert len(up.xfer_stats.data["num_kv_expired_reqs"]) == 100
+
+
 def test_keeper_push_aliases_renew_by_router_id(clock: Clock) -> None:
     up = FakeUpstreamWorker()
     keeper = LeaseKeeper(up, CONFIG, push=True)

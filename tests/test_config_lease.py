@@ -29,6 +29,8 @@ def test_fencing_defaults() -> None:
     assert (cfg.lease_safety_margin, cfg.lease_fencing) == (0.0, False)
     assert LeaseConfig.from_extra_config({}).idle_step_sleep_s == 0.0  # opt-in
     assert LeaseConfig.from_extra_config({"idle_step_sleep_ms": 1}).idle_step_sleep_s == 0.001
+    assert LeaseConfig.from_extra_config({}).max_expiries_per_step == 2000
+    assert LeaseConfig.from_extra_config({"max_expiries_per_step": 5}).max_expiries_per_step == 5
 
 
 def test_overrides() -> None:
@@ -60,6 +62,9 @@ def test_overrides() -> None:
         ({"idle_step_sleep_ms": -1}, "['idle_step_sleep_ms'] must be a number from 0 (off) to 100, got -1"),
         ({"idle_step_sleep_ms": 500}, "got 500"),
         ({"idle_step_sleep_ms": "1"}, "got '1'"),
+        ({"max_expiries_per_step": 0}, "['max_expiries_per_step'] must be an int >= 1, got 0"),
+        ({"max_expiries_per_step": 1.5}, "got 1.5"),
+        ({"max_expiries_per_step": True}, "got True"),
     ],
 )
 def test_bad_values_name_key_and_value(extra: dict, needle: str) -> None:

@@ -123,11 +123,11 @@ def test_extensions_do_not_grow_heap(core):
 
 
 def test_seq_renumbering_keeps_tie_order():
-    """Cython grant seqs are 32-bit; running out renumbers live leases in order."""
+    """Cython grant seqs are 31-bit; running out renumbers live leases in order."""
     from conftest import load_core
 
     fast, twin = load_core("cython").LeaseTable(5.0), load_core("python").LeaseTable(5.0)
-    fast._debug_set_seq(2**32 - 40)
+    fast._debug_set_seq(2**31 - 40)
     for t in (fast, twin):
         for i in range(100):  # crosses the wrap with equal deadlines everywhere
             t.grant(f"r{i % 60}", float(i % 3))
@@ -179,3 +179,36 @@ def test_memory_follows_live_count_after_burst(core):
         assert t.nbytes() <= 2 * fresh.nbytes() < peak
         assert t.heap_size() <= 2 * len(t) + 64
         assert t.extend(",".join(keep), 3.0) == 100 and t.pop_expired(1e8) == []
+
+
+def test_limited_sweeps_pop_in_the_twins_order():
+    """A dead D's leases, spread over many wheel buckets and some extended
+    (their wheel entries left behind in earlier buckets), popped ``limit`` at a
+    time: the Cython wheel returns exactly the twin's earliest-first order."""
+    from conftest import load_core
+
+    fast, twin = load_core("cython").LeaseTable(16.0), load_core("python").LeaseTable(16.0)
+    ids = [f"d{i}" for i in range(5000)]
+    for t in (fast, twin):
+        for i, rid in enumerate(ids):
+            t.grant(rid, (i * 7919 % 5000) / 250.0)  # deadlines 0..20 s, shuffled
+        t.extend(",".join(ids[::3]).encode(), 2.0)  # to 18 s, from early buckets
+    got = {id(t): [] for t in (fast, twin)}
+    for limit in (0, 1, 37, 500, 2000, 4000):
+        for t in (fast, twin):
+            got[id(t)].append(t.pop_expired(25.0, limit))
+    assert got[id(fast)] == got[id(twin)]
+    assert sum(map(len, got[id(fast)])) == 5000 and len(fast) == 0
+
+
+def test_limit_contract(core):
+    t = core.LeaseTable(5.0)
+    for bad, exc in (
+        (-1, ValueError),
+        (2**70, ValueError),
+        (1.0, TypeError),
+        (True, TypeError),
+        ("3", TypeError),
+    ):
+        with pytest.raises(exc):
+            t.pop_expired(1.0, bad)

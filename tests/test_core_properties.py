@@ -41,6 +41,7 @@ messages_st = st.one_of(
     st.sampled_from([None, b"a:1", "a:1", 3]),
 )
 batch_st = st.dictionaries(st.sampled_from(["d0", "d1"]), messages_st, max_size=2)
+limit_st = st.one_of(st.none(), st.integers(0, 3), st.sampled_from([-1, True, 1.5, "2", 2**70]))
 bad_now_st = st.sampled_from([None, "5", b"5", math.nan, math.inf, -math.inf, 10**400, -(10**400), [1.0]])
 
 
@@ -80,9 +81,11 @@ class CoreAgreement(RuleBasedStateMachine):
 
     @rule(rid=id_st, off=deadline_offset)
     def grant(self, rid, off):
-        self.model.grant(rid, self.now + off)
-        for r in self.routers:
-            r.table.grant(rid, self.now + off)
+        """The router's grant: a lease only for a request in a batch."""
+        want = rid in self.model.in_batch
+        if want:
+            self.model.grant(rid, self.now + off)
+        assert [r.grant(rid, self.now + off) for r in self.routers] == [want] * 3
 
     @rule(payload=hb_st)
     def extend(self, payload):
@@ -118,15 +121,23 @@ class CoreAgreement(RuleBasedStateMachine):
             assert want[1] is not None
             assert [outcome(get(r), *args) for r in self.routers] == [want] * 3
 
-    @rule()
-    def pop_expired(self):
-        want = self.model.pop_expired(self.now)
-        assert [r.table.pop_expired(self.now) for r in self.routers] == [want] * 3
+    @rule(limit=limit_st)
+    def pop_expired(self, limit):
+        want = outcome(self.model.pop_expired, self.now, limit)
+        assert [outcome(r.table.pop_expired, self.now, limit) for r in self.routers] == [want] * 3
 
-    @rule()
-    def expire(self):
-        want = self.model.expire(self.now)
-        assert [r.expire(self.now) for r in self.routers] == [want] * 3
+    @rule(limit=limit_st)
+    def expire(self, limit):
+        want = outcome(self.model.expire, self.now, limit)
+        assert [outcome(r.expire, self.now, limit) for r in self.routers] == [want] * 3
+
+    @rule(rid=id_st, off=deadline_offset)
+    def grant_on_table(self, rid, off):
+        """A lease granted past the router (as ``LeaseDeadlines`` does for an
+        id in no batch), whatever the id's batch membership."""
+        self.model.grant(rid, self.now + off)
+        for r in self.routers:
+            r.table.grant(rid, self.now + off)
 
     @rule(batch=batch_st)
     def route(self, batch):
@@ -153,6 +164,8 @@ class CoreAgreement(RuleBasedStateMachine):
             assert {rid: t.deadline(rid) for rid in IDS if rid in t} == leases
             assert t.next_deadline() == self.model.next_deadline()
             assert sorted(t.ids()) == sorted(leases)
+            assert r.in_batch_count() == len(self.model.in_batch)
+            assert sorted(r.in_batch_ids()) == sorted(self.model.in_batch)
             for rid in IDS:
                 assert r.received(rid) == self.model.counts.get(rid, 0)
                 assert r.is_in_batch(rid) == (rid in self.model.in_batch)

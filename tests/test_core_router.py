@@ -71,8 +71,8 @@ def test_expire_reports_reads_seen(core):
         router.add_in_batch(rid)
         router.grant(rid, d)
     router.route({"d": [b"b:2"]}, 0.0)
-    assert router.expire(0.5) == []
-    assert router.expire(2.0) == [("a", 0), ("b", 1)]
+    assert router.expire(0.5) == ([], {})
+    assert router.expire(2.0) == (["a", "b"], {"b": 1})
     assert router.in_batch_count() == 0 and len(table) == 0
     # a late completion after expiry is unknown, as upstream counts it
     res = router.route({"d": [b"b:2"]}, 3.0)
@@ -136,3 +136,29 @@ def test_read_count_does_not_outlive_lease_or_batch(core):
     router.route({"d": [b"b:3"]}, 0.0)
     router.discard_in_batch("b")
     assert router.received("b") == 0
+
+
+def test_one_router_per_table(core):
+    """The Cython router keeps batch membership in its table's slots, so a
+    table serves one router; both twins refuse a second."""
+    table = core.LeaseTable(5.0)
+    core.NotificationRouter(table)
+    with pytest.raises(ValueError, match="already belongs"):
+        core.NotificationRouter(table)
+
+
+def test_batch_membership_survives_direct_table_calls(core):
+    """A leased id in a batch stays in it when the lease ends through the
+    table itself (release, pop_expired), and leaves it through the router."""
+    table = core.LeaseTable(5.0)
+    router = core.NotificationRouter(table)
+    for rid in ("a", "b", "c"):
+        router.add_in_batch(rid)
+        assert router.grant(rid, 1.0)
+    assert router.in_batch_count() == 3
+    assert table.release("a") and router.is_in_batch("a")
+    assert table.pop_expired(2.0) == ["b", "c"] and router.is_in_batch("b")
+    router.add_in_batch("d")
+    router.grant("d", 1.0)
+    assert router.expire(2.0) == (["d"], {}) and not router.is_in_batch("d")
+    assert sorted(router.in_batch_ids()) == ["a", "b", "c"]

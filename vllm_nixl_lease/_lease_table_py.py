@@ -74,6 +74,18 @@ def check_now(now: float) -> float:
     return value
 
 
+def check_limit(limit: int | None) -> int:
+    """How many leases a sweep may pop: -1 for all (``None``), else an int >= 0
+    (TypeError/ValueError before any state changes)."""
+    if limit is None:
+        return -1
+    if isinstance(limit, bool) or not isinstance(limit, int):
+        raise TypeError(f"limit must be None or an int, got {type(limit).__name__}")
+    if not 0 <= limit <= sys.maxsize:
+        raise ValueError(f"limit must be >= 0 (and fit a C ssize_t), got {limit}")
+    return limit
+
+
 def split_heartbeat_ids(payload: bytes | str) -> Iterator[str | None]:
     """Yield each non-empty id of a heartbeat payload (the text after ``HB:``),
     or None for an id that is not valid UTF-8 (it can match no lease)."""
@@ -97,7 +109,7 @@ class LeaseTable:
     clock, so behaviour is exact and testable.
     """
 
-    __slots__ = ("_extension", "_leases", "_heap", "_seq", "_stale", "_peak")
+    __slots__ = ("_extension", "_leases", "_heap", "_seq", "_stale", "_peak", "_routed")
 
     def __init__(self, extension: float, *, _hash_bits: int = 64) -> None:
         # _hash_bits only exists for parity with the Cython table's test hook.
@@ -108,6 +120,9 @@ class LeaseTable:
         self._leases: dict[str, list] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._seq = 0
+        # A router owns this table (one at most: the Cython router keeps its
+        # batch membership in the table's slots).
+        self._routed = False
         self._stale = 0
         self._peak = 0  # most leases held since the last compaction
 
@@ -159,12 +174,14 @@ class LeaseTable:
         self._maybe_compact()
         return True
 
-    def pop_expired(self, now: float) -> list[str]:
-        """Remove and return every lease with deadline <= now, earliest first."""
+    def pop_expired(self, now: float, limit: int | None = None) -> list[str]:
+        """Remove and return the leases with deadline <= now, earliest first:
+        all of them, or the ``limit`` earliest (the rest stay due)."""
         now = check_now(now)
+        cap = check_limit(limit)
         heap = self._heap
         expired: list[str] = []
-        while heap and heap[0][0] <= now:
+        while heap and heap[0][0] <= now and len(expired) != cap:
             stored, seq, req_id = heapq.heappop(heap)
             entry = self._leases.get(req_id)
             if entry is None or entry[1] != seq:

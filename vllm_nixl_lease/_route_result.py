@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # How many malformed messages a result keeps verbatim for logging.
 MALFORMED_SAMPLE_SIZE = 3
@@ -55,3 +56,15 @@ class RouteResult:
     @property
     def unknown_heartbeat_ids(self) -> int:
         return self.heartbeat_ids - self.extended
+
+
+class Expiry(NamedTuple):
+    """What one call to ``NotificationRouter.expire`` removed.
+
+    ``ids``: the expired requests, earliest deadline first.  ``reads``: read
+    completions seen, for those of them some consumer had read (most have
+    none, so a sweep builds no per-request object).
+    """
+
+    ids: list[str]
+    reads: dict[str, int]

@@ -21,6 +21,7 @@ from ._lease_table_py import LeaseTable, check_now
 from ._route_result import (
     MALFORMED_SAMPLE_SIZE,
     UNKNOWN_SAMPLE_SIZE,
+    Expiry,
     RouteResult,
     malformed_sample,
     unknown_sample_id,
@@ -48,6 +49,9 @@ class NotificationRouter:
         passthrough_prefixes: Iterable[bytes] = DEFAULT_PASSTHROUGH_PREFIXES,
     ) -> None:
         self.table = table
+        if table._routed:
+            raise ValueError("this LeaseTable already belongs to a NotificationRouter")
+        table._routed = True
         self._in_batch: set[str] = set()
         self._counts: dict[str, int] = {}
         self._expected: dict[str, int] = {}
@@ -145,15 +149,19 @@ class NotificationRouter:
                     self._counts[req_id] = count
         return result
 
-    def expire(self, now: float) -> list[tuple[str, int]]:
-        """Remove every lease due at ``now``; return ``(req_id, reads seen)``
-        pairs, earliest deadline first."""
-        out = []
-        for req_id in self.table.pop_expired(check_now(now)):
-            self._expected.pop(req_id, None)
+    def expire(self, now: float, limit: int | None = None) -> Expiry:
+        """Remove the leases due at ``now`` (all, or the ``limit`` earliest);
+        return them as an ``Expiry``: ids earliest deadline first, and the
+        reads seen of those that had been read by some consumer."""
+        ids = self.table.pop_expired(now, limit)
+        reads: dict[str, int] = {}
+        for req_id in ids:
             self._in_batch.discard(req_id)
-            out.append((req_id, self._counts.pop(req_id, 0)))
-        return out
+            if self._expected.pop(req_id, None) is not None:
+                count = self._counts.pop(req_id, 0)
+                if count:
+                    reads[req_id] = count
+        return Expiry(ids, reads)
 
 
 def _items_of(notifs: Mapping[str, Iterable[bytes]]):

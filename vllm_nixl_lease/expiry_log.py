@@ -9,32 +9,32 @@ from __future__ import annotations
 
 import logging
 
+from ._route_result import Expiry
+
 SUMMARY_IDS = 5  # request ids quoted in the summary line
 
 
-def log_expired(logger: logging.Logger, expired: list[tuple[str, int]]) -> int:
-    """Log ``(req_id, reads_seen)`` pairs of one sweep; return how many had
-    been read by at least one consumer before their lease expired."""
-    if not expired:
+def log_expired(logger: logging.Logger, expired: Expiry) -> int:
+    """Log one sweep's expired leases; return how many had been read by at
+    least one consumer before their lease expired."""
+    ids, reads = expired
+    if not ids:
         return 0
-    read = 0
-    debug = logger.isEnabledFor(logging.DEBUG)
-    for req_id, count in expired:
-        read += count > 0
-        if debug:
+    if logger.isEnabledFor(logging.DEBUG):
+        for req_id in ids:
             logger.debug(
                 "Releasing expired KV blocks for request %s which were retrieved by %d remote "
                 "worker(s) before lease expired.",
                 req_id,
-                count,
+                reads.get(req_id, 0),
             )
-    more = len(expired) - SUMMARY_IDS
+    more = len(ids) - SUMMARY_IDS
     logger.warning(
         "Releasing expired KV blocks for %d request(s) whose lease expired (%s%s); %d had been "
         "retrieved by at least one remote worker.",
-        len(expired),
-        ", ".join(req_id for req_id, _ in expired[:SUMMARY_IDS]),
+        len(ids),
+        ", ".join(ids[:SUMMARY_IDS]),
         f", +{more} more" if more > 0 else "",
-        read,
+        len(reads),
     )
-    return read
+    return len(reads)

@@ -20,6 +20,10 @@ DEFAULT_MAX_HEARTBEAT_BYTES = 8192
 # engine core (shm queue readers busy-wait 1 s after each read); see README "Idle P".
 DEFAULT_IDLE_STEP_SLEEP_MS = 0.0
 MAX_IDLE_STEP_SLEEP_MS = 100.0
+# Leases one P step may expire; the rest wait for the next steps.  A D that dies
+# with 100k requests queued would otherwise cost one step ~100 ms (``make bench-fleet``
+# measures the per-lease cost this bounds: 2000 keeps a step's sweep near 1 ms).
+DEFAULT_MAX_EXPIRIES_PER_STEP = 2000
 # Smallest heartbeat message accepted: the HB prefix plus room for one long request id
 # (vLLM ids with router prefixes and random suffixes run to ~100 bytes).
 MIN_HEARTBEAT_BYTES = 256
@@ -54,6 +58,8 @@ class LeaseConfig:
     lease_fencing: bool = True
     # Pause of an empty P step while only unread leases keep the engine busy (idle_pause.py).
     idle_step_sleep_s: float = DEFAULT_IDLE_STEP_SLEEP_MS / 1000
+    # Leases one P step may expire (lease_keeper.py).
+    max_expiries_per_step: int = DEFAULT_MAX_EXPIRIES_PER_STEP
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> LeaseConfig:
@@ -121,7 +127,15 @@ class LeaseConfig:
                 f"kv_connector_extra_config['idle_step_sleep_ms'] must be a number from 0 (off) to "
                 f"{MAX_IDLE_STEP_SLEEP_MS:g}, got {idle_ms!r}"
             )
-        return cls(duration, interval, extension, raw_max, float(margin), fencing, idle_ms / 1000)
+        max_expiries = extra.get("max_expiries_per_step", DEFAULT_MAX_EXPIRIES_PER_STEP)
+        if isinstance(max_expiries, bool) or not isinstance(max_expiries, int) or max_expiries < 1:
+            raise LeaseConfigError(
+                "kv_connector_extra_config['max_expiries_per_step'] must be an int >= 1, "
+                f"got {max_expiries!r}"
+            )
+        return cls(
+            duration, interval, extension, raw_max, float(margin), fencing, idle_ms / 1000, max_expiries
+        )
 
     @classmethod
     def from_vllm_config(cls, vllm_config: Any) -> LeaseConfig:

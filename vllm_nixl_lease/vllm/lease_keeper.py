@@ -8,8 +8,9 @@ Everything P does with a lease happens here:
   ``extend_heartbeats`` (push: heartbeats taken off the writer thread's queue)
   -> ``LeaseTable``;
 - released on read: ``route`` returns the requests every consumer has read;
-- expired: ``expire`` sweeps the table once per step and logs through
-  ``expiry_log.log_expired`` (the code ``make bench`` times).
+- expired: ``expire`` sweeps the table once per step, at most
+  ``max_expiries_per_step`` leases, and logs through ``expiry_log.log_expired``
+  (the code ``make bench`` times).
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ class LeaseKeeper:
     def __init__(self, upstream: UpstreamWorker, lease_config: LeaseConfig, *, push: bool = False) -> None:
         self._upstream = upstream
         self.extension = lease_config.lease_extension
+        self.max_expiries_per_step = lease_config.max_expiries_per_step
         # Ack messages (ours) pass through the core to the ack components.
         self.router = NotificationRouter(
             LeaseTable(lease_config.lease_extension), (PUSH_REG_PREFIX, *ACK_PREFIXES)
@@ -153,19 +155,23 @@ class LeaseKeeper:
 
     # -- expiry --------------------------------------------------------------
     def expire(self, done_sending: set[str]) -> None:
-        """Free every lease past its deadline into ``done_sending``; report the count held."""
+        """Free leases past their deadline into ``done_sending`` (at most
+        ``max_expiries_per_step``, earliest first: a dead D's thousands are
+        spread over steps); report the count held."""
         router = self.router
         stats = self._upstream.xfer_stats
         if len(router.table):
             start = time.perf_counter_ns()
-            expired = router.expire(time.perf_counter())
-            stats.observe_time("lease_sweep_time", (time.perf_counter_ns() - start) / 1e9)
-            if expired:
-                for req_id, _ in expired:
-                    stats.record_kv_expired_req()
-                    self._released(req_id)
-                    done_sending.add(req_id)
+            expired = router.expire(time.perf_counter(), self.max_expiries_per_step)
+            ids = expired.ids
+            if ids:
+                stats.record_kv_expired_reqs(len(ids))
+                if self.aliases is not None:
+                    for req_id in ids:
+                        self.aliases.discard(req_id)
+                done_sending.update(ids)
                 log_expired(logger, expired)
+            stats.observe_time("lease_sweep_time", (time.perf_counter_ns() - start) / 1e9)
         active = len(router.table)
         if active != self._active_reported:
             self._active_reported = active

@@ -134,6 +134,10 @@ class LeaseKVConnectorStats(NixlKVConnectorStats):
         (the differential tests compare the lists)."""
         self.data["num_notifications_after_expiry"].extend(repeat(1, count))
 
+    def record_kv_expired_reqs(self, count: int) -> None:
+        """Upstream's ``record_kv_expired_req``, for a whole sweep at once."""
+        self.data["num_kv_expired_reqs"].extend(repeat(1, count))
+
     def observe_time(self, key: str, seconds: float) -> None:
         samples = self.data[key]
         if len(samples) < MAX_TIME_SAMPLES:
