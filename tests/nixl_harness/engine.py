@@ -454,6 +454,10 @@ def net_namespace(pid: int | str = "self") -> str:
 def engine_main(spec: EngineSpec, conn: Any) -> None:
     """Child entry point: build, say ready, then step and serve commands."""
     join_host(spec)
+    if spec.progress_delay_us:
+        from .progress import sleep_between_events
+
+        sleep_between_events(spec.progress_delay_us)
     redirect_output(spec, "engine")
     log(f"engine {spec.name} forked (vLLM preloaded: {'nixl_harness.preload' in sys.modules})")
     if spec.netns:

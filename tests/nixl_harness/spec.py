@@ -34,5 +34,8 @@ class EngineSpec:
     netns: str = ""
     host_ip: str = ""
     net_device: str = ""
+    # NIXL progress-thread poll timeout in us (progress.py); 0: NIXL's
+    # Python default, a thread spinning one core per agent.
+    progress_delay_us: int = 0
     # Extra environment for the engine process (e.g. UCX_* knobs).
     env: dict[str, str] = field(default_factory=dict)
