@@ -34,6 +34,10 @@ Layout, and why:
   bucket when its old bucket comes due, orphaned entries are dropped there,
   and the wheel is rebuilt when orphans outnumber leases.  In all, about 44
   bytes a lease at 1M leases.
+- ``_backlog``: when a sweep with a ``limit`` finds more due than it may take
+  (a dead D's leases, all renewed by one heartbeat, share one bucket), the due
+  entries go into a binary min-heap once, O(n), and each later sweep pops its
+  ``limit`` from it, O(limit log n), instead of sorting them all every step.
 - Shrink: when the live leases fall below a quarter of the slots, the slots
   are compacted and the index and heap rebuilt at the live size (amortised
   O(1)), so memory and per-operation cost follow the live count, not a
@@ -48,7 +52,7 @@ from libc.string cimport memcmp, memchr
 from libcpp.vector cimport vector
 from libcpp.pair cimport pair
 from libcpp.functional cimport greater
-from libcpp.algorithm cimport sort
+from libcpp.algorithm cimport sort, make_heap, push_heap, pop_heap
 from libcpp.map cimport map as cmap
 from libc.stdint cimport int64_t
 from libc.math cimport floor, INFINITY
@@ -142,6 +146,7 @@ cdef class LeaseTable:
     cdef double _extension
     cdef vector[Slot] _slots
     cdef Wheel _wheel
+    cdef vector[HeapEntry] _backlog  # due leases a limited sweep left: a min-heap
     cdef size_t _entries             # in the wheel, live and stale
     cdef double _width               # of a bucket, seconds
     cdef double _lower               # no stored deadline is below this
@@ -297,6 +302,7 @@ cdef class LeaseTable:
         cdef size_t i
         if force or (self._stale > MIN_STALE_FOR_REBUILD and self._stale > self._live):
             self._wheel.clear()
+            self._backlog.clear()
             self._entries = 0
             self._lower = INFINITY
             for i in range(self._slots.size()):
@@ -327,6 +333,8 @@ cdef class LeaseTable:
         entries at their real deadlines.  Returns whether the bucket is empty."""
         cdef Bucket* bucket = &deref(it).second
         cdef size_t j, keep = 0
+        if due != NULL and due.capacity() < due.size() + bucket.size():
+            due.reserve(2 * (due.size() + bucket.size()))  # a dead D's bucket: no copy per doubling
         cdef HeapEntry e
         cdef uint32_t idx
         cdef double d
@@ -562,34 +570,33 @@ cdef class LeaseTable:
         cdef vector[HeapEntry] due, refile
         cdef Wheel.iterator it
         cdef int64_t last
-        cdef size_t j, take
+        cdef size_t j
         cdef uint32_t idx
-        if t < self._lower or cap == 0:
+        if cap == 0 or (t < self._lower and (self._backlog.empty() or self._backlog[0].first > t)):
             return
-        last = self._bucket(t)
-        it = self._wheel.begin()
-        while it != self._wheel.end() and deref(it).first <= last:
-            if self._clean_bucket(it, t, &due, &refile):
-                it = self._wheel.erase(it)
-            else:
-                inc(it)
-            # With a limit, stop once ``cap`` due leases are certainly the
-            # earliest: every entry in a later bucket is due no earlier than
-            # that bucket's start (extensions only raise a deadline).
-            if cap > 0 and due.size() >= <size_t>cap and self._earliest_settled(due, it, last, cap):
-                break
-        for j in range(refile.size()):
-            idx = <uint32_t>(refile[j].second & LOW32)
-            self._push(refile[j].first, <uint32_t>(refile[j].second >> 32), idx)
-        # (deadline, seq << 32 | slot): ties go to the earlier grant, as in the twin
-        sort(due.begin(), due.end())
-        take = due.size() if cap < 0 or due.size() < <size_t>cap else <size_t>cap
-        for j in range(take):
+        if t >= self._lower:
+            last = self._bucket(t)
+            it = self._wheel.begin()
+            while it != self._wheel.end() and deref(it).first <= last:
+                if self._clean_bucket(it, t, &due, &refile):
+                    it = self._wheel.erase(it)
+                else:
+                    inc(it)
+            for j in range(refile.size()):
+                idx = <uint32_t>(refile[j].second & LOW32)
+                self._push(refile[j].first, <uint32_t>(refile[j].second >> 32), idx)
+            self._lower = self._first_lower()
+        if self._backlog.empty() and (cap < 0 or due.size() <= <size_t>cap):
+            # (deadline, seq << 32 | slot): ties go to the earlier grant, as in the twin
+            sort(due.begin(), due.end())
+        else:
+            self._from_backlog(due, t, cap)
+        for j in range(due.size()):
             # the slot 16 entries ahead, and the id and index cell of the one 8
             # ahead (its slot is cached by now): their misses overlap this one
-            if j + 16 < take:
+            if j + 16 < due.size():
                 VNL_PREFETCH(&self._slots[due[j + 16].second & LOW32])
-            if j + 8 < take:
+            if j + 8 < due.size():
                 idx = <uint32_t>(due[j + 8].second & LOW32)
                 VNL_PREFETCH(self._slots[idx].req_id)
                 VNL_PREFETCH(&self._index[self._slots[idx].link & (self._index.size() - 1)])
@@ -598,23 +605,57 @@ cdef class LeaseTable:
             if others is not None and ((self._slots[idx].seq & IN_BATCH) != 0) == marked:
                 others.append(<object>self._slots[idx].req_id)
             self._unlink(idx)
-        for j in range(take, due.size()):  # due, beyond the limit: back for the next call
-            self._push(due[j].first, <uint32_t>(due[j].second >> 32), <uint32_t>(due[j].second & LOW32))
-        self._lower = self._first_lower()
-        if take:
+        if due.size():
             self._maybe_compact()
 
-    cdef bint _earliest_settled(self, vector[HeapEntry]& due, Wheel.iterator nxt, int64_t last,
-                                Py_ssize_t cap) noexcept:
-        """Whether at least ``cap`` of ``due`` fall before bucket ``nxt``'s start."""
-        cdef double bound
-        cdef size_t j, before = 0
-        if nxt == self._wheel.end() or deref(nxt).first > last:
-            return True
-        bound = (deref(nxt).first - 0.001) * self._width  # a hair low: float rounding
-        for j in range(due.size()):
-            before += due[j].first < bound
-        return before >= <size_t>cap
+    cdef void _from_backlog(self, vector[HeapEntry]& due, double t, Py_ssize_t cap) except *:
+        """More is due than a limited sweep takes (a dead D's leases): heap
+        the due entries into the backlog (O(n) once, not a sort per sweep) and
+        leave in ``due`` the ``cap`` earliest still due, in order."""
+        cdef greater[HeapEntry] later
+        cdef HeapEntry e
+        cdef uint32_t idx
+        cdef size_t j
+        if self._backlog.empty():
+            self._backlog.swap(due)
+            make_heap(self._backlog.begin(), self._backlog.end(), later)
+        else:
+            for j in range(due.size()):
+                self._backlog.push_back(due[j])
+                push_heap(self._backlog.begin(), self._backlog.end(), later)
+        due.clear()
+        while (cap < 0 or due.size() < <size_t>cap) and not self._backlog.empty() and self._backlog[0].first <= t:
+            e = self._backlog[0]
+            pop_heap(self._backlog.begin(), self._backlog.end(), later)
+            self._backlog.pop_back()
+            idx = <uint32_t>(e.second & LOW32)
+            if (self._slots[idx].seq & SEQ_BITS) != <uint32_t>(e.second >> 32):
+                self._stale -= 1  # released or granted again since
+            elif self._slots[idx].deadline != e.first:  # extended since: back at its place
+                self._backlog.push_back(HeapEntry(self._slots[idx].deadline, e.second))
+                push_heap(self._backlog.begin(), self._backlog.end(), later)
+            else:
+                due.push_back(e)
+
+    cdef double _settle_backlog(self) except? -1.0:
+        """Earliest deadline in the backlog, after dropping orphans and
+        re-placing extended entries from its top (INFINITY if empty)."""
+        cdef greater[HeapEntry] later
+        cdef HeapEntry e
+        cdef uint32_t idx
+        while not self._backlog.empty():
+            e = self._backlog[0]
+            idx = <uint32_t>(e.second & LOW32)
+            if (self._slots[idx].seq & SEQ_BITS) == <uint32_t>(e.second >> 32) and self._slots[idx].deadline == e.first:
+                return e.first
+            pop_heap(self._backlog.begin(), self._backlog.end(), later)
+            self._backlog.pop_back()
+            if (self._slots[idx].seq & SEQ_BITS) != <uint32_t>(e.second >> 32):
+                self._stale -= 1
+            else:
+                self._backlog.push_back(HeapEntry(self._slots[idx].deadline, e.second))
+                push_heap(self._backlog.begin(), self._backlog.end(), later)
+        return INFINITY
 
     cdef double _settle_first(self) except? -1.0:
         """Clean buckets from the front until the first holds a live entry at
@@ -622,7 +663,7 @@ cdef class LeaseTable:
         cdef vector[HeapEntry] refile
         cdef Wheel.iterator it
         cdef size_t j
-        while True:
+        while not self._wheel.empty():
             it = self._wheel.begin()
             refile.clear()
             # nothing is due (NULL): every entry is checked against its slot
@@ -635,6 +676,8 @@ cdef class LeaseTable:
             if not empty:
                 self._lower = self._first_lower()
                 return self._lower
+        self._lower = INFINITY
+        return INFINITY  # every live lease is in the backlog
 
     def deadline(self, req_id):
         cdef long idx = self._find_str(req_id)
@@ -644,7 +687,7 @@ cdef class LeaseTable:
         """Earliest deadline of any live lease (None when empty)."""
         if self._live == 0:
             return None
-        return self._settle_first()
+        return min(self._settle_backlog(), self._settle_first())
 
     def ids(self):
         """Ids of all live leases (no particular order)."""
@@ -652,8 +695,8 @@ cdef class LeaseTable:
         return [<object>self._slots[i].req_id for i in range(self._slots.size()) if self._slots[i].seq != 0]
 
     def heap_size(self):
-        """Entries in the wheel, live and stale (for memory-bound tests)."""
-        return self._entries
+        """Entries in the wheel and the backlog, live and stale (for memory-bound tests)."""
+        return self._entries + self._backlog.size()
 
     def nbytes(self):
         """Bytes this table allocated itself (ids excluded), from real capacities."""
@@ -664,7 +707,8 @@ cdef class LeaseTable:
             wheel += deref(it).second.capacity() * sizeof(HeapEntry) + 64
             inc(it)
         return (type(self).__basicsize__ + self._slots.capacity() * sizeof(Slot)
-                + wheel + self._index.capacity() * sizeof(uint32_t))
+                + wheel + self._backlog.capacity() * sizeof(HeapEntry)
+                + self._index.capacity() * sizeof(uint32_t))
 
     def __len__(self):
         return self._live
