@@ -293,6 +293,34 @@ cdef extern from *:
             out[k] = vnl_sip13(base + starts[k], (size_t)ls[k], k0, k1);
     }
 
+    #define VNL_EMPTY 0u
+    #define VNL_DELETED 0xFFFFFFFFu
+
+    /* Equality of two n-byte strings without a call: 8-byte words, the last
+       one overlapping (ids are short; memcmp's call cost more than the work). */
+    static inline int vnl_eq(const char* a, const char* b, size_t n) {
+        uint64_t x, y;
+        uint32_t u, w;
+        size_t i;
+        if (n >= 8) {
+            for (i = 0; i + 8 < n; i += 8) {
+                memcpy(&x, a + i, 8); memcpy(&y, b + i, 8);
+                if (x != y) return 0;
+            }
+            memcpy(&x, a + n - 8, 8); memcpy(&y, b + n - 8, 8);
+            return x == y;
+        }
+        if (n >= 4) {
+            memcpy(&u, a, 4); memcpy(&w, b, 4);
+            if (u != w) return 0;
+            memcpy(&u, a + n - 4, 4); memcpy(&w, b + n - 4, 4);
+            return u == w;
+        }
+        for (i = 0; i < n; i++)
+            if (a[i] != b[i]) return 0;
+        return 1;
+    }
+
     /* Comma scanner: a 64-bit mask of the commas in 64 bytes, consumed bit by
        bit, so finding the next comma is a count of trailing zeros rather than a
        memchr call per id.  The end of the span counts as one more comma. */
@@ -357,6 +385,9 @@ cdef extern from *:
     void vnl_sip13_many(const char* base, Py_ssize_t n, const Py_ssize_t* starts, const Py_ssize_t* lens,
                         int m, uint64_t k0, uint64_t k1, uint64_t* out) nogil
     int vnl_set_simd(int on) nogil
+    const uint32_t EMPTY "VNL_EMPTY"
+    const uint32_t DELETED "VNL_DELETED"
+    bint vnl_eq(const char* a, const char* b, size_t n) nogil
     ctypedef struct vnl_scan:
         pass
     void vnl_scan_init(vnl_scan* s, const char* p, Py_ssize_t n) nogil
@@ -400,8 +431,7 @@ cdef struct Slot:
 
 cdef Py_ssize_t MIN_STALE_FOR_REBUILD = 64   # same constant as the twin
 cdef size_t MIN_INDEX_SIZE = 16            # a power of two
-cdef uint32_t EMPTY = 0                     # index cell values: slot + 1, or these
-cdef uint32_t DELETED = 0xFFFFFFFF
+# index cell values: slot + 1, or EMPTY (0) or DELETED (0xFFFFFFFF), C constants
 # A C constant: a bare 0xFFFFFFFF in an expression is a Python int to Cython (it
 # does not fit a C int), which boxed every operand it met.
 cdef uint64_t LOW32 = 0xFFFFFFFF
@@ -477,7 +507,7 @@ cdef class LeaseTable:
                 return -1
             if c != DELETED and self._slots[c - 1].link == h:
                 s = _stored_utf8(self._slots[c - 1].req_id, &length)
-                if length == n and memcmp(s, p, n) == 0:
+                if length == n and vnl_eq(s, p, <size_t>n):
                     return c - 1
             i = (i + 1) & mask
 
@@ -728,11 +758,11 @@ cdef class LeaseTable:
             for k in range(m):
                 c = index[hashes[k] & mask]
                 cells[k] = c
-                if c != EMPTY and c != DELETED:
+                if c - 1 < DELETED - 1:  # neither EMPTY nor DELETED
                     VNL_PREFETCH(&slots[c - 1])
             for k in range(m):
                 c = cells[k]
-                if c != EMPTY and c != DELETED and slots[c - 1].link == hashes[k]:
+                if c - 1 < DELETED - 1 and slots[c - 1].link == hashes[k]:
                     # header and (compact ASCII) text of the stored id
                     VNL_PREFETCH(slots[c - 1].req_id)
                     VNL_PREFETCH(<const char*>slots[c - 1].req_id + 64)
