@@ -692,6 +692,10 @@ cdef class LeaseTable:
             p = PyUnicode_AsUTF8AndSize(req_id, &n)
         except UnicodeEncodeError as exc:
             raise ValueError(f"request id {req_id!r} is not encodable as UTF-8") from exc
+        # hashed first, and its index cell prefetched: the hash's rounds and
+        # the cell's miss overlap the checks below
+        h = self._hash(p, n)
+        VNL_PREFETCH(&self._index[h & (self._index.size() - 1)])
         d = float(deadline)
         if d != d:
             raise ValueError("lease deadline must not be NaN")
@@ -700,7 +704,6 @@ cdef class LeaseTable:
         if self._seq == MAX_SEQ:
             self._renumber()
         self._seq += 1
-        h = self._hash(p, n)
         idx = self._find(p, n, h)
         if idx >= 0:
             self._stale += 1
