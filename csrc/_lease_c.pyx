@@ -736,8 +736,10 @@ cdef class LeaseTable:
         cdef uint32_t hashes[HB_GROUP]
         cdef uint32_t cells[HB_GROUP]
         cdef int k, m
-        cdef long idx
         cdef uint32_t c
+        cdef size_t i
+        cdef Py_ssize_t length
+        cdef const char* s
         cdef vnl_scan scan
         cdef uint64_t hmask = self._hash_mask
         cdef size_t mask = self._index.size() - 1
@@ -770,11 +772,19 @@ cdef class LeaseTable:
                     VNL_PREFETCH(slots[c - 1].req_id)
                     VNL_PREFETCH(<const char*>slots[c - 1].req_id + 64)
             for k in range(m):
-                idx = self._find(p + starts[k], lens[k], hashes[k])
-                if idx >= 0:
-                    if new_deadline > slots[idx].deadline:
-                        slots[idx].deadline = new_deadline
-                    extended += 1
+                # _find, starting from the cell already read
+                c = cells[k]
+                i = hashes[k] & mask
+                while c != EMPTY:
+                    if c != DELETED and slots[c - 1].link == hashes[k]:
+                        s = _stored_utf8(slots[c - 1].req_id, &length)
+                        if length == lens[k] and vnl_eq(s, p + starts[k], <size_t>length):
+                            if new_deadline > slots[c - 1].deadline:
+                                slots[c - 1].deadline = new_deadline
+                            extended += 1
+                            break
+                    i = (i + 1) & mask
+                    c = index[i]
         return extended, seen
 
     def extend(self, payload, now):
