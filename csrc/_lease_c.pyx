@@ -17,10 +17,10 @@ Layout, and why:
   which PYTHONHASHSEED fixes (deployments set it for stable prefix-cache
   hashes, and 0 disables the key altogether).  Every hash the table stores or
   probes is this one.  A heartbeat finds the commas of its payload with a
-  64-byte bit mask, hashes the byte spans in place four at a time (the
-  independent SipHash chains run side by side in the out-of-order core), so
-  it creates no Python object per id, and looks ids up in groups with
-  prefetches so that the cache misses of a group overlap.  The slot keeps 32
+  64-byte bit mask and hashes the byte spans in place (four ids per AVX2
+  register where the CPU has AVX2), so it creates no Python object per id,
+  and looks ids up in groups with prefetches so that the cache misses of a
+  group overlap.  The slot keeps 32
   bits of the hash, so probes compare the hash before the bytes and a resize
   never rehashes a string.  We first used preshed here, but its 16-byte
   cells (at most 60% full) alone cost more per lease than upstream's dict +
@@ -687,8 +687,8 @@ cdef class LeaseTable:
         """Extend every lease named in the comma-separated span ``p[:n]``.
 
         Ids are taken HB_GROUP at a time: find them with the comma scanner,
-        hash them four at a time (independent SipHash chains run side by
-        side) and prefetch their index cells, then prefetch the slots those
+        hash them (four per AVX2 register where possible) and prefetch their
+        index cells, then prefetch the slots those
         cells name, then the stored ids, and only then compare.  A lookup is
         about three dependent cache misses (cell, slot, id); this way a
         group's misses overlap instead of queueing one behind the other."""
