@@ -10,17 +10,22 @@ Layout, and why:
   hash) in a std::vector, reused through a free list, so a lease costs no
   Python object beyond the id string the caller already owns.
 - ``_index``: open-addressing table (linear probing, load <= 0.7) of 4-byte
-  slot numbers keyed by CPython's own keyed hash (SipHash, per-process
-  random key) of the id's UTF-8 bytes, so ids cannot be crafted to collide
-  (the old fixed-seed murmur64 could be, see issue 9).  For an ASCII id that
-  hash is the str's cached ``hash()``; a heartbeat hashes byte spans of the
-  payload in place with the same function, so it creates no Python object
-  per id, and looks ids up in groups with prefetches so that the cache
-  misses of a group overlap.  The slot keeps 32 bits of the hash, so probes
-  compare the hash before the bytes and a resize never rehashes a string.  We first used
-  preshed here, but its 16-byte cells (at most 60% full) alone cost more per
-  lease than upstream's dict + set leave room for; deleted cells are purged
-  by rehashing when they pile up, so unique ids churning forever stay O(n).
+  slot numbers keyed by SipHash-1-3 (Aumasson & Bernstein, implemented
+  inline below) of the id's UTF-8 bytes under a random 16-byte key per
+  table, so ids cannot be crafted to collide (the old fixed-seed murmur64
+  could be, see issue 9).  The key is our own, not CPython's hash secret,
+  which PYTHONHASHSEED fixes (deployments set it for stable prefix-cache
+  hashes, and 0 disables the key altogether).  Every hash the table stores or
+  probes is this one.  A heartbeat finds the commas of its payload with a
+  64-byte bit mask and hashes the byte spans in place (four ids per AVX2
+  register where the CPU has AVX2), so it creates no Python object per id,
+  and looks ids up in groups with prefetches so that the cache misses of a
+  group overlap.  The slot keeps 32
+  bits of the hash, so probes compare the hash before the bytes and a resize
+  never rehashes a string.  We first used preshed here, but its 16-byte
+  cells (at most 60% full) alone cost more per lease than upstream's dict +
+  set leave room for; deleted cells are purged by rehashing when they pile
+  up, so unique ids churning forever stay O(n).
 - ``_wheel``: a deadline-bucketed timing wheel: a std::map from bucket
   (deadline // (extension / 16)) to a vector of (deadline, seq << 32 | slot)
   entries, 16 bytes each.  Where the twin's heap pays O(log n) cache misses
@@ -48,7 +53,7 @@ from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact, PyBytes_Check
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport uint32_t, uint64_t
-from libc.string cimport memcmp, memchr
+from libc.string cimport memcmp
 from libcpp.vector cimport vector
 from libcpp.pair cimport pair
 from libcpp.functional cimport greater
@@ -59,6 +64,7 @@ from libc.math cimport floor, INFINITY
 from cython.operator cimport dereference as deref, preincrement as inc
 
 import math
+import os
 
 from ._lease_table_py import check_limit, check_now
 from ._route_result import (
@@ -79,9 +85,6 @@ cdef extern from "Python.h":
     bint PyUnicode_IS_COMPACT_ASCII(PyObject* o)
     void* PyUnicode_DATA(PyObject* o)
     Py_ssize_t PyUnicode_GET_LENGTH(PyObject* o)
-    ctypedef Py_ssize_t Py_hash_t
-    Py_hash_t _Py_HashBytes(const void* p, Py_ssize_t n) nogil
-    Py_hash_t _str_hash "PyObject_Hash"(PyObject* o)
 
 cdef extern from *:
     """
@@ -94,11 +97,285 @@ cdef extern from *:
     void VNL_PREFETCH(const void* p) nogil
 
 
-# For a compact ASCII str CPython's hash() is _Py_HashBytes of its bytes (its
-# UTF-8), so a stored id's cached hash can stand for the hash of its bytes.
-# Checked once here rather than assumed, in case an interpreter differs.
-cdef bint STR_HASH_IS_BYTES_HASH = all(
-    hash(s) == hash(s.encode()) for s in ("", "a", "cmpl-0123456789abcdef-0", "x" * 100))
+cdef extern from *:
+    """
+    #include <stdint.h>
+    #include <string.h>
+    #if defined(__SSE2__) || defined(_M_X64)
+    #include <emmintrin.h>
+    #define VNL_SSE2 1
+    #endif
+
+    /* SipHash-1-3 (Aumasson & Bernstein, "SipHash: a fast short-input PRF"):
+       one compression round per 8-byte word, three finalization rounds, the
+       variant CPython uses for str and bytes.  Words are read little-endian. */
+    static inline uint64_t vnl_le64(const unsigned char* q) {
+        uint64_t w;
+        memcpy(&w, q, 8);
+    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+        w = __builtin_bswap64(w);
+    #endif
+        return w;
+    }
+    #define VNL_ROTL(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
+    #define VNL_SIPROUND(v0, v1, v2, v3) do { v0 += v1; v1 = VNL_ROTL(v1, 13); v1 ^= v0; v0 = VNL_ROTL(v0, 32); v2 += v3; v3 = VNL_ROTL(v3, 16); v3 ^= v2; v0 += v3; v3 = VNL_ROTL(v3, 21); v3 ^= v0; v2 += v1; v1 = VNL_ROTL(v1, 17); v1 ^= v2; v2 = VNL_ROTL(v2, 32); } while (0)
+    #define VNL_SIPINIT(v0, v1, v2, v3, k0, k1) do { v0 = (k0) ^ 0x736f6d6570736575ULL; v1 = (k1) ^ 0x646f72616e646f6dULL; v2 = (k0) ^ 0x6c7967656e657261ULL; v3 = (k1) ^ 0x7465646279746573ULL; } while (0)
+    #define VNL_SIPWORD(v0, v1, v2, v3, w) do { v3 ^= (w); VNL_SIPROUND(v0, v1, v2, v3); v0 ^= (w); } while (0)
+
+    /* The last block: the r < 8 trailing bytes at q with the length in the top
+       byte.  When 8 bytes from q are readable (before lim) they are read as one
+       word and masked; otherwise byte by byte. */
+    static inline uint64_t vnl_last(const unsigned char* q, size_t r, size_t len,
+                                    const unsigned char* lim) {
+        uint64_t t = 0;
+        if (r) {
+            if (lim - q >= 8) {
+                t = vnl_le64(q) & (~0ULL >> (64 - 8 * r));
+            } else {
+                switch (r) {
+                case 7: t |= (uint64_t)q[6] << 48; /* fall through */
+                case 6: t |= (uint64_t)q[5] << 40; /* fall through */
+                case 5: t |= (uint64_t)q[4] << 32; /* fall through */
+                case 4: t |= (uint64_t)q[3] << 24; /* fall through */
+                case 3: t |= (uint64_t)q[2] << 16; /* fall through */
+                case 2: t |= (uint64_t)q[1] << 8;  /* fall through */
+                default: t |= (uint64_t)q[0];
+                }
+            }
+        }
+        return t | ((uint64_t)len << 56);
+    }
+
+    /* The hash of p[:len]; bytes up to lim (>= p + len) may be read and ignored. */
+    static inline uint64_t vnl_sip13_in(const char* p, size_t len, const unsigned char* lim,
+                                        uint64_t k0, uint64_t k1) {
+        const unsigned char* q = (const unsigned char*)p;
+        uint64_t v0, v1, v2, v3, b;
+        size_t i;
+        VNL_SIPINIT(v0, v1, v2, v3, k0, k1);
+        for (i = len >> 3; i; i--, q += 8)
+            VNL_SIPWORD(v0, v1, v2, v3, vnl_le64(q));
+        b = vnl_last(q, len & 7, len, lim);
+        VNL_SIPWORD(v0, v1, v2, v3, b);
+        v2 ^= 0xff;
+        VNL_SIPROUND(v0, v1, v2, v3);
+        VNL_SIPROUND(v0, v1, v2, v3);
+        VNL_SIPROUND(v0, v1, v2, v3);
+        return v0 ^ v1 ^ v2 ^ v3;
+    }
+
+    static inline uint64_t vnl_sip13(const char* p, size_t len, uint64_t k0, uint64_t k1) {
+        return vnl_sip13_in(p, len, (const unsigned char*)p + len, k0, k1);
+    }
+
+    /* A lone SipHash round already keeps about 3.5 integer ALUs busy, so
+       hashing ids in scalar lockstep gains nothing (measured: four interleaved
+       scalar chains ran no faster than one after the other).  On x86-64 with
+       AVX2 (checked at run time; the module is built for plain x86-64) four
+       ids share one 256-bit register per state word: a round of four ids is
+       about 20 vector instructions instead of 56 scalar ones.  Used when the
+       four ids have the same number of whole 8-byte words (ids of one shape,
+       the usual case); each lane's last word is built as above. */
+    #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
+    #include <immintrin.h>
+    #define VNL_AVX2_DISPATCH 1
+    #define VNL_VROTL(x, b) _mm256_or_si256(_mm256_slli_epi64((x), (b)), _mm256_srli_epi64((x), 64 - (b)))
+    #define VNL_VROT32(x) _mm256_shuffle_epi32((x), _MM_SHUFFLE(2, 3, 0, 1))
+    #define VNL_VROUND(v0, v1, v2, v3, r16) do { v0 = _mm256_add_epi64(v0, v1); v1 = VNL_VROTL(v1, 13); v1 = _mm256_xor_si256(v1, v0); v0 = VNL_VROT32(v0); v2 = _mm256_add_epi64(v2, v3); v3 = _mm256_shuffle_epi8(v3, r16); v3 = _mm256_xor_si256(v3, v2); v0 = _mm256_add_epi64(v0, v3); v3 = VNL_VROTL(v3, 21); v3 = _mm256_xor_si256(v3, v0); v2 = _mm256_add_epi64(v2, v1); v1 = VNL_VROTL(v1, 17); v1 = _mm256_xor_si256(v1, v2); v2 = VNL_VROT32(v2); } while (0)
+    __attribute__((target("avx2")))
+    static void vnl_sip13_x4_avx2(const unsigned char* const* q, const Py_ssize_t* ls, size_t words,
+                                  const unsigned char* lim, uint64_t k0, uint64_t k1, uint64_t* out) {
+        const __m256i r16 = _mm256_setr_epi8(6, 7, 0, 1, 2, 3, 4, 5, 14, 15, 8, 9, 10, 11, 12, 13,
+                                             6, 7, 0, 1, 2, 3, 4, 5, 14, 15, 8, 9, 10, 11, 12, 13);
+        __m256i v0 = _mm256_set1_epi64x((long long)(k0 ^ 0x736f6d6570736575ULL));
+        __m256i v1 = _mm256_set1_epi64x((long long)(k1 ^ 0x646f72616e646f6dULL));
+        __m256i v2 = _mm256_set1_epi64x((long long)(k0 ^ 0x6c7967656e657261ULL));
+        __m256i v3 = _mm256_set1_epi64x((long long)(k1 ^ 0x7465646279746573ULL));
+        __m256i m;
+        size_t i, o;
+        for (i = 0, o = 0; i < words; i++, o += 8) {
+            m = _mm256_setr_epi64x((long long)vnl_le64(q[0] + o), (long long)vnl_le64(q[1] + o),
+                                   (long long)vnl_le64(q[2] + o), (long long)vnl_le64(q[3] + o));
+            v3 = _mm256_xor_si256(v3, m);
+            VNL_VROUND(v0, v1, v2, v3, r16);
+            v0 = _mm256_xor_si256(v0, m);
+        }
+        m = _mm256_setr_epi64x((long long)vnl_last(q[0] + o, ls[0] & 7, ls[0], lim),
+                               (long long)vnl_last(q[1] + o, ls[1] & 7, ls[1], lim),
+                               (long long)vnl_last(q[2] + o, ls[2] & 7, ls[2], lim),
+                               (long long)vnl_last(q[3] + o, ls[3] & 7, ls[3], lim));
+        v3 = _mm256_xor_si256(v3, m);
+        VNL_VROUND(v0, v1, v2, v3, r16);
+        v0 = _mm256_xor_si256(v0, m);
+        v2 = _mm256_xor_si256(v2, _mm256_set1_epi64x(0xff));
+        VNL_VROUND(v0, v1, v2, v3, r16);
+        VNL_VROUND(v0, v1, v2, v3, r16);
+        VNL_VROUND(v0, v1, v2, v3, r16);
+        _mm256_storeu_si256((__m256i*)out, _mm256_xor_si256(_mm256_xor_si256(v0, v1), _mm256_xor_si256(v2, v3)));
+    }
+    /* -1: not checked yet; 0/1: whether the AVX2 lanes are used (tests turn them off). */
+    static int vnl_avx2 = -1;
+    static inline int vnl_avx2_on(void) {
+        if (vnl_avx2 < 0) {
+            __builtin_cpu_init();
+            vnl_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
+        }
+        return vnl_avx2;
+    }
+    #else
+    static int vnl_avx2 = 0;
+    static inline int vnl_avx2_on(void) { return 0; }
+    #endif
+    /* Test hook: use the AVX2 lanes (when the CPU has them) or not; returns whether they are used. */
+    static inline int vnl_set_simd(int on) {
+        vnl_avx2 = -1;
+        if (!on || !vnl_avx2_on()) vnl_avx2 = 0;
+        return vnl_avx2;
+    }
+
+    /* Hashes of m ids of one buffer (readable up to base + n): four at a time
+       in AVX2 lanes where they have equal word counts, else one by one. */
+    static inline void vnl_sip13_many(const char* base, Py_ssize_t n, const Py_ssize_t* starts,
+                                      const Py_ssize_t* ls, int m, uint64_t k0, uint64_t k1,
+                                      uint64_t* out) {
+        const unsigned char* lim = (const unsigned char*)base + n;
+        int k = 0, j;
+    #ifdef VNL_AVX2_DISPATCH
+        if (vnl_avx2_on()) {
+            for (; k + 4 <= m; k += 4) {
+                size_t w = (size_t)ls[k] >> 3;
+                if (w == ((size_t)ls[k + 1] >> 3) && w == ((size_t)ls[k + 2] >> 3)
+                        && w == ((size_t)ls[k + 3] >> 3)) {
+                    const unsigned char* q[4];
+                    for (j = 0; j < 4; j++) q[j] = (const unsigned char*)base + starts[k + j];
+                    vnl_sip13_x4_avx2(q, ls + k, w, lim, k0, k1, out + k);
+                } else {
+                    for (j = k; j < k + 4; j++)
+                        out[j] = vnl_sip13_in(base + starts[j], (size_t)ls[j], lim, k0, k1);
+                }
+            }
+        }
+    #endif
+        for (; k < m; k++)
+            out[k] = vnl_sip13_in(base + starts[k], (size_t)ls[k], lim, k0, k1);
+        (void)j;
+    }
+
+    #define VNL_EMPTY 0u
+    #define VNL_DELETED 0xFFFFFFFFu
+
+    /* Equality of two n-byte strings without a call: 8-byte words, the last
+       one overlapping (ids are short; memcmp's call cost more than the work). */
+    static inline int vnl_eq(const char* a, const char* b, size_t n) {
+        uint64_t x, y;
+        uint32_t u, w;
+        size_t i;
+        if (n >= 8) {
+            for (i = 0; i + 8 < n; i += 8) {
+                memcpy(&x, a + i, 8); memcpy(&y, b + i, 8);
+                if (x != y) return 0;
+            }
+            memcpy(&x, a + n - 8, 8); memcpy(&y, b + n - 8, 8);
+            return x == y;
+        }
+        if (n >= 4) {
+            memcpy(&u, a, 4); memcpy(&w, b, 4);
+            if (u != w) return 0;
+            memcpy(&u, a + n - 4, 4); memcpy(&w, b + n - 4, 4);
+            return u == w;
+        }
+        for (i = 0; i < n; i++)
+            if (a[i] != b[i]) return 0;
+        return 1;
+    }
+
+    /* Comma scanner: a 64-bit mask of the commas in 64 bytes, consumed bit by
+       bit, so finding the next comma is a count of trailing zeros rather than a
+       memchr call per id.  The end of the span counts as one more comma. */
+    typedef struct {
+        const unsigned char* p;
+        Py_ssize_t n;
+        Py_ssize_t base;
+        uint64_t bits;
+    } vnl_scan;
+
+    static inline uint64_t vnl_comma_bits(const unsigned char* q) {
+    #ifdef VNL_SSE2
+        const __m128i c = _mm_set1_epi8(',');
+        uint64_t m0 = (uint16_t)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128((const __m128i*)q), c));
+        uint64_t m1 = (uint16_t)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128((const __m128i*)(q + 16)), c));
+        uint64_t m2 = (uint16_t)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128((const __m128i*)(q + 32)), c));
+        uint64_t m3 = (uint16_t)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128((const __m128i*)(q + 48)), c));
+        return m0 | (m1 << 16) | (m2 << 32) | (m3 << 48);
+    #else
+        uint64_t bits = 0;
+        int i;
+        for (i = 0; i < 64; i++)
+            bits |= (uint64_t)(q[i] == ',') << i;
+        return bits;
+    #endif
+    }
+
+    static inline void vnl_scan_init(vnl_scan* s, const char* p, Py_ssize_t n) {
+        s->p = (const unsigned char*)p;
+        s->n = n;
+        s->base = -64;
+        s->bits = 0;
+    }
+
+    /* Position of the next comma, or n for the end of the span; call it again
+       only while it returned < n. */
+    static inline Py_ssize_t vnl_scan_next(vnl_scan* s) {
+        Py_ssize_t at;
+        while (s->bits == 0) {
+            Py_ssize_t left;
+            s->base += 64;
+            left = s->n - s->base;
+            if (left >= 64) {
+                s->bits = vnl_comma_bits(s->p + s->base);
+            } else {
+                unsigned char buf[64];
+                memset(buf, 0, sizeof buf);
+                memcpy(buf, s->p + s->base, (size_t)left);
+                s->bits = vnl_comma_bits(buf) | (1ULL << left);
+            }
+        }
+    #if defined(__GNUC__) || defined(__clang__)
+        at = s->base + __builtin_ctzll(s->bits);
+    #else
+        { uint64_t b = s->bits; at = s->base; while (!(b & 1)) { b >>= 1; at++; } }
+    #endif
+        s->bits &= s->bits - 1;
+        return at;
+    }
+    """
+    uint64_t vnl_sip13(const char* p, size_t n, uint64_t k0, uint64_t k1) nogil
+    void vnl_sip13_many(const char* base, Py_ssize_t n, const Py_ssize_t* starts, const Py_ssize_t* lens,
+                        int m, uint64_t k0, uint64_t k1, uint64_t* out) nogil
+    int vnl_set_simd(int on) nogil
+    const uint32_t EMPTY "VNL_EMPTY"
+    const uint32_t DELETED "VNL_DELETED"
+    bint vnl_eq(const char* a, const char* b, size_t n) nogil
+    ctypedef struct vnl_scan:
+        pass
+    void vnl_scan_init(vnl_scan* s, const char* p, Py_ssize_t n) nogil
+    Py_ssize_t vnl_scan_next(vnl_scan* s) nogil
+
+
+def _set_simd(on):
+    """Test hook: hash heartbeat ids with the AVX2 lanes (where the CPU has
+    them) or with the portable ones; returns whether AVX2 is now used."""
+    return bool(vnl_set_simd(1 if on else 0))
+
+
+def _siphash13(key, data):
+    """SipHash-1-3 of ``data`` under the 16-byte ``key`` (test hook: the
+    table's own hash, checked against reference values)."""
+    cdef bytes k = bytes(key)
+    cdef bytes d = bytes(data)
+    if len(k) != 16:
+        raise ValueError("key must be 16 bytes")
+    return vnl_sip13(d, len(d), int.from_bytes(k[:8], "little"), int.from_bytes(k[8:], "little"))
 
 
 cdef inline const char* _stored_utf8(PyObject* o, Py_ssize_t* n) noexcept:
@@ -122,8 +399,7 @@ cdef struct Slot:
 
 cdef Py_ssize_t MIN_STALE_FOR_REBUILD = 64   # same constant as the twin
 cdef size_t MIN_INDEX_SIZE = 16            # a power of two
-cdef uint32_t EMPTY = 0                     # index cell values: slot + 1, or these
-cdef uint32_t DELETED = 0xFFFFFFFF
+# index cell values: slot + 1, or EMPTY (0) or DELETED (0xFFFFFFFF), C constants
 # A C constant: a bare 0xFFFFFFFF in an expression is a Python int to Cython (it
 # does not fit a C int), which boxed every operand it met.
 cdef uint64_t LOW32 = 0xFFFFFFFF
@@ -159,6 +435,7 @@ cdef class LeaseTable:
     cdef vector[uint32_t] _index
     cdef size_t _index_used          # live + deleted cells
     cdef uint64_t _hash_mask
+    cdef uint64_t _k0, _k1           # SipHash key: random per table
 
     def __cinit__(self, extension, *, int _hash_bits=64):
         extension = float(extension)
@@ -172,6 +449,9 @@ cdef class LeaseTable:
         self._entries = 0
         # Test hook: fewer hash bits force collisions so the probing gets exercised.
         self._hash_mask = 0xFFFFFFFFFFFFFFFF if _hash_bits == 64 else ((<uint64_t>1 << _hash_bits) - 1)
+        key = os.urandom(16)
+        self._k0 = int.from_bytes(key[:8], "little")
+        self._k1 = int.from_bytes(key[8:], "little")
         self._index.assign(MIN_INDEX_SIZE, EMPTY)
 
     def __dealloc__(self):
@@ -186,13 +466,9 @@ cdef class LeaseTable:
 
     # -- hashing and lookup ---------------------------------------------
     cdef inline uint32_t _hash(self, const char* p, Py_ssize_t n) noexcept nogil:
-        return <uint32_t>(<uint64_t>_Py_HashBytes(p, n) & self._hash_mask)
-
-    cdef inline uint32_t _hash_id(self, object req_id, const char* p, Py_ssize_t n) noexcept:
-        """Hash of an id's UTF-8 bytes; the str's cached hash when that is the same."""
-        if STR_HASH_IS_BYTES_HASH and PyUnicode_IS_COMPACT_ASCII(<PyObject*>req_id):
-            return <uint32_t>(<uint64_t>_str_hash(<PyObject*>req_id) & self._hash_mask)
-        return self._hash(p, n)
+        """The table's keyed hash of an id's UTF-8 bytes (every stored or probed
+        hash is this one; ``_extend_span`` computes the same four at a time)."""
+        return <uint32_t>(vnl_sip13(p, <size_t>n, self._k0, self._k1) & self._hash_mask)
 
     cdef inline long _find(self, const char* p, Py_ssize_t n, uint32_t h) noexcept:
         """Slot of the id with these UTF-8 bytes and hash, or -1."""
@@ -207,7 +483,7 @@ cdef class LeaseTable:
                 return -1
             if c != DELETED and self._slots[c - 1].link == h:
                 s = _stored_utf8(self._slots[c - 1].req_id, &length)
-                if length == n and memcmp(s, p, n) == 0:
+                if length == n and vnl_eq(s, p, <size_t>n):
                     return c - 1
             i = (i + 1) & mask
 
@@ -220,7 +496,7 @@ cdef class LeaseTable:
             p = PyUnicode_AsUTF8AndSize(req_id, &n)
         except UnicodeEncodeError:
             return -1  # such an id can never have been granted
-        return self._find(p, n, self._hash_id(req_id, p, n))
+        return self._find(p, n, self._hash(p, n))
 
     # -- slot and map maintenance ---------------------------------------
     cdef uint32_t _alloc_slot(self):
@@ -402,6 +678,10 @@ cdef class LeaseTable:
             p = PyUnicode_AsUTF8AndSize(req_id, &n)
         except UnicodeEncodeError as exc:
             raise ValueError(f"request id {req_id!r} is not encodable as UTF-8") from exc
+        # hashed first, and its index cell prefetched: the hash's rounds and
+        # the cell's miss overlap the checks below
+        h = self._hash(p, n)
+        VNL_PREFETCH(&self._index[h & (self._index.size() - 1)])
         d = float(deadline)
         if d != d:
             raise ValueError("lease deadline must not be NaN")
@@ -410,7 +690,6 @@ cdef class LeaseTable:
         if self._seq == MAX_SEQ:
             self._renumber()
         self._seq += 1
-        h = self._hash_id(req_id, p, n)
         idx = self._find(p, n, h)
         if idx >= 0:
             self._stale += 1
@@ -442,53 +721,68 @@ cdef class LeaseTable:
     cdef (Py_ssize_t, Py_ssize_t) _extend_span(self, const char* p, Py_ssize_t n, double new_deadline):
         """Extend every lease named in the comma-separated span ``p[:n]``.
 
-        Ids are taken HB_GROUP at a time: hash them all and prefetch their
-        index cells, then prefetch the slots those cells name, then the
-        stored ids, and only then compare.  A lookup is about three dependent
-        cache misses (cell, slot, id); this way a group's misses overlap
-        instead of queueing one behind the other."""
+        Ids are taken HB_GROUP at a time: find them with the comma scanner,
+        hash them (four per AVX2 register where possible) and prefetch their
+        index cells, then prefetch the slots those
+        cells name, then the stored ids, and only then compare.  A lookup is
+        about three dependent cache misses (cell, slot, id); this way a
+        group's misses overlap instead of queueing one behind the other."""
         cdef Py_ssize_t pos = 0, end, extended = 0, seen = 0
         cdef Py_ssize_t starts[HB_GROUP]
         cdef Py_ssize_t lens[HB_GROUP]
+        cdef uint64_t full[HB_GROUP]
         cdef uint32_t hashes[HB_GROUP]
         cdef uint32_t cells[HB_GROUP]
         cdef int k, m
-        cdef const char* comma
-        cdef long idx
         cdef uint32_t c
+        cdef size_t i
+        cdef Py_ssize_t length
+        cdef const char* s
+        cdef vnl_scan scan
+        cdef uint64_t hmask = self._hash_mask
         cdef size_t mask = self._index.size() - 1
         cdef const uint32_t* index = self._index.data()
         cdef Slot* slots = self._slots.data()
+        vnl_scan_init(&scan, p, n)
         while pos <= n:
             m = 0
             while m < HB_GROUP and pos <= n:
-                comma = <const char*>memchr(p + pos, c',', n - pos)
-                end = (comma - p) if comma != NULL else n
+                end = vnl_scan_next(&scan)
                 if end > pos:
                     starts[m] = pos
                     lens[m] = end - pos
-                    hashes[m] = self._hash(p + pos, end - pos)
-                    VNL_PREFETCH(&index[hashes[m] & mask])
                     m += 1
                 pos = end + 1
+            vnl_sip13_many(p, n, starts, lens, m, self._k0, self._k1, full)
+            for k in range(m):
+                hashes[k] = <uint32_t>(full[k] & hmask)
+                VNL_PREFETCH(&index[hashes[k] & mask])
             seen += m
             for k in range(m):
                 c = index[hashes[k] & mask]
                 cells[k] = c
-                if c != EMPTY and c != DELETED:
+                if c - 1 < DELETED - 1:  # neither EMPTY nor DELETED
                     VNL_PREFETCH(&slots[c - 1])
             for k in range(m):
                 c = cells[k]
-                if c != EMPTY and c != DELETED and slots[c - 1].link == hashes[k]:
+                if c - 1 < DELETED - 1 and slots[c - 1].link == hashes[k]:
                     # header and (compact ASCII) text of the stored id
                     VNL_PREFETCH(slots[c - 1].req_id)
                     VNL_PREFETCH(<const char*>slots[c - 1].req_id + 64)
             for k in range(m):
-                idx = self._find(p + starts[k], lens[k], hashes[k])
-                if idx >= 0:
-                    if new_deadline > slots[idx].deadline:
-                        slots[idx].deadline = new_deadline
-                    extended += 1
+                # _find, starting from the cell already read
+                c = cells[k]
+                i = hashes[k] & mask
+                while c != EMPTY:
+                    if c != DELETED and slots[c - 1].link == hashes[k]:
+                        s = _stored_utf8(slots[c - 1].req_id, &length)
+                        if length == lens[k] and vnl_eq(s, p + starts[k], <size_t>length):
+                            if new_deadline > slots[c - 1].deadline:
+                                slots[c - 1].deadline = new_deadline
+                            extended += 1
+                            break
+                    i = (i + 1) & mask
+                    c = index[i]
         return extended, seen
 
     def extend(self, payload, now):

@@ -15,7 +15,7 @@ Two families, both sharing one full 64-bit hash:
   ASCII pair exists for this difference, but UTF-8 pairs do (request ids are
   JSON strings, so non-ASCII is allowed); a non-ASCII prefix is put in front.
 
-Against the current core (CPython's keyed SipHash) these are ordinary ids;
+Against the current core (SipHash-1-3 under a random key per table) these are ordinary ids;
 ``tools/bench_core.py`` shows that by timing them against look-alike random
 ids of the same shape.
 """
