@@ -400,6 +400,7 @@ cdef struct Slot:
 cdef Py_ssize_t MIN_STALE_FOR_REBUILD = 64   # same constant as the twin
 cdef size_t MIN_INDEX_SIZE = 16            # a power of two
 # index cell values: slot + 1, or EMPTY (0) or DELETED (0xFFFFFFFF), C constants
+
 # A C constant: a bare 0xFFFFFFFF in an expression is a Python int to Cython (it
 # does not fit a C int), which boxed every operand it met.
 cdef uint64_t LOW32 = 0xFFFFFFFF
@@ -568,6 +569,11 @@ cdef class LeaseTable:
             return -<int64_t>MAX_BUCKET
         return <int64_t>k
 
+    cdef inline bint _orphaned(self, uint64_t entry) noexcept:
+        """Whether a (deadline, seq << 32 | slot) entry's lease was released or
+        granted again since the entry was stored."""
+        return (self._slots[entry & LOW32].seq & SEQ_BITS) != <uint32_t>(entry >> 32)
+
     cdef inline void _push(self, double deadline, uint32_t seq, uint32_t idx) except *:
         self._wheel[self._bucket(deadline)].push_back(HeapEntry(deadline, (<uint64_t>seq << 32) | idx))
         self._entries += 1
@@ -620,11 +626,11 @@ cdef class LeaseTable:
                 bucket[0][keep] = e
                 keep += 1
                 continue
-            idx = <uint32_t>(e.second & LOW32)
-            if (self._slots[idx].seq & SEQ_BITS) != <uint32_t>(e.second >> 32):
+            if self._orphaned(e.second):
                 self._stale -= 1
                 self._entries -= 1
                 continue
+            idx = <uint32_t>(e.second & LOW32)
             d = self._slots[idx].deadline
             if due != NULL and d <= t:
                 due.push_back(HeapEntry(d, e.second))
@@ -907,8 +913,6 @@ cdef class LeaseTable:
         the due entries into the backlog (O(n) once, not a sort per sweep) and
         leave in ``due`` the ``cap`` earliest still due, in order."""
         cdef greater[HeapEntry] later
-        cdef HeapEntry e
-        cdef uint32_t idx
         cdef size_t j
         if self._backlog.empty():
             self._backlog.swap(due)
@@ -918,36 +922,30 @@ cdef class LeaseTable:
                 self._backlog.push_back(due[j])
                 push_heap(self._backlog.begin(), self._backlog.end(), later)
         due.clear()
-        while (cap < 0 or due.size() < <size_t>cap) and not self._backlog.empty() and self._backlog[0].first <= t:
-            e = self._backlog[0]
+        while (cap < 0 or due.size() < <size_t>cap) and self._settle_backlog() <= t:
+            due.push_back(self._backlog[0])
             pop_heap(self._backlog.begin(), self._backlog.end(), later)
             self._backlog.pop_back()
-            idx = <uint32_t>(e.second & LOW32)
-            if (self._slots[idx].seq & SEQ_BITS) != <uint32_t>(e.second >> 32):
-                self._stale -= 1  # released or granted again since
-            elif self._slots[idx].deadline != e.first:  # extended since: back at its place
-                self._backlog.push_back(HeapEntry(self._slots[idx].deadline, e.second))
-                push_heap(self._backlog.begin(), self._backlog.end(), later)
-            else:
-                due.push_back(e)
 
     cdef double _settle_backlog(self) except? -1.0:
         """Earliest deadline in the backlog, after dropping orphans and
         re-placing extended entries from its top (INFINITY if empty)."""
         cdef greater[HeapEntry] later
         cdef HeapEntry e
-        cdef uint32_t idx
+        cdef double d
+        cdef bint orphaned
         while not self._backlog.empty():
             e = self._backlog[0]
-            idx = <uint32_t>(e.second & LOW32)
-            if (self._slots[idx].seq & SEQ_BITS) == <uint32_t>(e.second >> 32) and self._slots[idx].deadline == e.first:
-                return e.first
+            orphaned = self._orphaned(e.second)
+            d = self._slots[e.second & LOW32].deadline
+            if not orphaned and d == e.first:
+                return d
             pop_heap(self._backlog.begin(), self._backlog.end(), later)
             self._backlog.pop_back()
-            if (self._slots[idx].seq & SEQ_BITS) != <uint32_t>(e.second >> 32):
-                self._stale -= 1
-            else:
-                self._backlog.push_back(HeapEntry(self._slots[idx].deadline, e.second))
+            if orphaned:
+                self._stale -= 1  # released or granted again since
+            else:  # extended since: back at its place
+                self._backlog.push_back(HeapEntry(d, e.second))
                 push_heap(self._backlog.begin(), self._backlog.end(), later)
         return INFINITY
 
@@ -1060,16 +1058,10 @@ cdef class NotificationRouter:
     def release(self, req_id):
         """Drop the lease of ``req_id`` (and its read count, unless it is
         still in a batch); return whether it held a lease."""
-        cdef LeaseTable table = self.table
-        cdef long slot = table._find_str(req_id)
-        if slot >= 0:
-            if table._is_in_batch(slot):
-                self._in_batch.add(req_id)  # it stays in its batch
-            table._release_slot(<uint32_t>slot)
-            table._maybe_compact()
+        held = self.table.release(req_id)  # a marked id goes back to _in_batch (the spill)
         if self._counts and req_id not in self._in_batch:
             self._forget_reads(req_id)
-        return slot >= 0
+        return held
 
     cdef void _forget_reads(self, object req_id) except *:
         self._counts.pop(req_id, None)

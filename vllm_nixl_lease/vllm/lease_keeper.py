@@ -166,9 +166,9 @@ class LeaseKeeper:
             ids = expired.ids
             if ids:
                 stats.record_kv_expired_reqs(len(ids))
-                if self.aliases is not None:
+                if self.aliases is not None:  # push mode: the only per-id release work
                     for req_id in ids:
-                        self.aliases.discard(req_id)
+                        self._released(req_id)
                 done_sending.update(ids)
                 log_expired(logger, expired)
             stats.observe_time("lease_sweep_time", (time.perf_counter_ns() - start) / 1e9)
