@@ -15,13 +15,16 @@ ours in the same run, one fleet after the other:
   time per step while the 100k leases lapse together, and how late the last
   one was freed after its deadline.
 
-Each scenario is a function in ``SCENARIOS`` returning rows; a row with
-``"scenario": "burst"`` (from a scenario added there) feeds the figure's
-second panel.  Progress on stdout, a table at the end,
+Each scenario runs ``--repeat`` times (default 3), stock and ours
+alternating; a row gives the median of the runs' figures, the largest of
+their worst cases and the sum of their counts (``runs`` in the JSON keeps
+each run's row; ``steps`` every P step).  Each scenario is a function in
+``SCENARIOS`` returning rows; a row with ``"scenario": "burst"`` (from a
+scenario added there) feeds the figure's second panel.  Progress on stdout, a table at the end,
 ``.build/bench-fleet.json`` and ``.build/bench-fleet.png``.  Not a test: the
 targets are printed next to what was measured.
 
-    python -m tools.bench_fleet [--d 8] [--leases 10000 100000] [--hold 9] [--impl stock ours]
+    python -m tools.bench_fleet [--d 8] [--leases 10000 100000] [--hold 9] [--repeat 3] [--impl stock ours]
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import sys
 import tempfile
 import time
@@ -52,7 +56,7 @@ TARGET_RATIO = 20.0
 TARGET_DRAIN_STEP_US = 5000.0
 Row = dict[str, Any]
 # Per-step records of every run (start, step s, connector s, notifications,
-# expiries, NIXL s, GC s), kept for the JSON: the constants behind the table.
+# expiries, NIXL s, GC s, connector CPU s), kept for the JSON: the constants behind the table.
 RAW: dict[str, list[tuple]] = {}
 
 
@@ -99,6 +103,13 @@ def pss_mib(pid: int) -> float:
     return math.nan
 
 
+def slow_steps_notifs(steps: list[tuple]) -> float:
+    """Mean notifications drained by the steps at or above the connector-time p99."""
+    cut = pct([s[2] for s in steps], 99)
+    slow = [s[3] for s in steps if s[2] >= cut]
+    return round(sum(slow) / len(slow), 1) if slow else math.nan
+
+
 def parts(steps: list[tuple]) -> Row:
     """Of the connector time per step: NIXL's notification calls, GC pauses, and
     the rest (routing, heartbeats, grants, sweep: the bookkeeping itself)."""
@@ -111,6 +122,9 @@ def parts(steps: list[tuple]) -> Row:
         "book_max_us": us(max(book, default=math.nan)),
         "nixl_p99_us": us(pct(nixl, 99)),
         "nixl_max_us": us(max(nixl, default=math.nan)),
+        "cpu_p50_us": us(pct([s[7] for s in steps], 50)),
+        "cpu_p99_us": us(pct([s[7] for s in steps], 99)),
+        "cpu_max_us": us(max((s[7] for s in steps), default=math.nan)),
         "gc_steps": sum(g > 0 for g in gcs),
         "gc_max_us": us(max(gcs, default=math.nan)),
     }
@@ -145,6 +159,9 @@ def hold_row(h: dict[str, Any], impl: str, n_d: int) -> Row:
         "premature_expiries": h["expired"],
         "connector_base_us": base,
         "us_per_notification": k,
+        "notifs_per_step_mean": round(sum(s[3] for s in h["steps"]) / max(1, len(h["steps"])), 2),
+        # What the slowest 1% of steps drained: heartbeat rounds landing together.
+        "notifs_in_p99_steps_mean": slow_steps_notifs(h["steps"]),
         "hold_s": round(h["hold_s"], 1),
         "cpu_p_cores": round(h["cpu_p"], 3),
         "cpu_d_cores_mean": round(sum(cpu_d) / len(cpu_d), 3) if cpu_d else math.nan,
@@ -201,7 +218,7 @@ def p_fleet(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
             pss = [pss_mib(d.pid) for d in pf.ds]
             row["pss_d_mib_mean"] = round(sum(pss) / len(pss), 1)
             rows.append(row)
-            RAW[f"p_fleet/{impl}/{leases}"] = h["steps"]
+            RAW[f"p_fleet/{impl}/{leases}/run{args.run}"] = h["steps"]
             say(
                 f"{impl}: {leases} leases: connector per P step p50 {row['p50_us']:.0f} us, "
                 f"p99 {row['p99_us']:.0f} us, max {row['max_us']:.0f} us; heartbeat send->drain p50 "
@@ -212,7 +229,7 @@ def p_fleet(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
         row = expiry_row(c, impl, args.d)
         row["premature_expiries_before_crash"] = premature_total
         rows.append(row)
-        RAW[f"mass_expiry/{impl}/{row['leases']}"] = c["steps"]
+        RAW[f"mass_expiry/{impl}/{row['leases']}/run{args.run}"] = c["steps"]
         say(
             f"{impl}: mass expiry of {row['leases']}: connector per P step max {row['max_us']:.0f} us "
             f"over {row['drain_steps']} draining step(s); last free {row['last_free_late_ms']} ms after "
@@ -226,6 +243,47 @@ SCENARIOS: dict[str, Callable[[bool, argparse.Namespace, str], list[Row]]] = {"p
 
 
 # -- results ----------------------------------------------------------------------
+# Combining runs of one (scenario, leases, impl): the median of each figure,
+# except worst cases (largest) and counts (summed).
+WORST = ("max_us", "step_max_us", "book_max_us", "cpu_max_us", "nixl_max_us", "gc_max_us")
+WORST += ("hb_latency_max_ms", "max_late_ms", "last_free_late_ms", "max_expiries_per_step")
+COUNTS = ("premature_expiries", "premature_expiries_before_crash", "errors", "d_silent", "hb_unmatched")
+COUNTS += ("steps", "drain_steps", "expired", "hb_msgs", "hb_ids_sent", "gc_steps")
+
+
+def combine(runs: list[Row]) -> list[Row]:
+    groups: dict[tuple, list[Row]] = {}
+    for r in runs:
+        groups.setdefault((r["scenario"], r["leases"], r["impl"]), []).append(r)
+    out = []
+    for group in groups.values():
+        row: Row = {"runs": len(group)}
+        for key in group[0]:
+            values = [r.get(key) for r in group]
+            if key == "run":
+                continue
+            if key in ("leases", "d_engines"):  # what the group is, not a measurement
+                row[key] = values[0]
+            elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+                finite = [v for v in values if not math.isnan(v)] or [math.nan]
+                if key in WORST:
+                    row[key] = max(finite)
+                elif key in COUNTS:
+                    row[key] = sum(values)
+                else:
+                    row[key] = round(statistics.median(finite), 3)
+            elif all(isinstance(v, dict) for v in values):  # counts by reason (freed_by)
+                merged: dict[str, int] = {}
+                for v in values:
+                    for k, n in v.items():
+                        merged[k] = merged.get(k, 0) + n
+                row[key] = merged
+            else:
+                row[key] = values[0]
+        out.append(row)
+    return out
+
+
 def ratio_rows(rows: list[Row]) -> list[Row]:
     """stock / ours for every (scenario, leases) measured on both."""
     out = []
@@ -249,28 +307,34 @@ def ratio_rows(rows: list[Row]) -> list[Row]:
                 "p50_ratio": ratio("p50_us"),
                 "p99_ratio": ratio("p99_us"),
                 "max_ratio": ratio("max_us"),
+                "book_p99_ratio": ratio("book_p99_us"),
+                "cpu_p99_ratio": ratio("cpu_p99_us"),
             }
         )
     return out
 
 
 def table(rows: list[Row]) -> str:
+    """Connector time per P step (wall: p50/p99/max), its p99 less NIXL's
+    notification calls and GC pauses ("book p99": the bookkeeping itself),
+    and the p99 of the connector's CPU time ("cpu p99": without preemption)."""
     head = (
-        f"{'scenario':<12} {'leases':>7} {'impl':<10} {'p50 us':>9} {'p99 us':>9} {'max us':>10} "
-        f"{'steps':>5}  notes"
+        f"{'scenario':<12} {'leases':>7} {'impl':<10} {'p50 us':>8} {'p99 us':>8} {'max us':>9} "
+        f"{'book p99':>9} {'cpu p99':>8} {'steps':>5}  notes"
     )
     lines = [head, "-" * len(head)]
     for r in rows:
         if r["impl"] == "stock/ours":
             lines.append(
-                f"{r['scenario']:<12} {r['leases']:>7} {'stock/ours':<10} {r['p50_ratio']:>8}x "
-                f"{r['p99_ratio']:>8}x {r['max_ratio']:>9}x"
+                f"{r['scenario']:<12} {r['leases']:>7} {'stock/ours':<10} {r['p50_ratio']:>7}x "
+                f"{r['p99_ratio']:>7}x {r['max_ratio']:>8}x {r['book_p99_ratio']:>8}x "
+                f"{r['cpu_p99_ratio']:>7}x"
             )
             continue
         if r["scenario"] == "p_fleet":
             note = (
                 f"step p99 {r['step_p99_us']:.0f} us; hb send->drain p50/p99 {r['hb_latency_p50_ms']}/"
-                f"{r['hb_latency_p99_ms']} ms; premature {r['premature_expiries']}; "
+                f"{r['hb_latency_p99_ms']} ms; {r['hb_msgs']} hb msgs; premature {r['premature_expiries']}; "
                 f"CPU P {r['cpu_p_cores']} D {r['cpu_d_cores_mean']} cores"
             )
         elif r["scenario"] == "mass_expiry":
@@ -282,8 +346,9 @@ def table(rows: list[Row]) -> str:
         else:
             note = ""
         lines.append(
-            f"{r['scenario']:<12} {r['leases']:>7} {r['impl']:<10} {r.get('p50_us', math.nan):>9.0f} "
-            f"{r.get('p99_us', math.nan):>9.0f} {r.get('max_us', math.nan):>10.0f} "
+            f"{r['scenario']:<12} {r['leases']:>7} {r['impl']:<10} {r.get('p50_us', math.nan):>8.0f} "
+            f"{r.get('p99_us', math.nan):>8.0f} {r.get('max_us', math.nan):>9.0f} "
+            f"{r.get('book_p99_us', math.nan):>9.0f} {r.get('cpu_p99_us', math.nan):>8.0f} "
             f"{r.get('steps', 0):>5}  {note}"
         )
     return "\n".join(lines)
@@ -299,7 +364,13 @@ def targets(rows: list[Row]) -> list[str]:
     ours, stock = fleet.get((top, "ours")), fleet.get((top, "stock"))
     if ours:
         met = "met" if ours["p99_us"] <= TARGET_P99_US else "NOT met"
-        out.append(f"ours p99 at {top} leases <= {TARGET_P99_US:.0f} us: {ours['p99_us']:.0f} us ({met})")
+        out.append(
+            f"ours p99 at {top} leases <= {TARGET_P99_US:.0f} us: {ours['p99_us']:.0f} us ({met}); "
+            f"less NIXL and GC {ours['book_p99_us']:.0f} us, CPU time {ours['cpu_p99_us']:.0f} us; "
+            "the slowest 1% of steps drained "
+            f"{ours['notifs_in_p99_steps_mean']} notifications each (mean over all steps "
+            f"{ours['notifs_per_step_mean']}), ~{ours['us_per_notification']} us per notification"
+        )
     if ours and stock:
         ratio = stock["p99_us"] / ours["p99_us"] if ours["p99_us"] else math.nan
         met = "met" if ratio >= TARGET_RATIO else "NOT met"
@@ -409,6 +480,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--d", type=int, default=8, help="D engines against the one P (default 8)")
     ap.add_argument("--leases", type=int, nargs="+", default=[10_000, 100_000])
     ap.add_argument("--hold", type=float, default=9.0, help="seconds each lease count is held")
+    ap.add_argument(
+        "--repeat", type=int, default=3, help="runs of each scenario and impl, alternating (median of runs)"
+    )
     ap.add_argument("--impl", nargs="+", choices=("stock", "ours"), default=["stock", "ours"])
     ap.add_argument("--scenarios", nargs="+", choices=sorted(SCENARIOS), default=list(SCENARIOS))
     ap.add_argument("--json", type=Path, default=BUILD / "bench-fleet.json")
@@ -426,22 +500,28 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.hold:g}s, lease {LEASE}s (extension {EXTENSION}s); core {vllm_nixl_lease.IMPLEMENTATION}; "
         f"{os.cpu_count()} cores, load {load[0]:.2f}"
     )
-    rows: list[Row] = []
+    runs: list[Row] = []
     failures = []
-    for name in args.scenarios:
-        for impl in args.impl:
-            say(f"== {name}: {impl}")
-            logs = args.logs / f"{name}-{impl}" if args.logs else None
-            if logs:
-                logs.mkdir(parents=True, exist_ok=True)
-            with tempfile.TemporaryDirectory(prefix=f"bench-fleet-{impl}-") as tmp:
-                try:
-                    rows += SCENARIOS[name](impl == "stock", args, str(logs or tmp))
-                except Exception as exc:  # one failed scenario must not lose the others' numbers
-                    failures.append(f"{name} {impl}: {type(exc).__name__}: {exc}")
-                    say(f"{name} {impl} FAILED: {type(exc).__name__}: {exc}")
+    for run in range(args.repeat):
+        args.run = run
+        for name in args.scenarios:
+            for impl in args.impl:
+                say(f"== {name}: {impl} (run {run + 1} of {args.repeat})")
+                logs = args.logs / f"{name}-{impl}-run{run}" if args.logs else None
+                if logs:
+                    logs.mkdir(parents=True, exist_ok=True)
+                with tempfile.TemporaryDirectory(prefix=f"bench-fleet-{impl}-") as tmp:
+                    try:
+                        got = SCENARIOS[name](impl == "stock", args, str(logs or tmp))
+                    except Exception as exc:  # one failed scenario must not lose the others' numbers
+                        failures.append(f"{name} {impl} run {run + 1}: {type(exc).__name__}: {exc}")
+                        say(f"{name} {impl} FAILED: {type(exc).__name__}: {exc}")
+                        continue
+                runs += [{**r, "run": run} for r in got]
+    rows = combine(runs)
     rows += ratio_rows(rows)
-    print("\n" + table(rows))
+    print(f"\nmedian of {args.repeat} run(s); max over runs; counts summed over runs")
+    print(table(rows))
     print("\ntargets (issue 11):")
     for line in targets(rows):
         print("  " + line)
@@ -453,6 +533,7 @@ def main(argv: list[str] | None = None) -> int:
         "machine": {"cores": os.cpu_count(), "load_start": load, "load_end": load_end},
         "settings": {
             "d_engines": args.d,
+            "repeat": args.repeat,
             "leases": args.leases,
             "hold_s": args.hold,
             "lease_s": LEASE,
@@ -462,7 +543,17 @@ def main(argv: list[str] | None = None) -> int:
             "core": vllm_nixl_lease.IMPLEMENTATION,
         },
         "rows": rows,
-        "step_fields": ["start_s", "step_s", "connector_s", "notifs", "expired", "nixl_s", "gc_s"],
+        "runs": runs,
+        "step_fields": [
+            "start_s",
+            "step_s",
+            "connector_s",
+            "notifs",
+            "expired",
+            "nixl_s",
+            "gc_s",
+            "connector_cpu_s",
+        ],
         "steps": RAW,
         "targets": targets(rows),
         "ceiling": ceiling(rows),

@@ -162,9 +162,11 @@ class Engine:
         self.hb_ids_sent: dict[str, tuple[int, float]] = {}  # D: id -> (times sent, last send)
         # Drained by ``timings``: per step (start, whole step s, connector s,
         # notifications drained, leases expired, of the connector s: in NIXL's
-        # notification calls, in GC pauses); per heartbeat message sent
+        # notification calls, in GC pauses; connector CPU s); per heartbeat message sent
         # (D: time, crc32, ids) and received (P: time, agent, crc32).
-        self.step_log: deque[tuple[float, float, float, int, int, float, float]] = deque(maxlen=TIMING_KEEP)
+        self.step_log: deque[tuple[float, float, float, int, int, float, float, float]] = deque(
+            maxlen=TIMING_KEEP
+        )
         self.hb_sent_log: deque[tuple[float, int, int]] = deque(maxlen=TIMING_KEEP)
         self.hb_recv_log: deque[tuple[float, str, int]] = deque(maxlen=TIMING_KEEP)
         self.hb_recv = {"msgs": 0, "bytes": 0}
@@ -280,7 +282,7 @@ class Engine:
         if self._last_step_t and start - self._last_step_t > SLOW_S:
             _keep(self.step_gaps, (start, start - self._last_step_t))
         self._last_step_t = start
-        self._step_connector_s = self._step_nixl_s = self._step_gc_s = 0.0
+        self._step_connector_s = self._step_nixl_s = self._step_gc_s = self._step_cpu_s = 0.0
         self._step_notifs = self._step_expired = 0
         try:
             self._step()
@@ -298,6 +300,7 @@ class Engine:
                     self._step_expired,
                     self._step_nixl_s,
                     self._step_gc_s,
+                    self._step_cpu_s,
                 )
             )
 
@@ -332,6 +335,7 @@ class Engine:
                 self._step_connector_s = res.get("connector_s", 0.0)
                 self._step_nixl_s = res.get("nixl_s", 0.0)
                 self._step_gc_s = res.get("gc_s", 0.0)
+                self._step_cpu_s = res.get("connector_cpu_s", 0.0)
             self._step_expired += len(res["expired"])
             self.hb_sent_log.extend(res.get("hb_sent_msgs", ()))
             for k in ("msgs", "bytes", "ids", "failed"):

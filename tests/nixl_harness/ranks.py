@@ -124,6 +124,7 @@ class Rank:
             return out
 
         def send_notif(agent_name: Any, notif_msg: bytes) -> None:
+            sent_t = time.monotonic()  # when D hands the message to NIXL (latency starts here)
             t0 = time.perf_counter()
             try:
                 orig_send(agent_name, notif_msg=notif_msg)
@@ -143,7 +144,7 @@ class Rank:
                 payload = heartbeat_ids_of(notif_msg)
                 n_ids = payload.count(b",") + 1 if payload else 0
                 hb["ids"] += n_ids
-                self.hb_sent_msgs.append((hb["last_t"], zlib.crc32(notif_msg), n_ids))
+                self.hb_sent_msgs.append((sent_t, zlib.crc32(notif_msg), n_ids))
                 if observe_ids:
                     self.hb_sent_ids.append((hb["last_t"], payload.decode().split(",")))
             self.probe_s += time.perf_counter() - t0
@@ -176,31 +177,35 @@ class Rank:
         heartbeats, grants, reads posted, expiry sweep), less the probes' own
         bookkeeping: the same two calls timed the same way for stock and ours.
         Of it, ``nixl_s`` in NIXL's notification calls and ``gc_s`` in
-        garbage collection pauses."""
+        garbage collection pauses.  ``connector_cpu_s``: this thread's CPU
+        time in the same calls (wall time less the time other processes held
+        the core: on a shared 2-core machine the two differ)."""
         error = None
         res = None
         conn = self.connector
         self.probe_s = self.nixl_s = 0.0
         connector_s = 0.0
         gc_before = self.gc_s
-        gc_s = 0.0
+        gc_s = cpu_s = 0.0
         try:
             conn.bind_connector_metadata(meta)
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             try:
                 conn.start_load_kv(None)
             finally:
                 connector_s += time.perf_counter() - t0
+                cpu_s += time.thread_time() - c0
                 gc_s += self.gc_s - gc_before
             for req_id, blocks in fills.items():
                 for h in range(self.heads):
                     model.fill_blocks(self.cache[:, h], blocks, f"{req_id}/h{self.head_offset + h}")
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             gc_before = self.gc_s
             try:
                 res = conn.get_transfer_results(set())
             finally:
                 connector_s += time.perf_counter() - t0
+                cpu_s += time.thread_time() - c0
                 gc_s += self.gc_s - gc_before
         except Exception:
             error = traceback.format_exc()
@@ -227,6 +232,7 @@ class Rank:
             "hb_sent_msgs": self.hb_sent_msgs,
             "connector_s": max(0.0, connector_s - self.probe_s),
             "nixl_s": self.nixl_s,
+            "connector_cpu_s": max(0.0, cpu_s - self.probe_s),
             "gc_s": gc_s,
             "error": error,
             "digests": digests,
