@@ -28,13 +28,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm_nixl_lease._wire import default_heartbeat_interval
+
 from .fleet import Engine, Fleet, wait_for
 from .mesh import PROGRESS_DELAY_US
-from .scenarios import EXTENSION, data_mismatches, hand_to_d, prefill, wait_loaded
+from .scenarios import EXTENSION, LEASE, data_mismatches, hand_to_d, prefill, wait_loaded
 
 TOKENS = 32  # one 32-token KV block per request
 BATCH = 5000  # requests one P prefill step takes (and P's pipe answers within its timeout)
 WARM_IDS_PER_D = 4  # the first requests, heartbeated before the bulk arrives (handshakes done)
+HEARTBEAT_INTERVAL = default_heartbeat_interval(LEASE)  # D's, for LEASE (upstream's d // 6)
 
 
 @dataclass
@@ -80,21 +83,30 @@ def start(
     return pf
 
 
-def _hand_out(pf: PFleet, n: int, tag: str) -> None:
+def _hand_out(pf: PFleet, n: int, tag: str, stagger_s: float = 0.0) -> None:
     ids, params = prefill(pf.p, tag, n, tokens=TOKENS)
     for j, d in enumerate(pf.ds):
+        if j and stagger_s:
+            time.sleep(stagger_s)
         share = ids[j :: len(pf.ds)]
         hand_to_d(d, {r: params[r] for r in share}, hold=True, tokens=TOKENS)
         pf.ids[j].extend(share)
 
 
-def grow(pf: PFleet, leases: int, batch: int = BATCH) -> dict[str, Any]:
-    """Prefill and hand out requests until P holds ``leases`` leases."""
+def grow(pf: PFleet, leases: int, batch: int = BATCH, spread_phases: bool = False) -> dict[str, Any]:
+    """Prefill and hand out requests until P holds ``leases`` leases.
+
+    ``spread_phases``: the first requests reach the D engines one heartbeat
+    interval apart in all, so their heartbeat rounds (each D sends its
+    whole share every interval, timed from its first request) are spread
+    over the interval, as in a fleet whose engines did not start together;
+    False (default): every D's round lands on P at about the same moment."""
     t0 = time.monotonic()
     if not pf.leases:
         # A few first, heartbeated by every D before the bulk: the handshakes
         # a first heartbeat starts are then done when thousands of grants run.
-        _hand_out(pf, min(leases, WARM_IDS_PER_D * len(pf.ds)), "warm")
+        stagger = HEARTBEAT_INTERVAL / len(pf.ds) if spread_phases else 0.0
+        _hand_out(pf, min(leases, WARM_IDS_PER_D * len(pf.ds)), "warm", stagger)
         agents = {d.info["agent"] for d in pf.ds}
         wait_for(lambda: agents <= set(pf.p.summary()["hb_agents"]), 60, what="heartbeats from every D on P")
     n_batches = 0
