@@ -180,6 +180,10 @@ class Engine:
         self.late = {"n": 0, "max_s": 0.0, "last_t": 0.0, "last_late_s": 0.0, "first_deadline": 0.0}
         self._step_notifs = 0
         self._step_expired = 0
+        # ``profile``: cProfile over the next steps, written to the workdir.
+        self._profiler: Any = None
+        self._profile_left = 0
+        self._profile_path = ""
 
     # -- requests ----------------------------------------------------------
     def _alloc(self, n: int) -> list[int] | None:
@@ -282,6 +286,8 @@ class Engine:
         if self._last_step_t and start - self._last_step_t > SLOW_S:
             _keep(self.step_gaps, (start, start - self._last_step_t))
         self._last_step_t = start
+        if self._profiler is not None:
+            self._profile_steps()
         self._step_connector_s = self._step_nixl_s = self._step_gc_s = self._step_cpu_s = 0.0
         self._step_notifs = self._step_expired = 0
         try:
@@ -487,6 +493,33 @@ class Engine:
         self.hb_recv_log.clear()
         return out
 
+    def profile(self, steps: int) -> str:
+        """cProfile the next ``steps`` steps; the stats (by cumulative time)
+        go to a text file in the workdir, whose path is returned."""
+        import cProfile
+
+        self._profiler = cProfile.Profile()
+        self._profile_left = steps
+        self._profile_path = os.path.join(
+            self.spec.workdir, f"{self.spec.name or self.spec.role}-profile.txt"
+        )
+        self._profiler.enable()
+        return self._profile_path
+
+    def _profile_steps(self) -> None:
+        self._profile_left -= 1
+        if self._profile_left > 0:
+            return
+        import io
+        import pstats
+
+        self._profiler.disable()
+        out = io.StringIO()
+        pstats.Stats(self._profiler, stream=out).sort_stats("cumulative").print_stats(60)
+        with open(self._profile_path, "w") as f:
+            f.write(out.getvalue())
+        self._profiler = None
+
     def snapshot_deadlines(self) -> dict[str, Any]:
         """P: remember every lease's deadline now (worker clock -> monotonic),
         so that frees by expiry can say how late they came."""
@@ -656,6 +689,8 @@ def _handle(eng: Engine, cmd: str, kwargs: dict[str, Any]) -> Any:
         return eng.timings()
     if cmd == "snapshot_deadlines":
         return eng.snapshot_deadlines()
+    if cmd == "profile":
+        return eng.profile(**kwargs)
     if cmd == "stats":
         return eng.stats()
     if cmd == "agent_metadata":
