@@ -268,7 +268,7 @@ COUNTS += ("steps", "drain_steps", "expired", "hb_msgs", "hb_ids_sent", "gc_step
 def combine(runs: list[Row]) -> list[Row]:
     groups: dict[tuple, list[Row]] = {}
     for r in runs:
-        groups.setdefault((r["scenario"], r["leases"], r["impl"]), []).append(r)
+        groups.setdefault((r["scenario"], r.get("leases"), r["impl"]), []).append(r)
     out = []
     for group in groups.values():
         row: Row = {"runs": len(group)}
@@ -301,7 +301,11 @@ def combine(runs: list[Row]) -> list[Row]:
 def ratio_rows(rows: list[Row]) -> list[Row]:
     """stock / ours for every (scenario, leases) measured on both."""
     out = []
-    by = {(r["scenario"], r["leases"], r["impl"]): r for r in rows if r["impl"] in ("stock", "ours")}
+    by = {
+        (r["scenario"], r.get("leases", 0), r["impl"]): r
+        for r in rows
+        if r["impl"] in ("stock", "ours") and "p99_us" in r  # connector-time rows only
+    }
     for (scenario, leases, impl), ours in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][1])):
         stock = by.get((scenario, leases, "stock"))
         if impl != "ours" or stock is None:
@@ -340,7 +344,7 @@ def table(rows: list[Row]) -> str:
     for r in rows:
         if r["impl"] == "stock/ours":
             lines.append(
-                f"{r['scenario']:<12} {r['leases']:>7} {'stock/ours':<10} {r['p50_ratio']:>7}x "
+                f"{r['scenario']:<12} {r.get('leases', ''):>7} {'stock/ours':<10} {r['p50_ratio']:>7}x "
                 f"{r['p99_ratio']:>7}x {r['max_ratio']:>8}x {r['book_p99_ratio']:>8}x "
                 f"{r['cpu_p99_ratio']:>7}x"
             )
@@ -357,10 +361,14 @@ def table(rows: list[Row]) -> str:
                 f"{r['us_per_expiry']} us/expiry; last free +{r['last_free_late_ms']} ms, "
                 f"max +{r['max_late_ms']} ms after deadline"
             )
-        else:
-            note = ""
+        else:  # a scenario of its own (e.g. "burst"): its figures as they come
+            skip = ("scenario", "leases", "impl", "runs")
+            note = "; ".join(f"{k} {v}" for k, v in r.items() if k not in skip)
+            if "p50_us" not in r:
+                lines.append(f"{r['scenario']:<12} {r.get('leases', ''):>7} {r['impl']:<10} {note}")
+                continue
         lines.append(
-            f"{r['scenario']:<12} {r['leases']:>7} {r['impl']:<10} {r.get('p50_us', math.nan):>8.0f} "
+            f"{r['scenario']:<12} {r.get('leases', ''):>7} {r['impl']:<10} {r.get('p50_us', math.nan):>8.0f} "
             f"{r.get('p99_us', math.nan):>8.0f} {r.get('max_us', math.nan):>9.0f} "
             f"{r.get('book_p99_us', math.nan):>9.0f} {r.get('cpu_p99_us', math.nan):>8.0f} "
             f"{r.get('steps', 0):>5}  {note}"
@@ -430,7 +438,7 @@ def ceiling(rows: list[Row]) -> list[str]:
     return out
 
 
-def plot(rows: list[Row], path: Path) -> bool:
+def plot(rows: list[Row], path: Path, subtitle: str = "") -> bool:
     try:
         import matplotlib
 
@@ -448,13 +456,21 @@ def plot(rows: list[Row], path: Path) -> bool:
         xs = [x for x, _ in pts]
         ax1.plot(xs, [r["p50_us"] for _, r in pts], "o--", color=color, label=f"{impl} p50")
         ax1.plot(xs, [r["p99_us"] for _, r in pts], "s-", color=color, label=f"{impl} p99")
+        ax1.plot(
+            xs,
+            [r["cpu_p99_us"] for _, r in pts],
+            "^:",
+            color=color,
+            alpha=0.6,
+            label=f"{impl} p99 of CPU time",
+        )
     ax1.axhline(TARGET_P99_US, color="gray", lw=0.8, ls=":", label=f"target p99 {TARGET_P99_US:.0f} us")
     ax1.set_xscale("log")
     ax1.set_yscale("log")
     ax1.set_xlabel("leases held by P")
     ax1.set_ylabel("connector time per P step (us)")
     n_d = next((r["d_engines"] for r in rows if r["scenario"] == "p_fleet"), "?")
-    ax1.set_title(f"1 P x {n_d} D over real NIXL: connector time per P step")
+    ax1.set_title(f"1 P x {n_d} D over real NIXL: connector time per P step\n{subtitle}", fontsize=10)
     ax1.legend(fontsize=8)
     bursts = [r for r in rows if r["scenario"] == "burst" and r["impl"] in colors]
     if bursts:
@@ -587,7 +603,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1, default=str))
-    drew = plot(rows, args.png)
+    drew = plot(
+        rows,
+        args.png,
+        f"median of {args.repeat} run(s), {os.cpu_count()} shared cores, "
+        f"load {load[0]:.1f}-{load_end[0]:.1f}",
+    )
     say(f"wrote {args.json}" + (f" and {args.png}" if drew else "") + f"; load {load_end[0]:.2f}")
     for f in failures:
         print("FAILED:", f)
