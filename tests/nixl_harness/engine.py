@@ -162,9 +162,10 @@ class Engine:
         self.hb_ids_sent: dict[str, tuple[int, float]] = {}  # D: id -> (times sent, last send)
         # Drained by ``timings``: per step (start, whole step s, connector s,
         # notifications drained, leases expired, of the connector s: in NIXL's
-        # notification calls, in GC pauses; connector CPU s); per heartbeat message sent
+        # notification calls, in GC pauses; connector CPU s; GC pauses in the
+        # whole step, this process); per heartbeat message sent
         # (D: time, crc32, ids) and received (P: time, agent, crc32).
-        self.step_log: deque[tuple[float, float, float, int, int, float, float, float]] = deque(
+        self.step_log: deque[tuple[float, float, float, int, int, float, float, float, float]] = deque(
             maxlen=TIMING_KEEP
         )
         self.hb_sent_log: deque[tuple[float, int, int]] = deque(maxlen=TIMING_KEEP)
@@ -290,6 +291,7 @@ class Engine:
             self._profile_steps()
         self._step_connector_s = self._step_nixl_s = self._step_gc_s = self._step_cpu_s = 0.0
         self._step_notifs = self._step_expired = 0
+        gc_before = self.rank0.gc_s
         try:
             self._step()
         finally:
@@ -307,6 +309,7 @@ class Engine:
                     self._step_nixl_s,
                     self._step_gc_s,
                     self._step_cpu_s,
+                    self.rank0.gc_s - gc_before,
                 )
             )
 
