@@ -22,7 +22,7 @@ CONNECTOR_TESTS := tests/test_connector_differential.py tests/test_connector_hea
 ROUTER_VENV := .venv-router
 
 .PHONY: all venv venv-cpu venv-router prometheus build build-cpu test test-core test-twin test-vllm032 test-e2e \
-	lint bench bench-quick bench-acks demo demo-pd clean
+	lint bench bench-quick bench-acks bench-fleet demo demo-pd clean
 
 all: build
 
@@ -121,6 +121,13 @@ test-e2e: build build-cpu venv-router prometheus
 # What heartbeat acknowledgements cost on P and D, against upstream's heartbeat code.
 bench-acks: build
 	$(VPY) -m tools.bench_acks
+
+# 1 P x 8 D engines over real NIXL, stock then ours: P's connector time per
+# step at 10k and 100k leases, then a mass expiry (every D killed).  ~2 minutes
+# measured on 2 cores; writes .build/bench-fleet.json and .build/bench-fleet.png.
+bench-fleet: build $(VENV)/.demo-deps
+	@mkdir -p .build
+	$(VPY) -m tools.bench_fleet
 
 bench: build
 	$(VPY) -m tools.bench_core --json .build/bench.json

@@ -19,6 +19,8 @@ import signal
 import sys
 import time
 import traceback
+import zlib
+from collections import deque
 from types import SimpleNamespace
 from typing import Any
 
@@ -31,6 +33,9 @@ MAX_LIFETIME_S = 600.0  # orphan guard: an engine never outlives a test run
 EXIT_DUMP_S = 1.5  # dump every thread's stack if the process has not exited this long after "stop"
 SLOW_S = 0.1  # steps (and gaps between step starts) longer than this are logged
 SLOW_KEEP = 2000
+# Per-step timings and heartbeat message records kept until drained
+# (``timings``): a few minutes of steps at 50 per second.
+TIMING_KEEP = 100_000
 
 
 def _keep(log: list[tuple[float, float]], item: tuple[float, float]) -> None:
@@ -126,10 +131,17 @@ class Engine:
             handshakes[(0, i)] = rr.recv(120)
         publish_handshakes(self.sched, handshakes, spec.side_channel_port)
         log("engine ready")
-        self.free_blocks = list(range(1, spec.num_blocks))  # block 0 stays the null block
+        # Block 0 stays the null block; first in, first out (a deque: taking
+        # one block per request from a list's front was O(blocks) at 100k).
+        self.free_blocks: deque[int] = deque(range(1, spec.num_blocks))
         self.reqs: dict[str, dict[str, Any]] = {}
-        self.waiting: list[str] = []  # D: in the queue, not yet scheduled
-        self.held: set[str] = set()  # D: kept waiting by the test ("overloaded")
+        # D: in the queue, not held, not yet scheduled, in submission order.
+        # Held requests wait in ``held`` (id -> submission number) instead,
+        # so a step does not walk a queue of 100k requests it may not admit.
+        self.waiting: list[str] = []
+        self.held: dict[str, int] = {}  # D: kept waiting by the test ("overloaded")
+        self._submitted = 0
+        self.unread: dict[str, list[int]] = {}  # D: admitted, read not finished: their blocks
         self.fills: dict[str, list[int]] = {}
         self.to_finish: list[str] = []
         self.sent_counts: dict[str, int] = {}
@@ -151,16 +163,38 @@ class Engine:
         self.failed_pending: set[str] = set()
         self._hb_seen: dict[tuple[int, str], int] = {}
         self.hb_ids_sent: dict[str, tuple[int, float]] = {}  # D: id -> (times sent, last send)
+        # Drained by ``timings``: per step (start, whole step s, connector s,
+        # notifications drained, leases expired, of the connector s: in NIXL's
+        # notification calls, in GC pauses; connector CPU s; GC pauses in the
+        # whole step, this process); per heartbeat message sent
+        # (D: time, crc32, ids) and received (P: time, agent, crc32).
+        self.step_log: deque[tuple[float, float, float, int, int, float, float, float, float]] = deque(
+            maxlen=TIMING_KEEP
+        )
+        self.hb_sent_log: deque[tuple[float, int, int]] = deque(maxlen=TIMING_KEEP)
+        self.hb_recv_log: deque[tuple[float, str, int]] = deque(maxlen=TIMING_KEEP)
+        self.hb_recv = {"msgs": 0, "bytes": 0}
+        self.hb_agents: set[str] = set()  # P: agents whose heartbeats arrived
+        # P: requests prefilled and not yet freed, and how the others were freed.
+        self.live = 0
+        self.freed_by: dict[str, int] = {}
+        # P: lease deadlines (monotonic clock) snapshotted by ``snapshot_deadlines``;
+        # frees by expiry are then measured against them.
+        self.deadlines: dict[str, float] = {}
+        self.late = {"n": 0, "max_s": 0.0, "last_t": 0.0, "last_late_s": 0.0, "first_deadline": 0.0}
+        self._step_notifs = 0
+        self._step_expired = 0
+        # ``profile``: cProfile over the next steps, written to the workdir.
+        self._profiler: Any = None
+        self._profile_left = 0
+        self._profile_path = ""
 
     # -- requests ----------------------------------------------------------
     def _alloc(self, n: int) -> list[int] | None:
         if len(self.free_blocks) < n:
             return None
-        # From the end: O(n) per request, not O(free blocks) (a 2000-request
-        # admission copied the list 2000 times: 2.5 s of one D step).
-        out = self.free_blocks[-n:]
-        del self.free_blocks[-n:]
-        return out
+        take = self.free_blocks.popleft
+        return [take() for _ in range(n)]
 
     def prefill(self, ids: list[str], tokens: int) -> dict[str, Any]:
         """P: schedule, prefill (one step) and finish ``ids``; return their
@@ -182,6 +216,7 @@ class Engine:
             self.sched.update_state_after_alloc(req, FakeBlocks(blocks), 0)
             self.reqs[req_id] = {"req": req, "blocks": blocks, "submitted_t": time.monotonic(), "hb": 0}
             self.fills[req_id] = blocks
+            self.live += 1
         self.step()
         out = {}
         for req_id in ids:
@@ -207,22 +242,34 @@ class Engine:
                 status=self.status.WAITING,
             )
             self.sched.on_new_request(req)
-            self.reqs[local_id] = {"req": req, "submitted_t": time.monotonic(), "tokens": tokens}
-            self.waiting.append(local_id)
+            self.reqs[local_id] = {
+                "req": req,
+                "submitted_t": time.monotonic(),
+                "tokens": tokens,
+                "seq": self._submitted,
+            }
+            self._submitted += 1
             if hold:
-                self.held.add(local_id)
+                self.held[local_id] = self.reqs[local_id]["seq"]
+            else:
+                self.waiting.append(local_id)
 
     def release(self, ids: list[str] | None) -> None:
-        self.held -= set(self.held if ids is None else ids)
+        moved = list(self.held) if ids is None else [i for i in ids if i in self.held]
+        for local_id in moved:
+            del self.held[local_id]
+        if moved:
+            # Released requests take their place in the queue by submission, as if never held.
+            self.waiting = sorted(self.waiting + moved, key=lambda r: self.reqs[r]["seq"])
 
     def _schedule_d(self) -> None:
         still = []
         admitted = 0
-        for local_id in self.waiting:
+        for pos, local_id in enumerate(self.waiting):
+            if admitted >= self.spec.max_admit:
+                still.extend(self.waiting[pos:])  # the step's admission budget is spent
+                break
             rec = self.reqs[local_id]
-            if local_id in self.held or admitted >= self.spec.max_admit:
-                still.append(local_id)
-                continue
             req = rec["req"]
             count, _ = self.sched.get_num_new_matched_tokens(req, 0)
             blocks = self._alloc(-(-rec["tokens"] // model.BLOCK_SIZE))
@@ -232,6 +279,7 @@ class Engine:
             self.sched.update_state_after_alloc(req, FakeBlocks(blocks), count or 0)
             req.status = self.status.WAITING_FOR_REMOTE_KVS
             rec.update(blocks=blocks, admitted_t=time.monotonic())
+            self.unread[local_id] = blocks
             admitted += 1
         self.waiting = still
 
@@ -242,6 +290,11 @@ class Engine:
         if self._last_step_t and start - self._last_step_t > SLOW_S:
             _keep(self.step_gaps, (start, start - self._last_step_t))
         self._last_step_t = start
+        if self._profiler is not None:
+            self._profile_steps()
+        self._step_connector_s = self._step_nixl_s = self._step_gc_s = self._step_cpu_s = 0.0
+        self._step_notifs = self._step_expired = 0
+        gc_before = self.rank0.gc_s
         try:
             self._step()
         finally:
@@ -251,6 +304,19 @@ class Engine:
                 _keep(self.slow_steps, (start, took))
                 if len(self.slow_phases) < SLOW_KEEP:
                     self.slow_phases.append({"t": start, "step": took, **self._phases})
+            self.step_log.append(
+                (
+                    start,
+                    took,
+                    self._step_connector_s,
+                    self._step_notifs,
+                    self._step_expired,
+                    self._step_nixl_s,
+                    self._step_gc_s,
+                    self._step_cpu_s,
+                    self.rank0.gc_s - gc_before,
+                )
+            )
 
     def _step(self) -> None:
         t0 = time.monotonic()
@@ -264,11 +330,8 @@ class Engine:
             if req_id in self.reqs:
                 self.reqs[req_id]["granted_t"] = now
         fills, self.fills = self.fills, {}
-        unread = {}
-        if self.spec.role == "D":
-            unread = {
-                r: rec["blocks"] for r, rec in self.reqs.items() if "blocks" in rec and "read_t" not in rec
-            }
+        # D: the requests admitted and not yet read (hashed once read).
+        unread = self.unread if self.spec.role == "D" else {}
         for rr in self.remote:
             rr.send_step(meta, fills, unread)
         t2 = time.monotonic()
@@ -288,11 +351,18 @@ class Engine:
             if res["error"]:
                 self.errors.append(f"rank {res['rank']}: {res['error']}")
             self._absorb_notifs(res)
+            if res.get("connector_s", 0.0) >= self._step_connector_s:  # the slowest rank's
+                self._step_connector_s = res.get("connector_s", 0.0)
+                self._step_nixl_s = res.get("nixl_s", 0.0)
+                self._step_gc_s = res.get("gc_s", 0.0)
+                self._step_cpu_s = res.get("connector_cpu_s", 0.0)
+            self._step_expired += len(res["expired"])
+            self.hb_sent_log.extend(res.get("hb_sent_msgs", ()))
             for k in ("msgs", "bytes", "ids", "failed"):
                 self.hb_sent[k] += res["hb_sent"][k] - self._last_hb(res["rank"], k, res["hb_sent"][k])
             self.hb_sent["max"] = max(self.hb_sent["max"], res["hb_sent"]["max"])
             self.hb_sent["last_t"] = max(self.hb_sent["last_t"], res["hb_sent"]["last_t"])
-            for t, ids in res["hb_sent_ids"]:
+            for t, ids in res["hb_sent_ids"]:  # empty unless observe_ids
                 for i in ids:
                     self.hb_ids_sent[i] = (self.hb_ids_sent.get(i, (0, 0))[0] + 1, t)
             for req_id in res["expired"]:
@@ -327,11 +397,16 @@ class Engine:
             if rec is None:
                 continue
             rec["freed_t"] = now
-            rec["freed_reason"] = "expiry" if rec.get("expired_ranks") else "read"
+            rec["freed_reason"] = reason = "expiry" if rec.get("expired_ranks") else "read"
             self.free_blocks.extend(rec["blocks"])
+            self.live -= 1
+            self.freed_by[reason] = self.freed_by.get(reason, 0) + 1
+            if reason == "expiry" and req_id in self.deadlines:
+                self._freed_late(now, self.deadlines.pop(req_id))
         for req_id in recving:  # D: read done; decode would run; finish and free
             rec = self.reqs[req_id]
             rec["read_t"] = now
+            self.unread.pop(req_id, None)
             rec["failed"] = req_id in self.failed_pending
             self.failed_pending.discard(req_id)
             req = rec["req"]
@@ -346,11 +421,27 @@ class Engine:
         self._hb_seen[(rank, key)] = value
         return prev
 
+    def _freed_late(self, now: float, deadline: float) -> None:
+        late = self.late
+        late["n"] += 1
+        late["max_s"] = max(late["max_s"], now - deadline)
+        late["last_t"] = now
+        late["last_late_s"] = now - deadline
+
     def _absorb_notifs(self, res: dict[str, Any]) -> None:
+        observe_ids = self.spec.observe_ids
+        self._step_notifs += len(res["notifs"])
         for t, agent, msg in res["notifs"]:
-            self.notif_log.append((t, agent, len(msg)))
+            if observe_ids:
+                self.notif_log.append((t, agent, len(msg)))
             if is_any_heartbeat(msg):
                 self.hb_arrivals.append(t)
+                self.hb_recv["msgs"] += 1
+                self.hb_recv["bytes"] += len(msg)
+                self.hb_agents.add(agent)
+                self.hb_recv_log.append((t, agent, zlib.crc32(msg)))
+                if not observe_ids:
+                    continue
                 for raw in heartbeat_ids_of(msg).split(b","):
                     rec = self.reqs.get(raw.decode("utf-8", "replace"))
                     if rec is not None and "freed_t" not in rec:
@@ -386,6 +477,78 @@ class Engine:
             "free_blocks": len(self.free_blocks),
             "waiting": len(self.waiting),
         }
+
+    def summary(self) -> dict[str, Any]:
+        """What ``report`` says, as counts: cheap at any number of requests."""
+        return {
+            "engine_id": self.engine_id,
+            "live": self.live,
+            "freed_by": dict(self.freed_by),
+            "errors": list(self.errors),
+            "hb_sent": dict(self.hb_sent),
+            "hb_recv": dict(self.hb_recv),
+            "hb_agents": sorted(self.hb_agents),
+            "steps": self.steps,
+            "max_step_s": self.max_step_s,
+            "free_blocks": len(self.free_blocks),
+            "waiting": len(self.waiting),
+            "held": len(self.held),
+            "unread": len(self.unread),
+            "late": dict(self.late),
+            "deadlines_left": len(self.deadlines),
+        }
+
+    def timings(self) -> dict[str, Any]:
+        """Hand over (and forget) the per-step and per-heartbeat records so far."""
+        out = {
+            "steps": list(self.step_log),
+            "hb_sent": list(self.hb_sent_log),
+            "hb_recv": list(self.hb_recv_log),
+        }
+        self.step_log.clear()
+        self.hb_sent_log.clear()
+        self.hb_recv_log.clear()
+        return out
+
+    def profile(self, steps: int) -> str:
+        """cProfile the next ``steps`` steps; the stats (by cumulative time)
+        go to a text file in the workdir, whose path is returned."""
+        import cProfile
+
+        self._profiler = cProfile.Profile()
+        self._profile_left = steps
+        self._profile_path = os.path.join(
+            self.spec.workdir, f"{self.spec.name or self.spec.role}-profile.txt"
+        )
+        self._profiler.enable()
+        return self._profile_path
+
+    def _profile_steps(self) -> None:
+        self._profile_left -= 1
+        if self._profile_left > 0:
+            return
+        import io
+        import pstats
+
+        self._profiler.disable()
+        out = io.StringIO()
+        pstats.Stats(self._profiler, stream=out).sort_stats("cumulative").print_stats(60)
+        with open(self._profile_path, "w") as f:
+            f.write(out.getvalue())
+        self._profiler = None
+
+    def snapshot_deadlines(self) -> dict[str, Any]:
+        """P: remember every lease's deadline now (worker clock -> monotonic),
+        so that frees by expiry can say how late they came."""
+        to_monotonic = time.monotonic() - time.perf_counter()
+        table = self.rank0.worker._reqs_to_send  # a dict (stock) or our view of the lease table
+        self.deadlines = {r: d + to_monotonic for r, d in table.items()}
+        self.late = {"n": 0, "max_s": 0.0, "last_t": 0.0, "last_late_s": 0.0, "first_deadline": 0.0}
+        if not self.deadlines:
+            return {"n": 0}
+        first, last = min(self.deadlines.values()), max(self.deadlines.values())
+        self.late["first_deadline"] = first
+        return {"n": len(self.deadlines), "first": first, "last": last, "now": time.monotonic()}
 
     def stats(self) -> list[dict[str, Any]]:
         out = [self.rank0.stats()]
@@ -537,6 +700,14 @@ def _handle(eng: Engine, cmd: str, kwargs: dict[str, Any]) -> Any:
         return eng.release(**kwargs)
     if cmd == "report":
         return eng.report()
+    if cmd == "summary":
+        return eng.summary()
+    if cmd == "timings":
+        return eng.timings()
+    if cmd == "snapshot_deadlines":
+        return eng.snapshot_deadlines()
+    if cmd == "profile":
+        return eng.profile(**kwargs)
     if cmd == "stats":
         return eng.stats()
     if cmd == "agent_metadata":

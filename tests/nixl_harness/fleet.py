@@ -63,17 +63,24 @@ PORT_TAKEN = "SIDE_CHANNEL_PORT_TAKEN"
 class Engine:
     """Handle on one engine process."""
 
-    def __init__(self, spec: EngineSpec, start_timeout: float = 90.0) -> None:
+    def __init__(self, spec: EngineSpec, start_timeout: float = 90.0, wait: bool = True) -> None:
+        """Fork the engine; with ``wait`` (default) return once it is ready,
+        else call ``wait_started`` (several engines then start side by side)."""
         from .engine import engine_main
 
         ctx = context()
         self.spec = spec
+        self.start_timeout = start_timeout
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=engine_main, args=(spec, child), daemon=True)
         self.proc.start()
         child.close()
+        if wait:
+            self.wait_started()
+
+    def wait_started(self) -> None:
         try:
-            self.info = self._reply(start_timeout, "start")
+            self.info = self._reply(self.start_timeout, "start")
         except BaseException:
             self.proc.kill()  # never leave a half-started engine behind
             self.proc.join(5)
@@ -126,6 +133,18 @@ class Engine:
 
     def stats(self) -> list[dict[str, Any]]:
         return self.call("stats")
+
+    def summary(self) -> dict[str, Any]:
+        """Counts only (``report`` without the per-request records): cheap at 100k requests."""
+        return self.call("summary")
+
+    def timings(self) -> dict[str, Any]:
+        """Per-step and per-heartbeat-message records since the last call (then forgotten)."""
+        return self.call("timings")
+
+    def snapshot_deadlines(self) -> dict[str, Any]:
+        """P: note every lease's deadline now; later frees by expiry are measured against them."""
+        return self.call("snapshot_deadlines")
 
     def freeze(self) -> None:
         """SIGSTOP the engine and its TP ranks: a D whose forward loop stalls."""
@@ -212,6 +231,63 @@ class Fleet:
             self.engines.append(eng)
             return eng
         raise AssertionError("unreachable")
+
+    def start_many(
+        self,
+        engines: list[tuple[str, str, dict[str, Any]]],
+        stock: bool = False,
+        start_timeout: float = 240.0,
+    ) -> list[Engine]:
+        """Start ``(role, name, EngineSpec fields)`` engines side by side; return them in order.
+
+        Safe to overlap: every engine gets its own side-channel port (picked
+        together, so distinct), its own dist-init file and KV cache; only the
+        fork server is shared, and it forks one child at a time.  A lost port
+        race restarts just that engine on a new port."""
+        specs = []
+        for (role, name, kw), port in zip(engines, free_ports(len(engines)), strict=True):
+            kw = dict(kw)
+            kw.update(self._placement(kw.pop("host", None)))
+            specs.append(
+                EngineSpec(
+                    role=role,
+                    stock=stock,
+                    workdir=self.workdir,
+                    side_channel_port=port,
+                    lease=self.lease,
+                    name=name,
+                    **kw,
+                )
+            )
+        out: list[Engine | None] = [None] * len(specs)
+        launched: list[Engine] = []
+        try:
+            todo = list(range(len(specs)))
+            for attempt in range(3):
+                pending = [(i, Engine(specs[i], start_timeout, wait=False)) for i in todo]
+                launched.extend(eng for _, eng in pending)
+                todo = []
+                for i, eng in pending:
+                    try:
+                        eng.wait_started()
+                    except SidePortTaken:
+                        if attempt == 2:
+                            raise
+                        (port,) = free_ports(1)
+                        specs[i].side_channel_port = port
+                        todo.append(i)
+                        continue
+                    out[i] = eng
+                    self.engines.append(eng)
+                if not todo:
+                    break
+        except BaseException:
+            for eng in launched:  # never leave a half-started fleet behind
+                if eng not in self.engines and eng.proc.is_alive():
+                    eng.proc.kill()
+                    eng.proc.join(5)
+            raise
+        return [eng for eng in out if eng is not None]
 
     def __enter__(self) -> Fleet:
         return self

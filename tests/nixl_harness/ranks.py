@@ -10,9 +10,11 @@ expiry sweep released.
 
 from __future__ import annotations
 
+import gc
 import os
 import time
 import traceback
+import zlib
 from typing import Any
 
 from vllm_nixl_lease._wire import (
@@ -78,10 +80,32 @@ class Rank:
     def _install_probes(self) -> None:
         w = self.worker
         wrapper = w.nixl_wrapper
+        observe_ids = self.spec.observe_ids
         self.notifs: list[tuple[float, str, bytes]] = []
         self.expired: set[str] = set()
         self.hb_sent = {"msgs": 0, "bytes": 0, "max": 0, "ids": 0, "last_t": 0.0, "failed": 0}
         self.hb_sent_ids: list[tuple[float, list[str]]] = []
+        # (send time, crc32 of the message, ids in it): matched on P against
+        # the receive time of the same message (heartbeat latency).
+        self.hb_sent_msgs: list[tuple[float, int, int]] = []
+        # Seconds the probes spent on their own bookkeeping this step: taken
+        # out of the connector time, so that stock and ours are timed alike.
+        self.probe_s = 0.0
+        # Seconds inside NIXL's get_new_notifs / send_notif (transport, not
+        # bookkeeping), and in the cyclic garbage collector (this process,
+        # cumulative: a pause lands in whichever code allocates, and its
+        # length follows the whole heap), to tell them apart from the rest.
+        self.nixl_s = 0.0
+        self.gc_s = 0.0
+        self._gc_t0 = 0.0
+
+        def on_gc(phase: str, info: dict[str, Any]) -> None:
+            if phase == "start":
+                self._gc_t0 = time.perf_counter()
+            else:
+                self.gc_s += time.perf_counter() - self._gc_t0
+
+        gc.callbacks.append(on_gc)
         orig_get, orig_send, orig_reap = (
             wrapper.get_new_notifs,
             wrapper.send_notif,
@@ -89,33 +113,51 @@ class Rank:
         )
 
         def get_new_notifs() -> dict[str, list[bytes]]:
+            t0 = time.perf_counter()
             out = orig_get()
+            self.nixl_s += time.perf_counter() - t0
+            t0 = time.perf_counter()
             now = time.monotonic()
             for agent, msgs in out.items():
                 self.notifs.extend((now, agent, m) for m in msgs)
+            self.probe_s += time.perf_counter() - t0
             return out
 
         def send_notif(agent_name: Any, notif_msg: bytes) -> None:
+            sent_t = time.monotonic()  # when D hands the message to NIXL (latency starts here)
+            t0 = time.perf_counter()
             try:
                 orig_send(agent_name, notif_msg=notif_msg)
             except Exception:
                 if is_any_heartbeat(notif_msg):
                     self.hb_sent["failed"] += 1
                 raise
+            finally:
+                self.nixl_s += time.perf_counter() - t0
+            t0 = time.perf_counter()
             if is_any_heartbeat(notif_msg):
                 hb = self.hb_sent
                 hb["msgs"] += 1
                 hb["bytes"] += len(notif_msg)
                 hb["max"] = max(hb["max"], len(notif_msg))
                 hb["last_t"] = time.monotonic()
-                ids = heartbeat_ids_of(notif_msg).decode().split(",")
-                hb["ids"] += len(ids)
-                self.hb_sent_ids.append((hb["last_t"], ids))
+                payload = heartbeat_ids_of(notif_msg)
+                n_ids = payload.count(b",") + 1 if payload else 0
+                hb["ids"] += n_ids
+                self.hb_sent_msgs.append((sent_t, zlib.crc32(notif_msg), n_ids))
+                if observe_ids:
+                    self.hb_sent_ids.append((hb["last_t"], payload.decode().split(",")))
+            self.probe_s += time.perf_counter() - t0
 
         def reap(done_sending: set[str]) -> None:
+            t0 = time.perf_counter()
             before = set(done_sending)
+            self.probe_s += time.perf_counter() - t0
             orig_reap(done_sending)
-            self.expired |= done_sending - before
+            t0 = time.perf_counter()
+            if len(done_sending) > len(before):
+                self.expired |= done_sending - before
+            self.probe_s += time.perf_counter() - t0
 
         wrapper.get_new_notifs = get_new_notifs
         wrapper.send_notif = send_notif
@@ -128,41 +170,69 @@ class Rank:
     def step(self, meta: Any, fills: dict[str, list[int]], blocks_of: dict[str, list[int]]) -> dict[str, Any]:
         """One step. ``fills``: requests this step prefills (P writes their KV,
         as the forward pass would); ``blocks_of``: D's unread requests, hashed
-        once the step reports them read."""
+        once the step reports them read.
+
+        ``connector_s``: wall time inside the worker connector's
+        ``start_load_kv`` and ``get_transfer_results`` (notification routing,
+        heartbeats, grants, reads posted, expiry sweep), less the probes' own
+        bookkeeping: the same two calls timed the same way for stock and ours.
+        Of it, ``nixl_s`` in NIXL's notification calls and ``gc_s`` in
+        garbage collection pauses.  ``connector_cpu_s``: this thread's CPU
+        time in the same calls (wall time less the time other processes held
+        the core: on a shared 2-core machine the two differ)."""
         error = None
         res = None
         conn = self.connector
-        t0 = t1 = t2 = time.monotonic()
+        self.probe_s = self.nixl_s = 0.0
+        connector_s = 0.0
+        gc_before = self.gc_s
+        gc_s = cpu_s = 0.0
+        t_fill = t_results = t_start = time.perf_counter()  # phases of a slow step
         try:
             conn.bind_connector_metadata(meta)
-            conn.start_load_kv(None)
-            t1 = time.monotonic()
+            t0, c0 = time.perf_counter(), time.thread_time()
+            try:
+                conn.start_load_kv(None)
+            finally:
+                connector_s += time.perf_counter() - t0
+                cpu_s += time.thread_time() - c0
+                gc_s += self.gc_s - gc_before
+            t_fill = time.perf_counter()
             for req_id, blocks in fills.items():
                 for h in range(self.heads):
                     model.fill_blocks(self.cache[:, h], blocks, f"{req_id}/h{self.head_offset + h}")
-            t2 = time.monotonic()
-            res = conn.get_transfer_results(set())
+            t0, c0 = time.perf_counter(), time.thread_time()
+            t_results = t0
+            gc_before = self.gc_s
+            try:
+                res = conn.get_transfer_results(set())
+            finally:
+                connector_s += time.perf_counter() - t0
+                cpu_s += time.thread_time() - c0
+                gc_s += self.gc_s - gc_before
         except Exception:
             error = traceback.format_exc()
         finally:
             conn.clear_connector_metadata()
-        t3 = time.monotonic()
+        t_done = time.perf_counter()
         recving = set(res.finished_recving) if res else set()
-        to_hash = dict(fills)
-        to_hash.update((r, blocks_of[r]) for r in recving if r in blocks_of)
-        digests = {
-            r: {
-                self.head_offset + h: d
-                for h, d in enumerate(model.digest_heads(self.cache, b, self.spec.sampled_digest))
+        digests = {}
+        if self.spec.observe_ids:
+            to_hash = dict(fills)
+            to_hash.update((r, blocks_of[r]) for r in recving if r in blocks_of)
+            digests = {
+                r: {
+                    self.head_offset + h: d
+                    for h, d in enumerate(model.digest_heads(self.cache, b, self.spec.sampled_digest))
+                }
+                for r, b in to_hash.items()
             }
-            for r, b in to_hash.items()
-        }
         # Where a slow step went: the connector's two calls, and the harness's own work.
         phases = {
-            "start_load_kv": t1 - t0,
-            "fill": t2 - t1,
-            "get_transfer_results": t3 - t2,
-            "digest": time.monotonic() - t3,
+            "start_load_kv": t_fill - t_start,
+            "fill": t_results - t_fill,
+            "get_transfer_results": t_done - t_results,
+            "digest": time.perf_counter() - t_done,
         }
         out = {
             "rank": self.rank,
@@ -173,11 +243,16 @@ class Rank:
             "notifs": self.notifs,
             "hb_sent": dict(self.hb_sent),
             "hb_sent_ids": self.hb_sent_ids,
+            "hb_sent_msgs": self.hb_sent_msgs,
+            "connector_s": max(0.0, connector_s - self.probe_s),
+            "nixl_s": self.nixl_s,
+            "connector_cpu_s": max(0.0, cpu_s - self.probe_s),
+            "gc_s": gc_s,
             "error": error,
             "digests": digests,
             "phases": phases,
         }
-        self.expired, self.notifs, self.hb_sent_ids = set(), [], []
+        self.expired, self.notifs, self.hb_sent_ids, self.hb_sent_msgs = set(), [], [], []
         return out
 
     def stats(self) -> dict[str, Any]:

@@ -42,3 +42,9 @@ class EngineSpec:
     sampled_digest: bool = False
     # Extra environment for the engine process (e.g. UCX_* knobs).
     env: dict[str, str] = field(default_factory=dict)
+    # Per-request observation: every heartbeat id counted per request, KV
+    # digests, every notification and every id D heartbeated kept.  Off at
+    # fleet scale (100k leases), where that bookkeeping in Python would cost
+    # more than the connector it watches; the engine then keeps counts,
+    # per-step timings and one record per heartbeat message (``summary``).
+    observe_ids: bool = True
