@@ -15,6 +15,11 @@ ours in the same run, one fleet after the other:
 - ``mass_expiry``: after the 100k hold every D is SIGKILLed; P's connector
   time per step while the 100k leases lapse together, and how late the last
   one was freed after its deadline.
+- ``burst``: 1 P x 1 D; one D step admits 2000, then 5000 requests of 16
+  blocks while 500 more wait for D's blocks (``nixl_harness/burst.py``):
+  leases expired while D was alive, wrong reads, reads fenced while P held
+  the lease, P's longest heartbeat gap against the extension.  Once per
+  bench (its figures are counts).
 
 Connector time is wall time (the headline, as the issue asks); beside it
 its p99 less NIXL's notification calls and GC pauses ("book"), and the p99
@@ -25,14 +30,13 @@ Each scenario runs ``--repeat`` times (default 3), stock and ours
 alternating; a row gives the median of the runs' figures, the largest of
 their worst cases and the sum of their counts (``runs`` in the JSON keeps
 each run's row; ``steps`` every P step).  Each scenario is a function in
-``SCENARIOS`` returning rows; a row with ``"scenario": "burst"`` (from a
-scenario added there) feeds the figure's second panel.  Progress on
+``SCENARIOS`` returning rows; the burst rows feed the figure's second panel.  Progress on
 stdout, a table at the end, ``.build/bench-fleet.json`` and
 ``.build/bench-fleet.png``.  Not a test: the targets are printed next to
 what was measured.
 
     python -m tools.bench_fleet [--d 8] [--leases 10000 100000] [--hold 9] [--repeat 3]
-        [--impl stock ours] [--spread-phases]
+        [--impl stock ours] [--spread-phases] [--bursts 2000 5000] [--scenarios p_fleet burst]
 """
 
 from __future__ import annotations
@@ -54,6 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the harness lives with the tests
 
 from nixl_harness import Fleet, pfleet  # noqa: E402
+from nixl_harness.burst import burst  # noqa: E402
 from nixl_harness.scenarios import EXTENSION, LEASE  # noqa: E402
 
 BUILD = ROOT / ".build"
@@ -62,6 +67,10 @@ T0 = time.monotonic()
 TARGET_P99_US = 200.0
 TARGET_RATIO = 20.0
 TARGET_DRAIN_STEP_US = 5000.0
+# Bursts: requests of 16 KV blocks (READs with many descriptors, as real
+# prompts have), and requests waiting behind the burst for D's blocks.
+BURST_TOKENS = 512
+BURST_QUEUED = 500
 Row = dict[str, Any]
 # Per-step records of every run (start, step s, connector s, notifications,
 # expiries, NIXL s, GC s, connector CPU s, GC s in the whole step), kept for
@@ -257,8 +266,37 @@ def p_fleet(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
     return rows
 
 
+def bursts(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
+    """1 P x 1 D: one D step admits B requests (each size in ``--bursts``) of
+    BURST_TOKENS tokens, BURST_QUEUED more wait for D's blocks, all queued a
+    whole lease first (``nixl_harness.burst``).  Once per bench, not per
+    ``--repeat``: a burst is 20-40 s and its figures are counts."""
+    if args.run:
+        return []
+    rows = []
+    for b in args.bursts:
+        sub = os.path.join(workdir, f"burst-{b}")
+        os.makedirs(sub, exist_ok=True)
+        with Fleet(sub, lease=LEASE) as fleet:
+            out = burst(fleet, b, BURST_QUEUED, stock, tokens=BURST_TOKENS)
+        row = {"scenario": "burst", "leases": b, **{k: v for k, v in out.items() if k != "d_slowest_step"}}
+        row["errors"] = len(out["errors"])
+        row["d_slowest_step"] = out["d_slowest_step"]
+        rows.append(row)
+        say(
+            f"{row['impl']}: burst {b} (+{BURST_QUEUED} queued): premature expiries "
+            f"{row['premature_expiries']}, wrong reads {row['wrong_reads']}, fenced live "
+            f"{row['fenced_live']}; P's longest heartbeat gap {row['max_hb_gap_s']} s of the "
+            f"{row['extension_s']} s extension; D's longest step {row['max_d_step_s']} s"
+        )
+    return rows
+
+
 # One function per scenario: (stock?, args, workdir) -> rows.  Add a scenario here.
-SCENARIOS: dict[str, Callable[[bool, argparse.Namespace, str], list[Row]]] = {"p_fleet": p_fleet}
+SCENARIOS: dict[str, Callable[[bool, argparse.Namespace, str], list[Row]]] = {
+    "p_fleet": p_fleet,
+    "burst": bursts,
+}
 
 
 # -- results ----------------------------------------------------------------------
@@ -418,6 +456,16 @@ def targets(rows: list[Row]) -> list[str]:
     ]
     if premature:
         out.append("premature expiries (ours must be 0): " + ", ".join(premature))
+    for r in rows:
+        if r["scenario"] == "burst":
+            bad = r["premature_expiries"] + r["wrong_reads"] + r["fenced_live"]
+            gap_ok = r["max_hb_gap_s"] is not None and r["max_hb_gap_s"] <= r["extension_s"] / 2
+            met = "met" if not bad and gap_ok else "NOT met"
+            out.append(
+                f"{r['impl']}: burst {r['burst']}: 0 premature expiries, 0 wrong reads, 0 fenced live reads, "
+                f"P's heartbeat gap <= {r['extension_s'] / 2:g} s: {r['premature_expiries']}, "
+                f"{r['wrong_reads']}, {r['fenced_live']}, {r['max_hb_gap_s']} s ({met})"
+            )
     return out
 
 
@@ -527,6 +575,9 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="spread the D engines' heartbeat rounds over the interval (default: in phase, as they start "
         "together: every round lands on P at once and every lease lapses together at the crash)",
+    )
+    ap.add_argument(
+        "--bursts", type=int, nargs="+", default=[2000, 5000], help="requests admitted in one D step"
     )
     ap.add_argument("--impl", nargs="+", choices=("stock", "ours"), default=["stock", "ours"])
     ap.add_argument("--scenarios", nargs="+", choices=sorted(SCENARIOS), default=list(SCENARIOS))
