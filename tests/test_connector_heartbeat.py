@@ -50,13 +50,19 @@ def test_scheduler_tracks_in_core_and_ships_bytes(scheduler_factory, clock: Cloc
     hb = meta.lease_heartbeats
     assert hb["P1"] == EngineHeartbeats([heartbeat_message(["p-1", "p-2"])], "127.0.0.1", 5600, 2, 1, 1)
     assert hb["P2"].messages == [heartbeat_message(["q-1"])] and hb["P2"].port == 5700
-    # Throttled: interval 12 // 6 = 2 s.
-    clock.advance(1.9)
+    # Paced, interval 12 // 6 = 2 s: the round of two chunks is spread over
+    # it, earliest due first; neither waits longer than 2 s.
+    clock.advance(0.5)
     assert sched.build_connector_meta(None).lease_heartbeats == {}
-    clock.advance(0.1)
+    clock.advance(0.5)
+    assert sched.build_connector_meta(None).lease_heartbeats.keys() == {"P1"}  # early, to keep the pace
+    clock.advance(1.0)
+    assert sched.build_connector_meta(None).lease_heartbeats.keys() == {"P2"}  # due
     sched.update_connector_output(type("O", (), {"finished_recving": {"d1"}})())
     sched._stop_heartbeat("d3")  # what upstream's request_finished calls
-    assert sched.build_connector_meta(None).lease_heartbeats.keys() == {"P1"}
+    clock.advance(1.0)
+    hb = sched.build_connector_meta(None).lease_heartbeats
+    assert hb.keys() == {"P1"} and hb["P1"].messages == [heartbeat_message(["p-2"])]
     assert sched.heartbeats.targets.keys() == {"P1"}
 
 

@@ -80,10 +80,13 @@ class HeartbeatSchedule:
                 self.targets.pop(engine_id, None)
 
     def attach(self, meta: Any) -> None:
-        """Put this step's due messages on the workers' metadata."""
+        """Put this step's messages on the workers' metadata: the round of
+        every chunk is spread over the heartbeat interval (``poll_paced``), so
+        100k waiting requests cost each step a few messages, not one step a
+        100k-id spike."""
         out: dict[str, EngineHeartbeats] = {}
         if len(self.tracker):
-            for engine_id, messages in self.tracker.poll(time.perf_counter()).items():
+            for engine_id, messages in self.tracker.poll_paced(time.perf_counter()).items():
                 target = self.targets.get(engine_id)
                 if target is not None and messages:
                     out[engine_id] = EngineHeartbeats(messages, *target)
