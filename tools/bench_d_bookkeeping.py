@@ -26,7 +26,8 @@ Cases: ours against a P that acknowledges heartbeats (``LHB``/``LACK``), ours
 against a stock P (``HB``, no lease views), upstream against a stock P.  The
 first ``--warmup`` intervals after the queue filled at once are not counted
 (they hold the one-off burst of every new chunk's first heartbeat, for ours
-and upstream alike); their max is printed apart.
+and upstream alike); their max is printed apart.  The cyclic GC is off while
+timing (a collection walks the whole heap, whichever step triggers it).
 
     python -m tools.bench_d_bookkeeping [--waiting 100000] [--engines 8] [--intervals 4]
 """
@@ -135,7 +136,9 @@ class D:
             )
 
             sched_cls = NixlPullConnectorScheduler
-            self.worker = make_upstream_worker(stock_worker_class(), LEASE * 2 // 3, FakeNixlWrapper(name="D"))
+            self.worker = make_upstream_worker(
+                stock_worker_class(), LEASE * 2 // 3, FakeNixlWrapper(name="D")
+            )
         with set_current_vllm_config(config):
             self.sched = sched_cls(config, "d-engine", kv_cache_config())
         self.worker.shutdown = lambda: None  # a stub: nothing of upstream's to tear down
@@ -252,8 +255,10 @@ def run_case(case: str, config: Any, args: argparse.Namespace) -> dict[str, Any]
         warm_max = 0
         sends: list[int] = []
         sent_ids = 0
+        # The cyclic GC is off while timing, as in bench_core: a collection
+        # walks the whole heap and lands on whichever step allocates last.
         gc.collect()
-        gc.freeze()  # the filled queue is long-lived: keep the cyclic GC off it, as vLLM does
+        gc.disable()
         for step in range(args.steps_total):
             arrivals = new_requests(args.churn) if step else []
             departures = queue[head : head + (args.churn if step else 0)]
@@ -267,8 +272,8 @@ def run_case(case: str, config: Any, args: argparse.Namespace) -> dict[str, Any]
                 sends.append(msgs)
                 sent_ids += ids
             clock.now += step_s
-        gc.unfreeze()
     finally:
+        gc.enable()
         time_module.perf_counter = real_perf_counter
     totals = sorted(sum(s) / 1e3 for s in samples)
     parts = {
@@ -298,7 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--churn", type=int, default=10, help="arrivals (and departures) per step")
     ap.add_argument("--intervals", type=float, default=4, help="heartbeat intervals measured")
     ap.add_argument("--warmup", type=float, default=1, help="heartbeat intervals run first, not counted")
-    ap.add_argument("--cases", nargs="+", type=int, default=list(range(len(CASES))), help="indices into CASES")
+    ap.add_argument(
+        "--cases", nargs="+", type=int, default=list(range(len(CASES))), help="indices into CASES"
+    )
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
     interval = LEASE // 6

@@ -36,6 +36,7 @@ class _Sent:
     waiting: set[str]  # P agents that have not answered yet
     not_extended: set[str] = field(default_factory=set)
     none_extended: bool = False
+    chunk: tuple[int, int] | None = None  # (key, version) of the tracker chunk it encodes
 
 
 @dataclass(slots=True, frozen=True)
@@ -46,6 +47,11 @@ class Proven:
     engine_id: str
     remote_ids: list[str]
     started: float
+    # For a heartbeat built from a tracker chunk: ``(key, version)``; then
+    # ``remote_ids`` is empty (the chunk stands for its ids, see
+    # ``holder_view.py``) and ``not_extended`` names the ids excepted.
+    chunk: tuple[int, int] | None = None
+    not_extended: frozenset[str] = frozenset()
 
 
 class AckLedger:
@@ -58,13 +64,23 @@ class AckLedger:
     def __len__(self) -> int:
         return len(self._sent)
 
-    def open(self, engine_id: str, agents: Iterable[str], payload: bytes, started: float) -> int:
-        """Record a heartbeat about to be sent to ``agents``; return its sequence number."""
+    def open(
+        self,
+        engine_id: str,
+        agents: Iterable[str],
+        payload: bytes,
+        started: float,
+        chunk: tuple[int, int] | None = None,
+    ) -> int:
+        """Record a heartbeat about to be sent to ``agents``; return its sequence
+        number.  ``chunk``: the tracker chunk ``(key, version)`` it encodes;
+        then the payload is not kept (the answer proves the chunk, not a list)."""
         seq = self._next
         self._next += 1
         waiting = set(agents)
         if waiting:
-            self._sent[seq] = _Sent(engine_id, bytes(payload), started, waiting)
+            kept = b"" if chunk is not None else bytes(payload)
+            self._sent[seq] = _Sent(engine_id, kept, started, waiting, chunk=chunk)
         return seq
 
     def answered(self, agent: str, seq: int, not_extended: frozenset[str] | None) -> Proven | None:
@@ -82,6 +98,10 @@ class AckLedger:
         if sent.waiting:
             return None
         del self._sent[seq]
+        if sent.chunk is not None:
+            if sent.none_extended:
+                return Proven(sent.engine_id, [], sent.started)
+            return Proven(sent.engine_id, [], sent.started, sent.chunk, frozenset(sent.not_extended))
         if sent.none_extended or not sent.payload:
             return Proven(sent.engine_id, [], sent.started)
         try:

@@ -35,6 +35,8 @@ class HeartbeatSchedule:
         )
         # engine id -> (host, port, tp, dcp, pp) of the first live request, as upstream
         self.targets: dict[str, tuple[str, int, int, int, int]] = {}
+        # engines whose chunks were repacked since the last take_repacked()
+        self._repacked: set[str] = set()
 
     def take_over(
         self, upstream: UpstreamScheduler, req_id: str, stop_upstream: Callable[[str], None]
@@ -75,9 +77,21 @@ class HeartbeatSchedule:
         tracker = self.tracker
         engine_id = tracker.engine_of(req_id)
         if engine_id is not None:
+            repacks = tracker.repacks
             tracker.untrack(req_id)
             if engine_id not in tracker.engines():
                 self.targets.pop(engine_id, None)
+            elif tracker.repacks != repacks:
+                self._repacked.add(engine_id)
+
+    def chunk_of(self, req_id: str) -> tuple[int, int] | None:
+        """``(key, version)`` of the heartbeat chunk naming ``req_id`` now."""
+        return self.tracker.chunk_of(req_id)
+
+    def take_repacked(self) -> set[str]:
+        """Engines whose ids moved to new chunks since the last call."""
+        out, self._repacked = self._repacked, set()
+        return out
 
     def attach(self, meta: Any) -> None:
         """Put this step's messages on the workers' metadata: the round of
@@ -86,8 +100,10 @@ class HeartbeatSchedule:
         100k-id spike."""
         out: dict[str, EngineHeartbeats] = {}
         if len(self.tracker):
-            for engine_id, messages in self.tracker.poll_paced(time.perf_counter()).items():
+            for engine_id, sent in self.tracker.poll_paced_chunks(time.perf_counter()).items():
                 target = self.targets.get(engine_id)
-                if target is not None and messages:
-                    out[engine_id] = EngineHeartbeats(messages, *target)
+                if target is not None and sent:
+                    out[engine_id] = EngineHeartbeats(
+                        [msg for _, _, msg in sent], *target, chunks=[(key, ver) for key, ver, _ in sent]
+                    )
         setattr(meta, LEASE_HEARTBEATS_ATTR, out)
