@@ -22,7 +22,7 @@ CONNECTOR_TESTS := tests/test_connector_differential.py tests/test_connector_hea
 ROUTER_VENV := .venv-router
 
 .PHONY: all venv venv-cpu venv-router prometheus build build-cpu test test-core test-twin test-vllm032 test-e2e \
-	lint bench bench-quick bench-acks demo demo-pd clean
+	lint bench bench-quick bench-acks bench-d demo demo-pd clean
 
 all: build
 
@@ -121,6 +121,11 @@ test-e2e: build build-cpu venv-router prometheus
 # What heartbeat acknowledgements cost on P and D, against upstream's heartbeat code.
 bench-acks: build
 	$(VPY) -m tools.bench_acks
+
+# D's per-step heartbeat bookkeeping at 100k waiting requests over 8 P engines, ours vs upstream.
+bench-d: build
+	@mkdir -p .build
+	$(VPY) -m tools.bench_d_bookkeeping --json .build/bench-d.json
 
 bench: build
 	$(VPY) -m tools.bench_core --json .build/bench.json

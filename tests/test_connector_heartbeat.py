@@ -141,3 +141,42 @@ def test_stock_metadata_still_heartbeats(clock: Clock) -> None:
 
     worker._send_heartbeats(StockMeta())
     assert worker.nixl_wrapper.sent == [("p-agent-0", heartbeat_message(["x", "y"]))]
+
+
+def test_acknowledged_chunk_renews_its_views_end_to_end(scheduler_factory, clock: Clock) -> None:
+    """Real scheduler and worker: P's answer to a chunk's LHB renews the views
+    of the requests in it when the message was built, and no later joiner."""
+    from vllm_nixl_lease._wire import heartbeat_ack_message
+    from vllm_nixl_lease.vllm.lease_views import add_lease_params
+
+    sched = scheduler_factory()  # lease 12: extension 8, interval 2, margin 2
+    worker = make_worker(LeaseNixlPullConnectorWorker, 12)
+    worker._remote_agents["P1"] = {(0, 0): "p-agent-0"}
+    worker._engine_clock_offset["P1"] = 0.0
+    worker._ensure_handshake = lambda *a, **k: None
+
+    def new(local: str, remote: str) -> None:
+        params = remote_prefill_params("P1", remote)
+        add_lease_params(params, clock.now + 5, 8.0)
+        sched.on_new_request(fake_request(local, **params))
+
+    def step() -> list[bytes]:
+        meta = sched.build_connector_meta(None)
+        worker.read_fence.add_views(meta)
+        worker.heartbeat_sender.send(meta)
+        sent, worker.nixl_wrapper.sent = worker.nixl_wrapper.sent, []
+        return [m for _, m in sent if m.startswith(b"LHB:")]
+
+    new("d1", "p-1")
+    new("d2", "p-2")
+    started = clock.now
+    assert step() == [b"LHB:1:p-1,p-2"]
+    new("d3", "p-3")  # joins the chunk after the message was built
+    assert step() == []
+    clock.advance(1)
+    worker.nixl_wrapper.deliver("p-agent-0", heartbeat_ack_message([1]))
+    worker._get_new_notifs()
+    views = worker.read_fence.views
+    assert views.remaining("d1", clock.now, 0.0) == pytest.approx(started + 8 - clock.now)
+    assert views.remaining("d2", clock.now, 0.0) == pytest.approx(started + 8 - clock.now)
+    assert views.remaining("d3", clock.now, 0.0) == pytest.approx(started + 5 - clock.now)  # not renewed

@@ -189,9 +189,10 @@ class D:
         t3 = time.perf_counter_ns()
         return t1 - t0, t2 - t1, t3 - t2
 
-    def p_answers(self) -> tuple[int, int]:
+    def p_answers(self, last_sent: dict[str, float], heartbeated: dict[str, float]) -> tuple[int, int]:
         """Take what D sent this step; an acknowledging P answers it (delivered
-        for D's next step).  Returns (heartbeat messages, ids) sent."""
+        for D's next step); ``last_sent``: P's id -> this step's time for each
+        id heartbeated.  Returns (heartbeat messages, ids) sent."""
         from vllm_nixl_lease._wire import (
             ACK_HELLO_PREFIX,
             ACKED_HEARTBEAT_PREFIX,
@@ -207,14 +208,32 @@ class D:
             if msg.startswith(ACK_HELLO_PREFIX):
                 continue
             msgs += 1
-            ids += msg.count(b",") + 1
             if msg.startswith(ACKED_HEARTBEAT_PREFIX):
                 parsed = parse_acked_heartbeat(msg)
                 assert parsed is not None
                 seqs.setdefault(agent, []).append(parsed[0])
+                payload = parsed[1]
+            else:
+                payload = msg[len(b"HB:") :]
+            named = payload.decode().split(",")
+            ids += len(named)
+            now = self.clock.now
+            for remote_id in named:
+                last_sent[remote_id] = heartbeated[remote_id] = now
         for agent, agent_seqs in seqs.items():
             wrapper.deliver(agent, heartbeat_ack_message(agent_seqs))
         return msgs, ids
+
+
+def with_clock(clock: VirtualClock, fn: Any) -> Any:
+    import time as time_module
+
+    real = time_module.perf_counter
+    time_module.perf_counter = clock
+    try:
+        return fn()
+    finally:
+        time_module.perf_counter = real
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
@@ -233,6 +252,7 @@ def run_case(case: str, config: Any, args: argparse.Namespace) -> dict[str, Any]
         d = D(case, config, engines, clock)
         remote = req_ids(args.waiting + args.churn * args.steps_total, prefix="cmpl")
         queue: list[str] = []  # local ids, oldest first (D serves roughly FIFO)
+        created: dict[str, float] = {}
         made = 0
 
         def new_requests(n: int) -> list[Any]:
@@ -240,6 +260,7 @@ def run_case(case: str, config: Any, args: argparse.Namespace) -> dict[str, Any]
             out = []
             for _ in range(n):
                 local = f"d-{made}"
+                created[local] = clock.now
                 out.append(d.request(local, engines[made % len(engines)], remote[made]))
                 queue.append(local)
                 made += 1
@@ -255,6 +276,11 @@ def run_case(case: str, config: Any, args: argparse.Namespace) -> dict[str, Any]
         warm_max = 0
         sends: list[int] = []
         sent_ids = 0
+        # The renewal promise, checked on what went out: P's id -> its last
+        # heartbeat (its arrival before the first); the longest wait seen.
+        last_sent = dict.fromkeys(remote[: args.waiting], clock.now)
+        heartbeated: dict[str, float] = {}  # P's id -> its last real heartbeat
+        longest_gap = 0.0
         # The cyclic GC is off while timing, as in bench_core: a collection
         # walks the whole heap and lands on whichever step allocates last.
         gc.collect()
@@ -264,7 +290,13 @@ def run_case(case: str, config: Any, args: argparse.Namespace) -> dict[str, Any]
             departures = queue[head : head + (args.churn if step else 0)]
             head += len(departures)
             timed = d.step(arrivals, departures)
-            msgs, ids = d.p_answers()
+            for req in arrivals:
+                last_sent[req.kv_transfer_params["remote_request_id"]] = clock.now
+            for local in departures:
+                del last_sent[remote[int(local[2:])]]
+            msgs, ids = d.p_answers(last_sent, heartbeated)
+            if step >= warmup_steps:
+                longest_gap = max(longest_gap, clock.now - min(last_sent.values()))
             if step < warmup_steps:
                 warm_max = max(warm_max, sum(timed))
             else:
@@ -275,6 +307,20 @@ def run_case(case: str, config: Any, args: argparse.Namespace) -> dict[str, Any]
     finally:
         gc.enable()
         time_module.perf_counter = real_perf_counter
+    renewed = None
+    if d.acked:
+        # Every view must sit exactly where P's answers put it: its grant, or
+        # its id's last heartbeat plus the extension (the last answers taken first).
+        with_clock(clock, d.worker._get_new_notifs)
+        views = d.worker.read_fence.views
+        live = queue[head:]
+        exact = 0
+        for local in live:
+            remote_id = remote[int(local[2:])]
+            expected = max(created[local] + LEASE, heartbeated.get(remote_id, -1e9) + LEASE * 2 // 3)
+            got = views.remaining(local, clock.now, 0.0)
+            exact += got is not None and abs(got + clock.now - expected) < 1e-6
+        renewed = (exact, len(live))
     totals = sorted(sum(s) / 1e3 for s in samples)
     parts = {
         name: sorted(s[i] / 1e3 for s in samples) for i, name in enumerate(("scheduler", "handoff", "worker"))
@@ -292,6 +338,8 @@ def run_case(case: str, config: Any, args: argparse.Namespace) -> dict[str, Any]
         "sends_per_step_max": max(sends),
         "sends_per_step_mean": statistics.fmean(sends),
         "ids_sent_per_interval": sent_ids / max(1, len(samples)) * args.steps_per_interval,
+        "longest_heartbeat_gap_s": longest_gap,
+        "views_renewed_by_answers": renewed,
     }
 
 
@@ -309,6 +357,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
     interval = LEASE // 6
+    args.interval_s = interval
     args.steps_per_interval = round(interval * 1000 / args.step_ms)
     args.warmup_steps = round(args.warmup * args.steps_per_interval)
     args.steps_total = args.warmup_steps + round(args.intervals * args.steps_per_interval)
@@ -334,6 +383,16 @@ def main(argv: list[str] | None = None) -> int:
                 f"{r['sends_per_step_mean']:.1f} max {r['sends_per_step_max']} | warm-up max "
                 f"{r['warmup_max_us'] / 1e3:.1f} ms",
                 flush=True,
+            )
+            renewed = r["views_renewed_by_answers"]
+            print(
+                f"    longest wait of an id for its next heartbeat {r['longest_heartbeat_gap_s']:.2f} s "
+                f"(interval {interval} s, step {args.step_ms:g} ms)"
+                + (
+                    f"; views exactly where P's answers put them: {renewed[0]} of {renewed[1]}"
+                    if renewed
+                    else ""
+                )
             )
     by_case = {r["case"]: r for r in results}
     upstream = by_case.get(CASES[2])
