@@ -101,20 +101,24 @@ class HolderLeaseViews:
                 f"lease of {local_id!r}: deadline {grantor_deadline!r} / extension {extension!r} "
                 "must be finite and the extension > 0"
             )
-        self.drop(local_id)
-        view = self._views[local_id] = _View(
-            engine_id, remote_id, float(grantor_deadline), float(extension), acked
-        )
-        if chunk is not None:
-            view.chunk, view.joined = chunk
-        sharing = self._by_remote.get((engine_id, remote_id))
+        if local_id in self._views:
+            self.drop(local_id)
+        extension = float(extension)
+        if chunk is None:
+            view = _View(engine_id, remote_id, float(grantor_deadline), extension, acked)
+        else:
+            view = _View(engine_id, remote_id, float(grantor_deadline), extension, acked, None, *chunk)
+        self._views[local_id] = view
+        key = (engine_id, remote_id)
+        sharing = self._by_remote.get(key)
         if sharing is None:
-            self._by_remote[(engine_id, remote_id)] = [local_id]
+            self._by_remote[key] = [local_id]
         else:
             sharing.append(local_id)
-        if acked:
+        if acked and engine_id not in self.acked_engines:
             self.acked_engines.add(engine_id)
-        self.max_extension = max(self.max_extension, float(extension))
+        if extension > self.max_extension:
+            self.max_extension = extension
 
     def drop(self, local_id: str) -> bool:
         view = self._views.pop(local_id, None)

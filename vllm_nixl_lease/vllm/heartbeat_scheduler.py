@@ -53,25 +53,33 @@ class HeartbeatSchedule:
         # Read the target first: stopping the last request drops the engine.
         target = upstream._heartbeat_by_engine[engine_id]
         stop_upstream(req_id)
-        self.track(req_id, engine_id, remote_id, target)
+        tracker = self.tracker
+        try:
+            tracker.track(req_id, engine_id, remote_id)
+        except (TypeError, ValueError) as exc:
+            self._not_tracked(req_id, remote_id, exc)
+            return entry
+        if engine_id not in self.targets:
+            self._add_target(engine_id, target)
         return entry
 
     def track(self, local_id: str, engine_id: str, remote_id: str, target: HeartbeatTarget) -> None:
         try:
             self.tracker.track(local_id, engine_id, remote_id)
         except (TypeError, ValueError) as exc:
-            # An id we cannot put on the wire (e.g. contains ','): its lease
-            # will simply not be renewed, exactly what upstream would get.
-            logger.warning("Not heartbeating request %s (remote id %r): %s", local_id, remote_id, exc)
+            self._not_tracked(local_id, remote_id, exc)
             return
         if engine_id not in self.targets:
-            self.targets[engine_id] = (
-                target.host,
-                target.port,
-                target.tp_size,
-                target.dcp_size,
-                target.pp_size,
-            )
+            self._add_target(engine_id, target)
+
+    @staticmethod
+    def _not_tracked(local_id: str, remote_id: str, exc: Exception) -> None:
+        # An id we cannot put on the wire (e.g. contains ','): its lease
+        # will simply not be renewed, exactly what upstream would get.
+        logger.warning("Not heartbeating request %s (remote id %r): %s", local_id, remote_id, exc)
+
+    def _add_target(self, engine_id: str, target: HeartbeatTarget) -> None:
+        self.targets[engine_id] = (target.host, target.port, target.tp_size, target.dcp_size, target.pp_size)
 
     def untrack(self, req_id: str) -> None:
         tracker = self.tracker

@@ -28,6 +28,19 @@ class EngineHeartbeats:
     pp_size: int = 1
     chunks: list[tuple[int, int]] | None = None
 
+    def __reduce__(self) -> tuple[type, tuple]:
+        # The metadata is pickled every step (multiprocess executor): a plain
+        # constructor call is several times cheaper than dataclass slot state.
+        return EngineHeartbeats, (
+            self.messages,
+            self.host,
+            self.port,
+            self.tp_size,
+            self.dcp_size,
+            self.pp_size,
+            self.chunks,
+        )
+
 
 @dataclass(slots=True)
 class LeaseViewUpdates:
@@ -40,6 +53,9 @@ class LeaseViewUpdates:
     # local request id -> (chunk key, version) of the heartbeat chunk naming
     # it: for the new views, and for views whose ids were repacked.
     chunks: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def __reduce__(self) -> tuple[type, tuple]:
+        return LeaseViewUpdates, (self.new, self.dropped, self.chunks)  # see EngineHeartbeats
 
 
 # Attribute set on upstream's NixlConnectorMetadata: the step is idle (idle_pause.py).
