@@ -389,7 +389,7 @@ def main(argv: list[str] | None = None) -> int:
             parts = ", ".join(f"{k} {v:.0f}" for k, v in r["parts_p99_us"].items())
             print(
                 f"  {r['case']:<34} CPU  p50 {r['p50_us']:7.1f} us | p99 {r['p99_us']:7.1f} us | "
-                f"max {r['max_us']:9.1f} us | p99 parts: {parts}\n"
+                f"max {r['max_us']:9.1f} us | mean {r['mean_us']:6.1f} us | p99 parts: {parts}\n"
                 f"  {'':<34} wall p50 {r['wall_p50_us']:7.1f} us | p99 {r['wall_p99_us']:7.1f} us | "
                 f"max {r['wall_max_us']:9.1f} us | sends/step mean {r['sends_per_step_mean']:.1f} "
                 f"max {r['sends_per_step_max']} | warm-up max {r['warmup_max_us'] / 1e3:.1f} ms CPU",

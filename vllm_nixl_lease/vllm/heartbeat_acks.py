@@ -78,7 +78,8 @@ class HeartbeatAcks:
                     self._hello_sent[name] = now
         for i, msg in enumerate(messages):
             chunk = chunks[i] if chunks is not None else None
-            seq = self.ledger.open(engine_id, names, heartbeat_payload(msg), now, chunk)
+            payload = b"" if chunk is not None else heartbeat_payload(msg)  # a chunk needs no copy
+            seq = self.ledger.open(engine_id, names, payload, now, chunk)
             acked = acked_heartbeat_message(seq, msg)
             pairs.extend((agent, acked) for agent in agents)
         return pairs
