@@ -212,6 +212,6 @@ def test_chunk_heartbeat_proves_its_chunk_not_a_list() -> None:
     seq = ledger.open("P", ["r0", "r1"], b"a,b,c", started=5.0, chunk=(4, 9))
     assert ledger.answered("r0", seq, frozenset({"b"})) is None
     proven = ledger.answered("r1", seq, frozenset())
-    assert proven == Proven("P", [], 5.0, (4, 9), frozenset({"b"}))
+    assert proven == Proven("P", [], 5.0, (4, 9), frozenset({"b"}), count=3)
     seq = ledger.open("P", ["r0"], b"a", started=6.0, chunk=(4, 10))
     assert ledger.answered("r0", seq, None) == Proven("P", [], 6.0)  # "none extended": renews nothing

@@ -37,6 +37,7 @@ class _Sent:
     not_extended: set[str] = field(default_factory=set)
     none_extended: bool = False
     chunk: tuple[int, int] | None = None  # (key, version) of the tracker chunk it encodes
+    count: int = 0  # ids a chunk heartbeat named
 
 
 @dataclass(slots=True, frozen=True)
@@ -52,6 +53,7 @@ class Proven:
     # ``holder_view.py``) and ``not_extended`` names the ids excepted.
     chunk: tuple[int, int] | None = None
     not_extended: frozenset[str] = frozenset()
+    count: int = 0  # ids the chunk heartbeat named
 
 
 class AckLedger:
@@ -74,13 +76,17 @@ class AckLedger:
     ) -> int:
         """Record a heartbeat about to be sent to ``agents``; return its sequence
         number.  ``chunk``: the tracker chunk ``(key, version)`` it encodes;
-        then the payload is not kept (the answer proves the chunk, not a list)."""
+        then only the payload's id count is kept (the answer proves the chunk,
+        not a list)."""
         seq = self._next
         self._next += 1
         waiting = set(agents)
         if waiting:
-            kept = b"" if chunk is not None else bytes(payload)
-            self._sent[seq] = _Sent(engine_id, kept, started, waiting, chunk=chunk)
+            if chunk is None:
+                self._sent[seq] = _Sent(engine_id, bytes(payload), started, waiting)
+            else:
+                count = payload.count(b",") + 1 if payload else 0
+                self._sent[seq] = _Sent(engine_id, b"", started, waiting, chunk=chunk, count=count)
         return seq
 
     def answered(self, agent: str, seq: int, not_extended: frozenset[str] | None) -> Proven | None:
@@ -101,7 +107,9 @@ class AckLedger:
         if sent.chunk is not None:
             if sent.none_extended:
                 return Proven(sent.engine_id, [], sent.started)
-            return Proven(sent.engine_id, [], sent.started, sent.chunk, frozenset(sent.not_extended))
+            return Proven(
+                sent.engine_id, [], sent.started, sent.chunk, frozenset(sent.not_extended), sent.count
+            )
         if sent.none_extended or not sent.payload:
             return Proven(sent.engine_id, [], sent.started)
         try:

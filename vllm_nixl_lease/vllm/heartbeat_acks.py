@@ -78,8 +78,7 @@ class HeartbeatAcks:
                     self._hello_sent[name] = now
         for i, msg in enumerate(messages):
             chunk = chunks[i] if chunks is not None else None
-            payload = b"" if chunk is not None else heartbeat_payload(msg)  # a chunk needs no copy
-            seq = self.ledger.open(engine_id, names, payload, now, chunk)
+            seq = self.ledger.open(engine_id, names, heartbeat_payload(msg), now, chunk)
             acked = acked_heartbeat_message(seq, msg)
             pairs.extend((agent, acked) for agent in agents)
         return pairs
@@ -114,14 +113,14 @@ class HeartbeatAcks:
                         self._views.chunk_acked(
                             proven.engine_id, key, version, proven.started, proven.not_extended, offset
                         )
-                        renewed += 1
+                        renewed += max(0, proven.count - len(proven.not_extended))
                     elif offset is not None:
                         renewed += self._views.heartbeat_acked(
                             proven.engine_id, proven.remote_ids, offset, proven.started
                         )
         if answers:
             stats.add("num_heartbeat_acks_recv", answers)
-            # per-id answers count views, chunk answers count chunks
+            # per-id answers count the views they moved, chunk answers the ids they proved
             stats.add("num_heartbeat_views_renewed", renewed)
         # An answer to a heartbeat older than the longest extension could
         # not move any view: stop waiting for it (and forget chunk answers
