@@ -218,7 +218,7 @@ def _chunk_renewal_run(core, seed: int, disown: bool) -> int:
     return useful
 
 
-@pytest.mark.parametrize("seed", range(6))
+@pytest.mark.parametrize("seed", range(16))
 @pytest.mark.parametrize("disown", [False, True])
 def test_chunk_answers_renew_only_what_they_prove(core, seed: int, disown: bool) -> None:
     assert _chunk_renewal_run(core, seed, disown) > 50  # the answers did renew views
@@ -240,4 +240,6 @@ def test_chunk_answer_guards() -> None:
     assert views.remaining("b", 0.0, 0.0) == pytest.approx(28.0)
     views.add("c", "P", "rc", 10.0, 20.0, acked=False, chunk=(7, 1))  # P does not answer: not renewed
     assert views.remaining("c", 0.0, 0.0) == pytest.approx(10.0)
+    # A "move" to the chunk it is in (the repack left it there) keeps it above the disowning answer.
+    assert views.move_to_chunk("a", (7, 6), 0.0) and views.remaining("a", 0.0, 0.0) == pytest.approx(6.0)
     assert views.prune_chunk_acks(sent_before=100.0) == 1

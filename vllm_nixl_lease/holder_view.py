@@ -173,7 +173,13 @@ class HolderLeaseViews:
             return False
         if offset is not None:
             self._local(view, offset)  # take up the old chunk's proof first
-        view.chunk, view.joined = chunk
+        key, version = chunk
+        if key == view.chunk:
+            # Not moved after all: never lower ``joined`` (an id P disowned
+            # joined above the answer that disowned it).
+            view.joined = max(view.joined, version)
+        else:
+            view.chunk, view.joined = key, version
         return True
 
     def chunk_acked(
