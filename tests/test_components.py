@@ -121,10 +121,10 @@ def test_idle_pause_only_on_a_quiet_idle_step(clock: Clock, monkeypatch: pytest.
     results = SimpleNamespace(finished_sending=set(), finished_recving=set())
     pause.begin_step(SimpleNamespace(lease_idle_step=True))
     pause.saw_notifications({"d": [b"x"]})
-    pause.end_step(results, {})
+    pause.end_step(results, 0)
     assert sleeps == []
     pause.begin_step(SimpleNamespace(lease_idle_step=True))
-    pause.end_step(results, {})
+    pause.end_step(results, 0)
     assert sleeps == [pytest.approx(0.005)]
 
 

@@ -31,6 +31,9 @@ def test_fencing_defaults() -> None:
     assert LeaseConfig.from_extra_config({"idle_step_sleep_ms": 1}).idle_step_sleep_s == 0.001
     assert LeaseConfig.from_extra_config({}).max_expiries_per_step == 2000
     assert LeaseConfig.from_extra_config({"max_expiries_per_step": 5}).max_expiries_per_step == 5
+    assert LeaseConfig.from_extra_config({}).read_post_budget_s == 0.1
+    assert LeaseConfig.from_extra_config({"read_post_budget_ms": 0}).read_post_budget_s == 0  # no bound
+    assert LeaseConfig.from_extra_config({"read_post_budget_ms": 2.5}).read_post_budget_s == 0.0025
 
 
 def test_overrides() -> None:
@@ -65,6 +68,10 @@ def test_overrides() -> None:
         ({"max_expiries_per_step": 0}, "['max_expiries_per_step'] must be an int >= 1, got 0"),
         ({"max_expiries_per_step": 1.5}, "got 1.5"),
         ({"max_expiries_per_step": True}, "got True"),
+        ({"read_post_budget_ms": -1}, "['read_post_budget_ms'] must be a number >= 0 (0: no bound), got -1"),
+        ({"read_post_budget_ms": float("nan")}, "got nan"),
+        ({"read_post_budget_ms": "100"}, "got '100'"),
+        ({"read_post_budget_ms": False}, "got False"),
     ],
 )
 def test_bad_values_name_key_and_value(extra: dict, needle: str) -> None:

@@ -135,6 +135,7 @@ class Engine:
         self.sent_counts: dict[str, int] = {}
         self.errors: list[str] = []
         self.notif_log: list[tuple[float, str, int]] = []  # P: (t, agent, size) of every notification
+        self.hb_arrivals: list[float] = []  # P: when each heartbeat message was drained (and applied)
         self.hb_sent = {"msgs": 0, "bytes": 0, "max": 0, "ids": 0, "last_t": 0.0, "failed": 0}
         self.steps = 0
         self.max_step_s = 0.0
@@ -142,6 +143,8 @@ class Engine:
         self.slow_steps: list[tuple[float, float]] = []
         self.step_gaps: list[tuple[float, float]] = []
         self._last_step_t = 0.0
+        self.slow_phases: list[dict[str, float]] = []  # where each slow step's time went
+        self._phases: dict[str, float] = {}
         # D with TP > 1: a read is done once every rank reports it
         # (vLLM's KVOutputAggregator); a failed rank fails the load.
         self.recv_counts: dict[str, int] = {}
@@ -153,7 +156,10 @@ class Engine:
     def _alloc(self, n: int) -> list[int] | None:
         if len(self.free_blocks) < n:
             return None
-        out, self.free_blocks = self.free_blocks[:n], self.free_blocks[n:]
+        # From the end: O(n) per request, not O(free blocks) (a 2000-request
+        # admission copied the list 2000 times: 2.5 s of one D step).
+        out = self.free_blocks[-n:]
+        del self.free_blocks[-n:]
         return out
 
     def prefill(self, ids: list[str], tokens: int) -> dict[str, Any]:
@@ -243,12 +249,17 @@ class Engine:
             self.max_step_s = max(self.max_step_s, took)
             if took > SLOW_S:
                 _keep(self.slow_steps, (start, took))
+                if len(self.slow_phases) < SLOW_KEEP:
+                    self.slow_phases.append({"t": start, "step": took, **self._phases})
 
     def _step(self) -> None:
+        t0 = time.monotonic()
         if self.spec.role == "D":
             self._schedule_d()
+        t1 = time.monotonic()
         meta = self.sched.build_connector_meta(SimpleNamespace())
         now = time.monotonic()
+        self._phases = {"schedule": t1 - t0, "build_connector_meta": now - t1}
         for req_id in getattr(meta, "reqs_to_send", {}):
             if req_id in self.reqs:
                 self.reqs[req_id]["granted_t"] = now
@@ -260,8 +271,11 @@ class Engine:
             }
         for rr in self.remote:
             rr.send_step(meta, fills, unread)
+        t2 = time.monotonic()
         results = [self.rank0.step(meta, fills, unread)] + [rr.recv() for rr in self.remote]
+        t3 = time.monotonic()
         self._absorb(results)
+        self._phases.update(results[0].get("phases", {}), ranks=t3 - t2, absorb=time.monotonic() - t3)
 
     def _absorb(self, results: list[dict[str, Any]]) -> None:
         from vllm.v1.outputs import KVConnectorOutput
@@ -336,6 +350,7 @@ class Engine:
         for t, agent, msg in res["notifs"]:
             self.notif_log.append((t, agent, len(msg)))
             if is_any_heartbeat(msg):
+                self.hb_arrivals.append(t)
                 for raw in heartbeat_ids_of(msg).split(b","):
                     rec = self.reqs.get(raw.decode("utf-8", "replace"))
                     if rec is not None and "freed_t" not in rec:
@@ -362,10 +377,12 @@ class Engine:
             "hb_sent": dict(self.hb_sent),
             "hb_ids_sent": dict(self.hb_ids_sent),
             "notif_log": list(self.notif_log),
+            "hb_arrivals": list(self.hb_arrivals),
             "steps": self.steps,
             "max_step_s": self.max_step_s,
             "slow_steps": list(self.slow_steps),
             "step_gaps": list(self.step_gaps),
+            "slow_phases": list(self.slow_phases),
             "free_blocks": len(self.free_blocks),
             "waiting": len(self.waiting),
         }

@@ -132,20 +132,38 @@ class Rank:
         error = None
         res = None
         conn = self.connector
+        t0 = t1 = t2 = time.monotonic()
         try:
             conn.bind_connector_metadata(meta)
             conn.start_load_kv(None)
+            t1 = time.monotonic()
             for req_id, blocks in fills.items():
                 for h in range(self.heads):
                     model.fill_blocks(self.cache[:, h], blocks, f"{req_id}/h{self.head_offset + h}")
+            t2 = time.monotonic()
             res = conn.get_transfer_results(set())
         except Exception:
             error = traceback.format_exc()
         finally:
             conn.clear_connector_metadata()
+        t3 = time.monotonic()
         recving = set(res.finished_recving) if res else set()
         to_hash = dict(fills)
         to_hash.update((r, blocks_of[r]) for r in recving if r in blocks_of)
+        digests = {
+            r: {
+                self.head_offset + h: d
+                for h, d in enumerate(model.digest_heads(self.cache, b, self.spec.sampled_digest))
+            }
+            for r, b in to_hash.items()
+        }
+        # Where a slow step went: the connector's two calls, and the harness's own work.
+        phases = {
+            "start_load_kv": t1 - t0,
+            "fill": t2 - t1,
+            "get_transfer_results": t3 - t2,
+            "digest": time.monotonic() - t3,
+        }
         out = {
             "rank": self.rank,
             "sending": set(res.finished_sending) if res else set(),
@@ -156,10 +174,8 @@ class Rank:
             "hb_sent": dict(self.hb_sent),
             "hb_sent_ids": self.hb_sent_ids,
             "error": error,
-            "digests": {
-                r: {self.head_offset + h: d for h, d in enumerate(model.digest_heads(self.cache, b))}
-                for r, b in to_hash.items()
-            },
+            "digests": digests,
+            "phases": phases,
         }
         self.expired, self.notifs, self.hb_sent_ids = set(), [], []
         return out

@@ -24,6 +24,10 @@ MAX_IDLE_STEP_SLEEP_MS = 100.0
 # with 100k requests queued would otherwise cost one step ~100 ms (``make bench-fleet``
 # measures the per-lease cost this bounds: 2000 keeps a step's sweep near 1 ms).
 DEFAULT_MAX_EXPIRIES_PER_STEP = 2000
+# Time one D step may spend posting READs before it carries the rest to the next step
+# (read_pacer.py).  A 2000-request burst posted in one step took 1.6-1.8 s and
+# delayed heartbeats by as much; 100 ms keeps a step short next to any lease.
+DEFAULT_READ_POST_BUDGET_MS = 100.0
 # Smallest heartbeat message accepted: the HB prefix plus room for one long request id
 # (vLLM ids with router prefixes and random suffixes run to ~100 bytes).
 MIN_HEARTBEAT_BYTES = 256
@@ -60,6 +64,8 @@ class LeaseConfig:
     idle_step_sleep_s: float = DEFAULT_IDLE_STEP_SLEEP_MS / 1000
     # Leases one P step may expire (lease_keeper.py).
     max_expiries_per_step: int = DEFAULT_MAX_EXPIRIES_PER_STEP
+    # Time one D step may spend posting READs; 0: no bound (read_pacer.py).
+    read_post_budget_s: float = DEFAULT_READ_POST_BUDGET_MS / 1000
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> LeaseConfig:
@@ -133,8 +139,27 @@ class LeaseConfig:
                 "kv_connector_extra_config['max_expiries_per_step'] must be an int >= 1, "
                 f"got {max_expiries!r}"
             )
+        budget_ms = extra.get("read_post_budget_ms", DEFAULT_READ_POST_BUDGET_MS)
+        if (
+            isinstance(budget_ms, bool)
+            or not isinstance(budget_ms, (int, float))
+            or not math.isfinite(budget_ms)
+            or budget_ms < 0
+        ):
+            raise LeaseConfigError(
+                "kv_connector_extra_config['read_post_budget_ms'] must be a number >= 0 (0: no bound), "
+                f"got {budget_ms!r}"
+            )
         return cls(
-            duration, interval, extension, raw_max, float(margin), fencing, idle_ms / 1000, max_expiries
+            duration,
+            interval,
+            extension,
+            raw_max,
+            float(margin),
+            fencing,
+            idle_ms / 1000,
+            max_expiries,
+            budget_ms / 1000,
         )
 
     @classmethod

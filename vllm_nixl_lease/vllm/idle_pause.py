@@ -16,7 +16,6 @@ after each message, so the pause only moves the spinning (README "Idle P").
 from __future__ import annotations
 
 import time
-from collections.abc import Sized
 from typing import Any
 
 from .. import LeaseTable
@@ -47,14 +46,15 @@ class IdlePause:
         if notifs:
             self._notified = True
 
-    def end_step(self, results: Any, recving_transfers: Sized) -> None:
+    def end_step(self, results: Any, reads_pending: int) -> None:
+        """``reads_pending``: READs in flight or waiting to be posted (D side)."""
         if (
             self.sleep_s > 0
             and self._idle_step
             and not self._notified
             and not results.finished_sending
             and not results.finished_recving
-            and not recving_transfers
+            and not reads_pending
             and len(self._table)
         ):
             self._idle_step = False  # one pause per step

@@ -65,6 +65,11 @@ LEASE_COUNTERS: dict[str, tuple[str, str]] = {
         "READs D issued but saw complete only after its view of P's lease ended (a stall or "
         "partition while they ran): discarded as failed loads, since P may have reused the blocks.",
     ),
+    "num_reads_carried": (
+        "vllm:nixl_lease_reads_carried",
+        "READs D postponed to a later step because the step had spent read_post_budget_ms posting "
+        "READs (a burst); counted once per postponement.",
+    ),
     "num_heartbeat_views_renewed": (
         "vllm:nixl_lease_views_renewed",
         "Lease views on D moved forward: by P's acknowledgement of a heartbeat (for an answer to a "
@@ -106,6 +111,7 @@ _REDUCED_COUNTERS = {
     "num_malformed_notifs": "Num malformed notifs",
     "num_reads_fenced": "Num reads fenced",
     "num_reads_discarded": "Num reads discarded",
+    "num_reads_carried": "Num reads carried",
 }
 ACTIVE_LEASES = "active_leases"  # items: [tp_rank, leases held after the step]
 ACTIVE_LEASES_METRIC = "vllm:nixl_lease_active"

@@ -5,6 +5,7 @@ everything we change in that role.
 Components (one set per worker; a worker is P, D or both with ``kv_both``):
 - ``lease_keeper``: ``LeaseKeeper`` (P) -- grants, extensions, releases, expiry;
 - ``heartbeat_sender``: ``HeartbeatSender`` (D) -- sends, handshake wait, retry;
+- ``read_pacer``: ``ReadPacer`` (D, pull) -- bounds a step's READ posting, carries the rest;
 - ``read_fence``: ``ReadFence`` (D, pull) -- skips a READ whose lease may be gone;
 - ``heartbeat_acks``: ``HeartbeatAcks`` (D, pull) -- asks our P to acknowledge
   heartbeats; only answers renew the fence's views;
@@ -29,6 +30,7 @@ from .heartbeat_sender import HeartbeatSender
 from .idle_pause import IdlePause
 from .lease_keeper import LeaseKeeper
 from .read_fence import ReadFence
+from .read_pacer import ReadPacer
 from .stats import LeaseKVConnectorStats
 
 
@@ -53,6 +55,7 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         self.heartbeat_sender = HeartbeatSender(
             self, lease_config.max_heartbeat_bytes, self.read_fence.heartbeat_delivered, self.heartbeat_acks
         )
+        self.read_pacer = ReadPacer(lease_config.read_post_budget_s)
         self.idle_pause = IdlePause(lease_config.idle_step_sleep_s, self.lease_keeper.table)
 
     # -- one step, in the order upstream calls these --------------------------
@@ -62,10 +65,20 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         # Heartbeats before the reads (upstream sends them after): a step that
         # posts thousands of READs must not delay P's renewals or D's answers.
         self.heartbeat_sender.send(metadata)
+        # Then READs an earlier step ran out of time for, oldest first.
+        self.read_pacer.begin_step()
+        for req_id, meta in self.read_pacer.carried_over():
+            self._post_read(req_id, meta)
         super().start_load_kv(metadata)  # reads, grants leases, then _send_heartbeats (done above)
+        self.xfer_stats.add("num_reads_carried", self.read_pacer.newly_carried)
         self.read_fence.drop_views(metadata)
 
     def _read_blocks_for_req(self, req_id: str, meta: Any) -> None:
+        # Past this step's read_post_budget_ms the READ waits for the next step.
+        if not self.read_pacer.defer(req_id, meta):
+            self._post_read(req_id, meta)
+
+    def _post_read(self, req_id: str, meta: Any) -> None:
         if not self.read_fence.fenced(req_id, meta):
             super()._read_blocks_for_req(req_id, meta)
 
@@ -75,7 +88,7 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
     def get_transfer_results(self) -> Any:
         # _get_new_notifs, _pop_done_transfers, then _reap_expired_send_leases
         results = super().get_transfer_results()
-        self.idle_pause.end_step(results, self._recving_transfers)
+        self.idle_pause.end_step(results, len(self._recving_transfers) + len(self.read_pacer))
         return results
 
     def _pop_done_transfers(self, transfers: dict[str, list[int]]) -> tuple[set[str], set[str]]:
@@ -138,7 +151,7 @@ class LeaseNixlPushConnectorWorker(NixlPushConnectorWorker):
 
     def get_transfer_results(self) -> Any:
         results = super().get_transfer_results()
-        self.idle_pause.end_step(results, self._recving_transfers)
+        self.idle_pause.end_step(results, len(self._recving_transfers))
         return results
 
     def _get_new_notifs(self) -> set[str]:

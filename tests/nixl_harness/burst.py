@@ -1,0 +1,112 @@
+"""Burst scenario (issue 11): one D step admits ``b`` requests, ``queued`` more
+wait behind them for D's KV blocks, all leased on one P over real NIXL.
+
+Upstream's D worker posts every READ a step admits before it does anything
+else, so the step's length is the burst's: P's next heartbeat comes one
+interval plus the burst after the last one.  What the scenario reports:
+
+- ``premature_expiries``: leases P expired although D was alive (D never
+  dies here, so every expiry is premature);
+- ``wrong_reads``: reads D completed whose data differs from what P wrote;
+- ``fenced_live``: reads D refused (failed loads) although P still held the
+  lease (P freed it by the read's completion notification or never expired it);
+- ``max_hb_gap_s``: P's longest wait between two heartbeats, from the first
+  heartbeat to the moment the last lease was freed, against ``extension_s``;
+- ``max_d_step_s``: D's longest step; ``reads_carried``: READs our D spread
+  over later steps (``read_pacer.py``; 0 for stock).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from vllm_nixl_lease._wire import default_lease_extension
+
+from .fleet import Fleet, wait_for
+from .scenarios import d_id, data_mismatches, hand_to_d, prefill
+
+TOKENS = 32  # one block per request by default
+
+
+def burst(
+    fleet: Fleet,
+    b: int,
+    queued: int,
+    stock: bool,
+    hold_s: float | None = None,
+    progress_delay_us: int = 0,
+    tokens: int = TOKENS,
+) -> dict[str, Any]:
+    """``progress_delay_us``: 0 is NIXL's default (each agent's progress thread
+    spins a core, so on two cores posting READs is slow, as in the issue's
+    runs); ``mesh.PROGRESS_DELAY_US`` lets the engines have the cores."""
+    n = b + queued
+    common = {"stock": stock, "progress_delay_us": progress_delay_us, "sampled_digest": True}
+    blocks = -(-tokens // 32)
+    p = fleet.start("P", "p", num_blocks=n * blocks + 8, **common)
+    # Room for the burst only: the queued requests wait for its blocks.
+    d = fleet.start("D", "d", num_blocks=b * blocks + 8, max_admit=b, **common)
+    ids, params = prefill(p, "burst", n, tokens=tokens)
+    hand_to_d(d, params, hold=True, tokens=tokens)
+    # Queued for a whole lease by default: when the burst comes, every lease
+    # lives on heartbeats alone (the grant's deadline has passed).
+    time.sleep(fleet.lease if hold_s is None else hold_s)
+    released = time.monotonic()
+    d.release()
+
+    def all_done() -> tuple[dict[str, Any], dict[str, Any]] | None:
+        p_rep = p.report()
+        if not all("freed_t" in p_rep["reqs"][r] for r in ids):
+            return None
+        d_rep = d.report()
+        return (p_rep, d_rep) if all("read_t" in d_rep["reqs"][d_id(r)] for r in ids) else None
+
+    p_rep, d_rep = wait_for(all_done, 120 + n / 50, what=f"a burst of {b} (+{queued} queued) read and freed")
+    return summarize(p_rep, d_rep, ids, d.stats(), b, queued, stock, fleet.lease, released)
+
+
+def summarize(
+    p_rep: dict[str, Any],
+    d_rep: dict[str, Any],
+    ids: list[str],
+    d_stats: list[dict[str, Any]],
+    b: int,
+    queued: int,
+    stock: bool,
+    lease: float,
+    released: float,
+) -> dict[str, Any]:
+    p_reqs = p_rep["reqs"]
+    expired = [r for r in ids if p_reqs[r].get("freed_reason") == "expiry"]
+    failed = [r for r in ids if d_rep["reqs"][d_id(r)].get("failed")]
+    ok = [r for r in ids if r not in set(failed)]
+    fenced_live = [r for r in failed if p_reqs[r].get("freed_reason") != "expiry"]
+    last_free = max(p_reqs[r]["freed_t"] for r in ids)
+    arrivals = sorted(t for t in p_rep["hb_arrivals"] if t <= last_free)
+    marks = arrivals + [last_free]
+    gaps = [later - earlier for earlier, later in zip(marks, marks[1:], strict=False)]
+    out = {
+        "impl": "stock" if stock else "ours",
+        "burst": b,
+        "queued": queued,
+        "lease_s": lease,
+        "extension_s": default_lease_extension(lease),
+        "premature_expiries": len(expired),
+        "wrong_reads": len(data_mismatches(p_rep, d_rep, ok)),
+        "fenced_live": len(fenced_live),
+        "failed_loads": len(failed),
+        "max_hb_gap_s": round(max(gaps), 3) if gaps else None,
+        "max_d_step_s": round(d_rep["max_step_s"], 3),
+        "reads_carried": sum(s.get("num_reads_carried", 0) for s in d_stats),
+        "drain_s": round(last_free - released, 2),
+        # D's slowest step, split by phase (engine.py): the connector's calls and the harness's work.
+        "d_slowest_step": {
+            k: round(v, 3)
+            for k, v in max(d_rep["slow_phases"], key=lambda ph: ph["step"], default={}).items()
+            if k != "t"
+        },
+        "errors": p_rep["errors"] + d_rep["errors"],
+    }
+    print(f"\n== burst {b} (+{queued} queued), {out['impl']}: {out}")
+    return out
