@@ -22,7 +22,7 @@ CONNECTOR_TESTS := tests/test_connector_differential.py tests/test_connector_hea
 ROUTER_VENV := .venv-router
 
 .PHONY: all venv venv-cpu venv-router prometheus build build-cpu test test-core test-twin test-vllm032 test-e2e \
-	lint bench bench-quick bench-acks bench-fleet demo demo-pd clean
+	lint bench bench-quick bench-acks bench-fleet bench-d demo demo-pd clean
 
 all: build
 
@@ -123,11 +123,16 @@ bench-acks: build
 	$(VPY) -m tools.bench_acks
 
 # 1 P x 8 D engines over real NIXL, stock then ours: P's connector time per
-# step at 10k and 100k leases, then a mass expiry (every D killed).  ~2 minutes
-# measured on 2 cores; writes .build/bench-fleet.json and .build/bench-fleet.png.
+# step at 10k and 100k leases, then a mass expiry (every D killed); then bursts
+# of 2000 and 5000 requests on one D.  Writes .build/bench-fleet.json and .png.
 bench-fleet: build $(VENV)/.demo-deps
 	@mkdir -p .build
 	$(VPY) -m tools.bench_fleet
+
+# D's per-step heartbeat bookkeeping at 100k waiting requests over 8 P engines, ours vs upstream.
+bench-d: build
+	@mkdir -p .build
+	$(VPY) -m tools.bench_d_bookkeeping --json .build/bench-d.json
 
 bench: build
 	$(VPY) -m tools.bench_core --json .build/bench.json

@@ -8,8 +8,9 @@ written with one allocation and memcpy per id instead of a join over a list.
 """
 
 from cpython.bytes cimport PyBytes_FromStringAndSize, PyBytes_AS_STRING, PyBytes_GET_SIZE
-from libc.string cimport memcpy
+from libc.string cimport memchr, memcpy
 
+import heapq
 import math
 
 from ._heartbeat_py import DEFAULT_MAX_MESSAGE_BYTES, check_max_message_bytes, check_remote_id
@@ -39,6 +40,19 @@ cdef bytes _encode(object ids, Py_ssize_t size):
     return out
 
 
+cdef inline bytes _checked_id(object remote_req_id, Py_ssize_t limit):
+    """``check_remote_id`` (the twin's), with the common case (a valid str)
+    checked here; anything else goes to the twin, which raises its errors."""
+    cdef bytes raw
+    cdef Py_ssize_t n
+    if type(remote_req_id) is str:
+        raw = (<str>remote_req_id).encode("utf-8")
+        n = PyBytes_GET_SIZE(raw)
+        if n > 0 and PREFIX_LEN + n <= limit and memchr(PyBytes_AS_STRING(raw), c',', n) == NULL:
+            return raw
+    return check_remote_id(remote_req_id, limit)
+
+
 def encode_heartbeats(ids, max_bytes=DEFAULT_MAX_MESSAGE_BYTES):
     """Pack ids, in order, into as few ``HB:a,b,...`` messages of at most
     ``max_bytes`` as greedy packing gives (see the twin)."""
@@ -48,7 +62,7 @@ def encode_heartbeats(ids, max_bytes=DEFAULT_MAX_MESSAGE_BYTES):
     cdef Py_ssize_t size = PREFIX_LEN, need
     cdef bytes raw
     for req_id in ids:
-        raw = check_remote_id(req_id, limit)
+        raw = _checked_id(req_id, limit)
         need = PyBytes_GET_SIZE(raw) + (1 if current else 0)
         if size + need > limit:
             messages.append(_encode(current, size))
@@ -62,24 +76,43 @@ def encode_heartbeats(ids, max_bytes=DEFAULT_MAX_MESSAGE_BYTES):
     return messages
 
 
+cdef double NOW = -math.inf  # due time of a chunk that must go out at the next paced poll
+
+
 cdef class _Chunk:
     cdef dict ids          # ordered set of raw ids
     cdef Py_ssize_t size   # encoded length
     cdef object message    # cached bytes, None when dirty
+    cdef str engine_id
+    cdef double due        # paced sending: send by then
+    cdef bint alive        # False once removed (its heap entries are stale)
+    cdef Py_ssize_t key
+    cdef Py_ssize_t version  # bumped by each change to ids (and each track of one)
 
-    def __cinit__(self):
+    def __cinit__(self, str engine_id, Py_ssize_t key):
         self.ids = {}
         self.size = PREFIX_LEN
+        self.message = None
+        self.engine_id = engine_id
+        self.due = NOW
+        self.alive = True
+        self.key = key
+        self.version = 0
+
+    cdef inline void touch(self):
+        self.version += 1
         self.message = None
 
 
 cdef class _Engine:
+    cdef str engine_id
     cdef list chunks
     cdef dict where        # raw id -> _Chunk
     cdef dict refs         # raw id -> local requests tracking it
     cdef Py_ssize_t size   # sum of id lengths
 
-    def __cinit__(self):
+    def __cinit__(self, str engine_id):
+        self.engine_id = engine_id
         self.chunks = []
         self.where = {}
         self.refs = {}
@@ -94,6 +127,13 @@ cdef class HeartbeatTracker:
     cdef dict _engines     # engine id -> _Engine
     cdef dict _local       # local id -> (engine id, raw remote id)
     cdef object _last_sent
+    cdef list _heap        # (due, push count, chunk), stale entries skipped
+    cdef Py_ssize_t _pushes
+    cdef Py_ssize_t _chunks  # live chunks, all engines
+    cdef object _paced_at  # last poll_paced, or None
+    cdef double _credit    # early sends earned and not yet made
+    cdef Py_ssize_t _keys  # chunk keys handed out
+    cdef Py_ssize_t _repacks
 
     def __init__(self, interval, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES):
         interval = float(interval)
@@ -104,6 +144,13 @@ cdef class HeartbeatTracker:
         self._engines = {}
         self._local = {}
         self._last_sent = None
+        self._heap = []
+        self._pushes = 0
+        self._chunks = 0
+        self._paced_at = None
+        self._credit = 0.0
+        self._keys = 0
+        self._repacks = 0
 
     @property
     def interval(self):
@@ -118,36 +165,41 @@ cdef class HeartbeatTracker:
             raise ValueError("empty local request id")
         if not engine_id:
             raise ValueError("empty engine id")
-        cdef bytes raw = check_remote_id(remote_req_id, self._max)
+        cdef bytes raw = _checked_id(remote_req_id, self._max)
         cdef _Engine engine
         old = self._local.get(local_req_id)
         if old is not None:
             if old == (engine_id, raw):
+                (<_Chunk>(<_Engine>self._engines[engine_id]).where[raw]).touch()  # a new joiner
                 return
             self.untrack(local_req_id)
         self._local[local_req_id] = (engine_id, raw)
         engine = self._engines.get(engine_id)
         if engine is None:
-            engine = _Engine()
+            engine = _Engine(engine_id)
             self._engines[engine_id] = engine
         refs = engine.refs.get(raw)
         if refs is not None:
             engine.refs[raw] = <Py_ssize_t>refs + 1
-            return  # already in a message of this engine
+            (<_Chunk>engine.where[raw]).touch()  # already in a message of this engine; a new joiner
+            return
         engine.refs[raw] = 1
         self._append(engine, raw)
         engine.size += PyBytes_GET_SIZE(raw)
 
-    cdef void _append(self, _Engine engine, bytes raw) except *:
+    cdef void _append(self, _Engine engine, bytes raw, double new_due=NOW) except *:
         cdef _Chunk chunk = engine.chunks[len(engine.chunks) - 1] if engine.chunks else None
         cdef Py_ssize_t need = PyBytes_GET_SIZE(raw) + (1 if chunk is not None and chunk.ids else 0)
         if chunk is None or chunk.size + need > self._max:
-            chunk = _Chunk()
+            self._keys += 1
+            chunk = _Chunk(engine.engine_id, self._keys)
             engine.chunks.append(chunk)
+            self._chunks += 1
+            self._schedule(chunk, new_due)
             need = PyBytes_GET_SIZE(raw)
         chunk.size += need
         chunk.ids[raw] = None
-        chunk.message = None
+        chunk.touch()
         engine.where[raw] = chunk
 
     def untrack(self, local_req_id):
@@ -165,13 +217,30 @@ cdef class HeartbeatTracker:
         chunk = engine.where.pop(raw)
         del chunk.ids[raw]
         chunk.size -= PyBytes_GET_SIZE(raw) + (1 if chunk.ids else 0)
-        chunk.message = None
+        chunk.touch()
         engine.size -= PyBytes_GET_SIZE(raw)
         if not chunk.ids:
             engine.chunks.remove(chunk)
+            chunk.alive = False
+            self._chunks -= 1
             if not engine.chunks:
                 del self._engines[engine_id]
+                return True
+        if len(engine.chunks) > 1 and len(engine.chunks) > 2 * self._chunks_needed(engine):
+            self._repack(engine)
         return True
+
+    def chunk_of(self, local_req_id):
+        """``(key, version)`` of the chunk now naming ``local_req_id``'s remote id."""
+        entry = self._local.get(local_req_id)
+        if entry is None:
+            return None
+        cdef _Chunk chunk = (<_Engine>self._engines[entry[0]]).where[entry[1]]
+        return chunk.key, chunk.version
+
+    @property
+    def repacks(self):
+        return self._repacks
 
     def engine_of(self, local_req_id):
         entry = self._local.get(local_req_id)
@@ -196,14 +265,13 @@ cdef class HeartbeatTracker:
     def mark_sent(self, now):
         self._last_sent = float(now)
 
+    cdef Py_ssize_t _chunks_needed(self, _Engine engine):
+        cdef Py_ssize_t payload = engine.size + len(engine.refs)  # ids plus separators
+        return (payload + self._max - PREFIX_LEN - 1) // (self._max - PREFIX_LEN)
+
     cdef list _messages_for(self, _Engine engine):
-        cdef Py_ssize_t nchunks = len(engine.chunks)
-        cdef Py_ssize_t payload = engine.size + len(engine.refs)
-        cdef Py_ssize_t needed = (payload + self._max - PREFIX_LEN - 1) // (self._max - PREFIX_LEN)
         cdef list out = []
         cdef _Chunk chunk
-        if nchunks > 1 and nchunks > 2 * needed:
-            self._repack(engine)
         for chunk in engine.chunks:
             if chunk.message is None:
                 chunk.message = _encode(chunk.ids, chunk.size)
@@ -231,9 +299,85 @@ cdef class HeartbeatTracker:
         self.mark_sent(now)
         return self.messages()
 
+    def poll_paced(self, now):
+        """The messages of the chunks due by ``now``, then of as many chunks
+        next in due order as keep the pace (see the twin); each sent chunk is
+        due again ``interval`` later."""
+        return {
+            engine_id: [item[2] for item in sent]
+            for engine_id, sent in self.poll_paced_chunks(now).items()
+        }
+
+    def poll_paced_chunks(self, now):
+        """``poll_paced`` with each message's chunk: ``(key, version, message)``."""
+        cdef double t = float(now)
+        cdef double elapsed = 0.0 if self._paced_at is None else max(0.0, t - <double>self._paced_at)
+        cdef double credit
+        cdef dict out = {}
+        cdef list sent = []
+        cdef list heap = self._heap
+        cdef tuple entry
+        cdef _Chunk chunk
+        self._paced_at = t
+        if self._interval > 0:
+            credit = min(self._credit + self._chunks * elapsed / self._interval, <double>self._chunks)
+        else:
+            credit = <double>self._chunks  # every chunk every call
+        while heap and <double>(<tuple>heap[0])[0] <= t:  # due: sent whatever the pace
+            entry = heapq.heappop(heap)
+            chunk = entry[2]
+            if chunk.alive and chunk.due == <double>entry[0]:
+                self._emit(out, chunk)
+                sent.append(chunk)
+        credit = max(0.0, credit - len(sent))  # they count toward the pace
+        while heap and credit >= 1:  # early, to keep the pace
+            entry = heapq.heappop(heap)
+            chunk = entry[2]
+            if chunk.alive and chunk.due == <double>entry[0]:
+                self._emit(out, chunk)
+                sent.append(chunk)
+                credit -= 1
+        self._credit = credit
+        cdef double next_due = t + self._interval
+        for chunk in sent:  # after the loops: with interval 0, once per call
+            self._schedule(chunk, next_due)
+        return out
+
+    cdef void _emit(self, dict out, _Chunk chunk) except *:
+        if chunk.message is None:
+            chunk.message = _encode(chunk.ids, chunk.size)
+        item = (chunk.key, chunk.version, chunk.message)
+        msgs = out.get(chunk.engine_id)
+        if msgs is None:
+            out[chunk.engine_id] = [item]
+        else:
+            (<list>msgs).append(item)
+
+    cdef void _schedule(self, _Chunk chunk, double due) except *:
+        chunk.due = due
+        self._pushes += 1
+        cdef list heap = self._heap
+        if len(heap) > 2 * self._chunks + 64:
+            # Mostly stale entries (removed chunks; or only poll() is used,
+            # which never pops): rebuild from the live chunks.
+            heap = [
+                ((<_Chunk>c).due, i, c)
+                for i, c in enumerate(c for e in self._engines.values() for c in (<_Engine>e).chunks)
+            ]
+            heapq.heapify(heap)
+            self._heap = heap
+            return  # ``chunk`` is live, so in it with its new due time
+        heapq.heappush(heap, (due, self._pushes, chunk))
+
     cdef void _repack(self, _Engine engine) except *:
+        # The new chunks are due when the earliest old one was (see the twin).
+        cdef double due = min([(<_Chunk>chunk).due for chunk in engine.chunks])
         cdef list ids = [raw for chunk in engine.chunks for raw in (<_Chunk>chunk).ids]
+        for chunk in engine.chunks:
+            (<_Chunk>chunk).alive = False
+        self._chunks -= len(engine.chunks)
+        self._repacks += 1
         engine.chunks = []
         engine.where = {}
         for raw in ids:
-            self._append(engine, raw)
+            self._append(engine, raw, due)

@@ -144,3 +144,30 @@ def test_sender_releases_an_engine_whose_connection_is_gone(clock: Clock) -> Non
     sender.send(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": hb}}))
     assert up._invalid_remote_engines == {"P"} and not sender.retry
     assert up.count("num_heartbeat_send_failures") == 2
+
+
+def test_sender_keeps_other_chunks_of_a_paced_engine(clock: Clock) -> None:
+    """A paced tick names only some of an engine's chunks: it neither drops
+    what waited on the handshake nor a failed send of another chunk."""
+    up = FakeUpstreamWorker()
+    sender = HeartbeatSender(up, 8192)
+    m1, m2, m3 = (heartbeat_message([x]) for x in ("a", "b", "c"))
+
+    def tick(msg: bytes, key: int) -> SimpleNamespace:
+        hb = EngineHeartbeats([msg], "127.0.0.1", 5600, 1, chunks=[(key, 1)])
+        return SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": hb}})
+
+    pending: Future[None] = Future()
+    up.handshakes["P"] = pending
+    sender.send(tick(m1, 1))
+    sender.send(tick(m2, 2))  # still handshaking: both chunks wait
+    assert up.nixl_wrapper.sent == []
+    up.connect("P")
+    pending.set_result(None)
+    up.handshakes["P"] = None
+    up.nixl_wrapper.fail_sends = 2
+    sender.send(tick(m3, 3))  # chunks 1 and 2 with it; the first two sends fail
+    assert [m for _, m in up.nixl_wrapper.sent] == [m3]
+    sender.send(tick(m3, 3))  # a fresh tick of chunk 3 does not drop chunk 1's and 2's retry
+    assert sorted(m for _, m in up.nixl_wrapper.sent) == sorted([m3, m3, m1, m2])
+    assert not sender.retry and not sender.waiting

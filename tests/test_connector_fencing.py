@@ -78,7 +78,9 @@ def test_d_scheduler_ships_views_and_drops(scheduler_factory, clock: Clock) -> N
     sched.on_new_request(fake_request("d2", **_d_params("P", "p2", 5001.0)))
     meta = sched.build_connector_meta(None)
     assert meta.lease_views == LeaseViewUpdates(
-        {"d1": ("P", "p1", 5000.0, 8.0, False), "d2": ("P", "p2", 5001.0, 8.0, False)}, []
+        {"d1": ("P", "p1", 5000.0, 8.0, False), "d2": ("P", "p2", 5001.0, 8.0, False)},
+        [],
+        {"d1": (1, 1), "d2": (1, 2)},  # one chunk; each joined at its own version
     )
     sched.update_connector_output(SimpleNamespace(finished_recving={"d1"}))  # read done
     sched.on_new_request(fake_request("d3", **_d_params("P", "p3", 5002.0)))

@@ -48,15 +48,24 @@ def test_scheduler_tracks_in_core_and_ships_bytes(scheduler_factory, clock: Cloc
     meta = sched.build_connector_meta(None)
     assert meta.heartbeat_by_engine == {}  # no id sets on the wire
     hb = meta.lease_heartbeats
-    assert hb["P1"] == EngineHeartbeats([heartbeat_message(["p-1", "p-2"])], "127.0.0.1", 5600, 2, 1, 1)
+    p1_chunk = sched.heartbeats.chunk_of("d2")  # the message names every id that joined up to it
+    assert hb["P1"] == EngineHeartbeats(
+        [heartbeat_message(["p-1", "p-2"])], "127.0.0.1", 5600, 2, 1, 1, chunks=[p1_chunk]
+    )
     assert hb["P2"].messages == [heartbeat_message(["q-1"])] and hb["P2"].port == 5700
-    # Throttled: interval 12 // 6 = 2 s.
-    clock.advance(1.9)
+    # Paced, interval 12 // 6 = 2 s: the round of two chunks is spread over
+    # it, earliest due first; neither waits longer than 2 s.
+    clock.advance(0.5)
     assert sched.build_connector_meta(None).lease_heartbeats == {}
-    clock.advance(0.1)
+    clock.advance(0.5)
+    assert sched.build_connector_meta(None).lease_heartbeats.keys() == {"P1"}  # early, to keep the pace
+    clock.advance(1.0)
+    assert sched.build_connector_meta(None).lease_heartbeats.keys() == {"P2"}  # due
     sched.update_connector_output(type("O", (), {"finished_recving": {"d1"}})())
     sched._stop_heartbeat("d3")  # what upstream's request_finished calls
-    assert sched.build_connector_meta(None).lease_heartbeats.keys() == {"P1"}
+    clock.advance(1.0)
+    hb = sched.build_connector_meta(None).lease_heartbeats
+    assert hb.keys() == {"P1"} and hb["P1"].messages == [heartbeat_message(["p-2"])]
     assert sched.heartbeats.targets.keys() == {"P1"}
 
 
@@ -132,3 +141,42 @@ def test_stock_metadata_still_heartbeats(clock: Clock) -> None:
 
     worker._send_heartbeats(StockMeta())
     assert worker.nixl_wrapper.sent == [("p-agent-0", heartbeat_message(["x", "y"]))]
+
+
+def test_acknowledged_chunk_renews_its_views_end_to_end(scheduler_factory, clock: Clock) -> None:
+    """Real scheduler and worker: P's answer to a chunk's LHB renews the views
+    of the requests in it when the message was built, and no later joiner."""
+    from vllm_nixl_lease._wire import heartbeat_ack_message
+    from vllm_nixl_lease.vllm.lease_views import add_lease_params
+
+    sched = scheduler_factory()  # lease 12: extension 8, interval 2, margin 2
+    worker = make_worker(LeaseNixlPullConnectorWorker, 12)
+    worker._remote_agents["P1"] = {(0, 0): "p-agent-0"}
+    worker._engine_clock_offset["P1"] = 0.0
+    worker._ensure_handshake = lambda *a, **k: None
+
+    def new(local: str, remote: str) -> None:
+        params = remote_prefill_params("P1", remote)
+        add_lease_params(params, clock.now + 5, 8.0)
+        sched.on_new_request(fake_request(local, **params))
+
+    def step() -> list[bytes]:
+        meta = sched.build_connector_meta(None)
+        worker.read_fence.add_views(meta)
+        worker.heartbeat_sender.send(meta)
+        sent, worker.nixl_wrapper.sent = worker.nixl_wrapper.sent, []
+        return [m for _, m in sent if m.startswith(b"LHB:")]
+
+    new("d1", "p-1")
+    new("d2", "p-2")
+    started = clock.now
+    assert step() == [b"LHB:1:p-1,p-2"]
+    new("d3", "p-3")  # joins the chunk after the message was built
+    assert step() == []
+    clock.advance(1)
+    worker.nixl_wrapper.deliver("p-agent-0", heartbeat_ack_message([1]))
+    worker._get_new_notifs()
+    views = worker.read_fence.views
+    assert views.remaining("d1", clock.now, 0.0) == pytest.approx(started + 8 - clock.now)
+    assert views.remaining("d2", clock.now, 0.0) == pytest.approx(started + 8 - clock.now)
+    assert views.remaining("d3", clock.now, 0.0) == pytest.approx(started + 5 - clock.now)  # not renewed

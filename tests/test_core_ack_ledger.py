@@ -20,7 +20,7 @@ from vllm_nixl_lease._wire import (
     parse_acked_heartbeat,
     parse_heartbeat_ack,
 )
-from vllm_nixl_lease.ack_ledger import AckLedger
+from vllm_nixl_lease.ack_ledger import AckLedger, Proven
 from vllm_nixl_lease.holder_view import HolderLeaseViews
 
 EXT = 8.0
@@ -205,3 +205,13 @@ def test_renew_on_send_breaks_under_a_partition(core) -> None:
     on_ack.heartbeat_acked("P", proven.remote_ids, 0.0, proven.started)
     assert on_send.may_read("d0", 10.0, 0.0) is True  # would read freed blocks
     assert on_ack.may_read("d0", 10.0, 0.0) is False  # fenced
+
+
+def test_chunk_heartbeat_proves_its_chunk_not_a_list() -> None:
+    ledger = AckLedger()
+    seq = ledger.open("P", ["r0", "r1"], b"a,b,c", started=5.0, chunk=(4, 9))
+    assert ledger.answered("r0", seq, frozenset({"b"})) is None
+    proven = ledger.answered("r1", seq, frozenset())
+    assert proven == Proven("P", [], 5.0, (4, 9), frozenset({"b"}), count=3)
+    seq = ledger.open("P", ["r0"], b"a", started=6.0, chunk=(4, 10))
+    assert ledger.answered("r0", seq, None) == Proven("P", [], 6.0)  # "none extended": renews nothing

@@ -104,3 +104,122 @@ def test_bad_tracker_config(core):
             core.HeartbeatTracker(interval)
     with pytest.raises(ValueError):
         core.HeartbeatTracker(1.0, max_message_bytes=3)
+
+
+def test_paced_sends_new_chunks_at_once_then_spreads_the_round(core):
+    """40 chunks created at once go out at the first call (no id waits longer
+    than upstream's first tick); then each call sends its share, in due order,
+    and every chunk once per interval."""
+    hb = core.HeartbeatTracker(1.0, max_message_bytes=12)  # one 8-byte id per chunk
+    for i in range(40):
+        hb.track(f"l{i}", "P0", f"r{i:07d}")
+    first = hb.poll_paced(0.0)
+    assert len(first["P0"]) == 40
+    per_call = []
+    for step in range(1, 21):  # 20 calls of 0.05 s: one interval
+        out = hb.poll_paced(step * 0.05)
+        per_call.append(len(out.get("P0", [])))
+    assert per_call == [2] * 20  # 40 chunks / 20 calls, early and even
+    # the second round follows the first one's order (earliest due first)
+    assert ids_in(hb.poll_paced(1.05)["P0"]) == [b"r0000000", b"r0000001"]
+
+
+def test_paced_new_chunk_and_appended_ids(core):
+    hb = core.HeartbeatTracker(1.0, max_message_bytes=30)
+    hb.track("a", "P0", "aaaa")
+    assert hb.poll_paced(0.0) == {"P0": [heartbeat_message(["aaaa"])]}
+    hb.track("b", "P0", "bbbb")  # joins the chunk just sent: out by its due time
+    for step in range(1, 20):
+        assert hb.poll_paced(step * 0.05) == {}
+    assert hb.poll_paced(1.0) == {"P0": [heartbeat_message(["aaaa", "bbbb"])]}
+    hb.track("c", "P1", "cccc")  # a new chunk: the next call
+    assert hb.poll_paced(1.01) == {"P1": [heartbeat_message(["cccc"])]}
+    hb.untrack("a")
+    hb.untrack("b")
+    assert hb.poll_paced(2.0) == {} and hb.engines() == ["P1"]
+
+
+def test_paced_interval_zero_sends_every_chunk_each_call(core):
+    hb = core.HeartbeatTracker(0.0, max_message_bytes=12)
+    for i in range(3):
+        hb.track(f"l{i}", "P0", f"r{i:07d}")
+    for now in (0.0, 0.0, 0.5):
+        assert len(hb.poll_paced(now)["P0"]) == 3
+
+
+def _paced_run(core, seed: int):
+    """Random tracks/untracks (FIFO-ish and random), random step lengths;
+    returns what was sent and checks the promise on the way."""
+    import random
+
+    rng = random.Random(seed)
+    interval = 1.0
+    hb = core.HeartbeatTracker(interval, max_message_bytes=40)
+    live: dict[str, tuple[str, str]] = {}
+    last_sent: dict[tuple[str, str], float] = {}  # (engine, remote id) -> last send
+    tracked_at: dict[tuple[str, str], float] = {}
+    log = []
+    now, n = 0.0, 0
+    for _ in range(600):
+        for _ in range(rng.randrange(4)):
+            engine, rid = f"P{rng.randrange(3)}", f"r{n}"
+            hb.track(f"l{n}", engine, rid)
+            live[f"l{n}"] = (engine, rid)
+            tracked_at[(engine, rid)] = now
+            n += 1
+        for _ in range(rng.randrange(4)):
+            if live:
+                local = min(live) if rng.random() < 0.5 else rng.choice(sorted(live))
+                key = live.pop(local)
+                hb.untrack(local)
+                last_sent.pop(key, None)
+                tracked_at.pop(key, None)
+        keyed = hb.poll_paced_chunks(now)
+        log.append((keyed, [hb.chunk_of(local) for local in sorted(live)], hb.repacks))
+        out = {engine: [m for _, _, m in items] for engine, items in keyed.items()}
+        for engine, msgs in out.items():
+            assert all(len(m) <= 40 for m in msgs)
+            for rid in ids_in(msgs):
+                last_sent[(engine, rid.decode())] = now
+        for key in live.values():
+            since = last_sent.get(key, tracked_at[key])
+            assert now - since <= interval + 1e-9, (key, now, since)
+        now += rng.choice((0.01, 0.02, 0.05, 0.3))
+    return log
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_paced_promise_holds_under_churn(core, seed):
+    """Each live id is sent at most ``interval`` after its previous send (or
+    after it was tracked), whatever arrives and leaves."""
+    _paced_run(core, seed)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_paced_twin_and_cython_agree(seed):
+    from conftest import load_core
+
+    try:
+        cython = load_core("cython")
+    except pytest.skip.Exception:
+        pytest.skip("no Cython build")
+    assert _paced_run(cython, seed) == _paced_run(load_core("python"), seed)
+
+
+def test_chunk_versions_name_who_a_message_covers(core):
+    """A message at (key, version) names every id whose chunk_of was (key,
+    v <= version); an id tracked (again) after the message was built has a
+    higher version."""
+    hb = core.HeartbeatTracker(1.0, max_message_bytes=100)
+    hb.track("a", "P0", "ra")
+    [(key, version, msg)] = hb.poll_paced_chunks(0.0)["P0"]
+    assert msg == heartbeat_message(["ra"]) and hb.chunk_of("a") == (key, version)
+    hb.track("b", "P0", "rb")  # joins after the message was built
+    b_key, b_joined = hb.chunk_of("b")
+    assert b_key == key and b_joined > version
+    hb.track("c", "P0", "ra")  # a second request on the same P id: a new joiner
+    c_joined = hb.chunk_of("c")[1]
+    assert c_joined > b_joined
+    hb.track("a", "P0", "ra")  # the same request again: also a new joiner
+    assert hb.chunk_of("a")[1] > c_joined
+    assert hb.chunk_of("zz") is None and hb.repacks == 0

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from vllm_nixl_lease._wire import heartbeat_payload
 from vllm_nixl_lease.holder_view import HolderLeaseViews
 
 
@@ -132,3 +133,113 @@ def test_view_never_outlives_the_grantors_lease(core, h: dict) -> None:
                 if a + offset < p_deadline:
                     p_deadline = max(p_deadline, a + offset + ext)
             assert p_deadline - offset - t > margin - abs(err) - 1e-6
+
+
+# -- renewal per heartbeat chunk, driven through the real tracker -----------
+def _chunk_renewal_run(core, seed: int, disown: bool) -> int:
+    """Random tracking, re-adds (resets), removals and paced sends through a
+    real ``HeartbeatTracker``; P's answers arrive late, out of order, some
+    lost, some disowning ids.  A model renews a view only from an answer to a
+    message built after the view was added and naming its id.  Checked every
+    step: no view is ever later than the model (safety); without disowned ids
+    and repacks, exactly the model.  Returns how many answers renewed something."""
+    import random
+
+    rng = random.Random(seed)
+    ext = 20.0
+    hb = core.HeartbeatTracker(1.0, max_message_bytes=60)
+    views = HolderLeaseViews(margin=0.0)
+    live: dict[str, tuple[str, str, int]] = {}  # local -> (engine, remote, generation)
+    model: dict[str, float] = {}  # local -> deadline the model allows
+    gen = 0
+    in_flight: list[tuple[int, str, int, int, float, set[tuple[str, int]], set[str]]] = []
+    now, n, useful = 0.0, 0, 0
+    for step in range(400):
+        for _ in range(rng.randrange(3)):  # arrivals (some on a P id already tracked)
+            engine = f"P{rng.randrange(2)}"
+            same = [v for v in live.values() if v[0] == engine]
+            remote = rng.choice(same)[1] if same and rng.random() < 0.2 else f"r{n}"
+            local = f"l{n}"
+            n += 1
+            hb.track(local, engine, remote)
+            gen += 1
+            live[local] = (engine, remote, gen)
+            views.add(local, engine, remote, now + 5.0, ext, acked=True, chunk=hb.chunk_of(local))
+            model[local] = now + 5.0
+        if live and rng.random() < 0.3:  # a reset: the same request tracked and viewed again
+            local = rng.choice(sorted(live))
+            engine, remote, _ = live[local]
+            hb.track(local, engine, remote)
+            gen += 1
+            live[local] = (engine, remote, gen)
+            views.add(local, engine, remote, now + 5.0, ext, acked=True, chunk=hb.chunk_of(local))
+            model[local] = now + 5.0
+        for _ in range(rng.randrange(3)):  # departures
+            if live:
+                local = rng.choice(sorted(live))
+                repacks = hb.repacks
+                hb.untrack(local)
+                views.drop(local)
+                del live[local], model[local]
+                if hb.repacks != repacks:  # what the scheduler ships (rechunk)
+                    for other in live:
+                        views.move_to_chunk(other, hb.chunk_of(other), 0.0)
+        for engine, sent in hb.poll_paced_chunks(now).items():
+            for key, version, msg in sent:
+                named = set(heartbeat_payload(msg).decode().split(","))
+                covered = {(loc, g) for loc, (e, r, g) in live.items() if e == engine and r in named}
+                refused = {r for r in named if disown and rng.random() < 0.1}
+                delay = rng.randrange(4)
+                in_flight.append((step + delay, engine, key, version, now, covered, refused))
+        rng.shuffle(in_flight)
+        keep = []
+        for item in in_flight:
+            due, engine, key, version, started, covered, refused = item
+            if due > step:
+                keep.append(item)
+                continue
+            if rng.random() < 0.1:
+                continue  # lost
+            views.chunk_acked(engine, key, version, started, refused, 0.0)
+            for loc, g in covered:
+                entry = live.get(loc)
+                if entry is not None and entry[2] == g and entry[1] not in refused:
+                    if started + ext > model[loc]:
+                        useful += 1
+                    model[loc] = max(model[loc], started + ext)
+        in_flight = keep
+        exact = not disown and hb.repacks == 0
+        for loc in live:
+            got = views.remaining(loc, now, 0.0) + now
+            assert got <= model[loc] + 1e-9, (seed, step, loc, got, model[loc])
+            if exact:
+                assert got == pytest.approx(model[loc]), (seed, step, loc, got, model[loc])
+        now += rng.choice((0.05, 0.2, 0.5))
+    return useful
+
+
+@pytest.mark.parametrize("seed", range(16))
+@pytest.mark.parametrize("disown", [False, True])
+def test_chunk_answers_renew_only_what_they_prove(core, seed: int, disown: bool) -> None:
+    assert _chunk_renewal_run(core, seed, disown) > 50  # the answers did renew views
+
+
+def test_chunk_answer_guards() -> None:
+    views = HolderLeaseViews(margin=0.0)
+    views.add("a", "P", "ra", 10.0, 20.0, acked=True, chunk=(7, 3))
+    views.add("b", "P", "rb", 10.0, 20.0, acked=True, chunk=(7, 5))  # joined after version 4
+    views.chunk_acked("P", 7, 4, started=5.0)
+    assert views.remaining("a", 0.0, 0.0) == pytest.approx(25.0)
+    assert views.remaining("b", 0.0, 0.0) == pytest.approx(10.0)  # not in that message
+    views.add("a", "P", "ra", 6.0, 20.0, acked=True, chunk=(7, 6))  # reset
+    assert views.remaining("a", 0.0, 0.0) == pytest.approx(6.0)  # the old answer does not apply
+    views.chunk_acked("P", 7, 6, started=8.0, not_extended=["ra"])
+    assert views.remaining("a", 0.0, 0.0) == pytest.approx(6.0)  # disowned
+    assert views.remaining("b", 0.0, 0.0) == pytest.approx(28.0)
+    views.chunk_acked("P", 7, 6, started=7.0)  # older send, answered late: changes nothing
+    assert views.remaining("b", 0.0, 0.0) == pytest.approx(28.0)
+    views.add("c", "P", "rc", 10.0, 20.0, acked=False, chunk=(7, 1))  # P does not answer: not renewed
+    assert views.remaining("c", 0.0, 0.0) == pytest.approx(10.0)
+    # A "move" to the chunk it is in (the repack left it there) keeps it above the disowning answer.
+    assert views.move_to_chunk("a", (7, 6), 0.0) and views.remaining("a", 0.0, 0.0) == pytest.approx(6.0)
+    assert views.prune_chunk_acks(sent_before=100.0) == 1

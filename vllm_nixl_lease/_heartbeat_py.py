@@ -7,10 +7,30 @@ and rebuilt only when it changed, so a tick where a few requests came and
 went (D's queue is roughly FIFO, so removals cluster in the oldest chunks)
 re-encodes a few chunks, not every id.  When removals leave an engine with
 more than twice the chunks its bytes need, the engine is repacked.
+
+Two ways to send.  ``poll(now)`` returns every chunk of every engine once per
+``interval`` (upstream's rhythm: 100k ids in one step, nothing in the next
+249).  ``poll_paced(now)`` spreads that round over the interval, chunk by
+chunk.  Each chunk carries a due time, ``interval`` after its last send; a
+new chunk (or a repacked one holding a never-sent id) is due at once.  A call
+sends every due chunk, then early, in due order, as many more as keep the
+pace at (chunks / interval) per second, so after the first round the sends
+are spread evenly and no chunk waits for its due time.  What that promises:
+each id goes out at most ``interval`` after its previous send; an id's first
+send is no later than ``interval`` after it was tracked (upstream's worst
+case), and at the next call when it opened a new chunk.
+
+Chunks have a key (unique in the tracker) and a version, bumped by every
+change to their ids and by every ``track`` of an id they hold.  A message
+built at version ``v`` names exactly the ids the chunk held at ``v``, so an
+acknowledgement of it can renew "every id of chunk ``key`` that joined at or
+before ``v``" at once (``holder_view.py``), and an id tracked (again) later
+is never renewed by an older message.
 """
 
 from __future__ import annotations
 
+import heapq
 import math
 from collections.abc import Iterable
 
@@ -68,19 +88,32 @@ def encode_heartbeats(ids: Iterable[str | bytes], max_bytes: int = DEFAULT_MAX_M
     return messages
 
 
-class _Chunk:
-    __slots__ = ("ids", "size", "message")
+_NOW = -math.inf  # due time of a chunk that must go out at the next paced poll
 
-    def __init__(self) -> None:
+
+class _Chunk:
+    __slots__ = ("ids", "size", "message", "engine_id", "due", "alive", "key", "version")
+
+    def __init__(self, engine_id: str, key: int, due: float = _NOW) -> None:
         self.ids: dict[bytes, None] = {}  # ordered set
         self.size = len(HEARTBEAT_PREFIX)  # encoded length
         self.message: bytes | None = None  # cache; None when dirty
+        self.engine_id = engine_id
+        self.due = due  # paced sending: send by then
+        self.alive = True  # False once removed (its heap entries are stale)
+        self.key = key
+        self.version = 0  # bumped by each change to ids (and each track of one)
+
+    def touch(self) -> None:
+        self.version += 1
+        self.message = None
 
 
 class _Engine:
-    __slots__ = ("chunks", "where", "refs", "size")
+    __slots__ = ("engine_id", "chunks", "where", "refs", "size")
 
-    def __init__(self) -> None:
+    def __init__(self, engine_id: str) -> None:
+        self.engine_id = engine_id
         self.chunks: list[_Chunk] = []
         self.where: dict[bytes, _Chunk] = {}
         self.refs: dict[bytes, int] = {}  # local requests per remote id
@@ -92,10 +125,24 @@ class HeartbeatTracker:
 
     ``track`` when a request with a remote prefill enters D's scheduler,
     ``untrack`` when its transfer completes or it ends.  ``poll(now)`` returns
-    every engine's messages once per ``interval``.
+    every engine's messages once per ``interval``; ``poll_paced(now)`` the
+    chunks due or next in line, so that each goes out once per ``interval``.
     """
 
-    __slots__ = ("_interval", "_max", "_engines", "_local", "_last_sent")
+    __slots__ = (
+        "_interval",
+        "_max",
+        "_engines",
+        "_local",
+        "_last_sent",
+        "_heap",
+        "_pushes",
+        "_chunks",
+        "_paced_at",
+        "_credit",
+        "_keys",
+        "_repacks",
+    )
 
     def __init__(self, interval: float, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
         interval = float(interval)
@@ -106,6 +153,14 @@ class HeartbeatTracker:
         self._engines: dict[str, _Engine] = {}
         self._local: dict[str, tuple[str, bytes]] = {}  # local id -> (engine, remote id)
         self._last_sent: float | None = None
+        # Paced sending: (due, push count, chunk), stale entries skipped.
+        self._heap: list[tuple[float, int, _Chunk]] = []
+        self._pushes = 0
+        self._chunks = 0  # live chunks, all engines
+        self._paced_at: float | None = None  # last poll_paced
+        self._credit = 0.0  # early sends earned and not yet made
+        self._keys = 0  # chunk keys handed out
+        self._repacks = 0
 
     @property
     def interval(self) -> float:
@@ -124,16 +179,18 @@ class HeartbeatTracker:
         old = self._local.get(local_req_id)
         if old is not None:
             if old == (engine_id, raw):
+                self._engines[engine_id].where[raw].touch()  # a new joiner: see chunk_of
                 return
             self.untrack(local_req_id)
         self._local[local_req_id] = (engine_id, raw)
         engine = self._engines.get(engine_id)
         if engine is None:
-            engine = self._engines[engine_id] = _Engine()
+            engine = self._engines[engine_id] = _Engine(engine_id)
         refs = engine.refs.get(raw, 0)
         engine.refs[raw] = refs + 1
         if refs:
-            return  # already in a message of this engine
+            engine.where[raw].touch()  # already in a message of this engine; a new joiner
+            return
         self._append(engine, raw)
         engine.size += len(raw)
 
@@ -151,13 +208,32 @@ class HeartbeatTracker:
         chunk = engine.where.pop(raw)
         del chunk.ids[raw]
         chunk.size -= len(raw) + (1 if chunk.ids else 0)
-        chunk.message = None
+        chunk.touch()
         engine.size -= len(raw)
         if not chunk.ids:
             engine.chunks.remove(chunk)
+            chunk.alive = False
+            self._chunks -= 1
             if not engine.chunks:
                 del self._engines[engine_id]
+                return True
+        if len(engine.chunks) > 1 and len(engine.chunks) > 2 * self._chunks_needed(engine):
+            self._repack(engine)
         return True
+
+    def chunk_of(self, local_req_id: str) -> tuple[int, int] | None:
+        """``(key, version)`` of the chunk now naming ``local_req_id``'s remote id;
+        a message of that chunk at ``version`` or later names it."""
+        entry = self._local.get(local_req_id)
+        if entry is None:
+            return None
+        chunk = self._engines[entry[0]].where[entry[1]]
+        return chunk.key, chunk.version
+
+    @property
+    def repacks(self) -> int:
+        """How many times an engine's ids were repacked (moved to new chunks)."""
+        return self._repacks
 
     def engine_of(self, local_req_id: str) -> str | None:
         entry = self._local.get(local_req_id)
@@ -187,8 +263,6 @@ class HeartbeatTracker:
         engine = self._engines.get(engine_id)
         if engine is None:
             return []
-        if len(engine.chunks) > 1 and len(engine.chunks) > 2 * self._chunks_needed(engine):
-            self._repack(engine)
         out = []
         for chunk in engine.chunks:
             if chunk.message is None:
@@ -207,26 +281,100 @@ class HeartbeatTracker:
         self.mark_sent(now)
         return self.messages()
 
+    def poll_paced(self, now: float) -> dict[str, list[bytes]]:
+        """The messages of the chunks due by ``now``, then of as many chunks
+        next in due order as keep the pace (see the module docstring); each
+        sent chunk is due again ``interval`` later."""
+        return {
+            engine_id: [message for _, _, message in sent]
+            for engine_id, sent in self.poll_paced_chunks(now).items()
+        }
+
+    def poll_paced_chunks(self, now: float) -> dict[str, list[tuple[int, int, bytes]]]:
+        """``poll_paced`` with each message's chunk: ``(key, version, message)``."""
+        now = float(now)
+        elapsed = 0.0 if self._paced_at is None else max(0.0, now - self._paced_at)
+        self._paced_at = now
+        if self._interval > 0:
+            credit = min(self._credit + self._chunks * elapsed / self._interval, float(self._chunks))
+        else:
+            credit = float(self._chunks)  # every chunk every call
+        out: dict[str, list[tuple[int, int, bytes]]] = {}
+        sent: list[_Chunk] = []
+        heap = self._heap
+        while heap and heap[0][0] <= now:  # due: sent whatever the pace
+            due, _, chunk = heapq.heappop(heap)
+            if chunk.alive and chunk.due == due:
+                self._emit(out, chunk)
+                sent.append(chunk)
+        credit = max(0.0, credit - len(sent))  # they count toward the pace
+        while heap and credit >= 1:  # early, to keep the pace
+            due, _, chunk = heapq.heappop(heap)
+            if chunk.alive and chunk.due == due:
+                self._emit(out, chunk)
+                sent.append(chunk)
+                credit -= 1
+        self._credit = credit
+        next_due = now + self._interval
+        for chunk in sent:  # after the loops: with interval 0, once per call
+            self._schedule(chunk, next_due)
+        return out
+
+    def _emit(self, out: dict[str, list[tuple[int, int, bytes]]], chunk: _Chunk) -> None:
+        if chunk.message is None:
+            chunk.message = HEARTBEAT_PREFIX + b",".join(chunk.ids)
+        item = (chunk.key, chunk.version, chunk.message)
+        msgs = out.get(chunk.engine_id)
+        if msgs is None:
+            out[chunk.engine_id] = [item]
+        else:
+            msgs.append(item)
+
+    def _schedule(self, chunk: _Chunk, due: float) -> None:
+        chunk.due = due
+        self._pushes += 1
+        heap = self._heap
+        if len(heap) > 2 * self._chunks + 64:
+            # Mostly stale entries (removed chunks; or only poll() is used,
+            # which never pops): rebuild from the live chunks.
+            heap = self._heap = [
+                (c.due, i, c) for i, c in enumerate(c for e in self._engines.values() for c in e.chunks)
+            ]
+            heapq.heapify(heap)
+            return  # ``chunk`` is live, so in it with its new due time
+        heapq.heappush(heap, (due, self._pushes, chunk))
+
     def _chunks_needed(self, engine: _Engine) -> int:
         payload = engine.size + len(engine.refs)  # ids plus separators
         return -(-payload // (self._max - len(HEARTBEAT_PREFIX)))
 
     def _repack(self, engine: _Engine) -> None:
+        # The new chunks are due when the earliest old one was: no id waits
+        # longer than its own chunk would have made it.
+        due = min(chunk.due for chunk in engine.chunks)
         ids = [raw for chunk in engine.chunks for raw in chunk.ids]
+        for chunk in engine.chunks:
+            chunk.alive = False
+        self._chunks -= len(engine.chunks)
+        self._repacks += 1
         engine.chunks = []
         engine.where = {}
         for raw in ids:
-            self._append(engine, raw)
+            self._append(engine, raw, due)
 
-    def _append(self, engine: _Engine, raw: bytes) -> None:
-        """Put ``raw`` in the engine's last chunk, or a new one if it is full."""
+    def _append(self, engine: _Engine, raw: bytes, new_due: float = _NOW) -> None:
+        """Put ``raw`` in the engine's last chunk, or a new one (due at
+        ``new_due``) if it is full."""
         chunk = engine.chunks[-1] if engine.chunks else None
         need = len(raw) + (1 if chunk is not None and chunk.ids else 0)
         if chunk is None or chunk.size + need > self._max:
-            chunk = _Chunk()
+            self._keys += 1
+            chunk = _Chunk(engine.engine_id, self._keys)
             engine.chunks.append(chunk)
+            self._chunks += 1
+            self._schedule(chunk, new_due)
             need = len(raw)
         chunk.size += need
         chunk.ids[raw] = None
-        chunk.message = None
+        chunk.touch()
         engine.where[raw] = chunk

@@ -36,6 +36,8 @@ class _Sent:
     waiting: set[str]  # P agents that have not answered yet
     not_extended: set[str] = field(default_factory=set)
     none_extended: bool = False
+    chunk: tuple[int, int] | None = None  # (key, version) of the tracker chunk it encodes
+    count: int = 0  # ids a chunk heartbeat named
 
 
 @dataclass(slots=True, frozen=True)
@@ -46,6 +48,12 @@ class Proven:
     engine_id: str
     remote_ids: list[str]
     started: float
+    # For a heartbeat built from a tracker chunk: ``(key, version)``; then
+    # ``remote_ids`` is empty (the chunk stands for its ids, see
+    # ``holder_view.py``) and ``not_extended`` names the ids excepted.
+    chunk: tuple[int, int] | None = None
+    not_extended: frozenset[str] = frozenset()
+    count: int = 0  # ids the chunk heartbeat named
 
 
 class AckLedger:
@@ -58,13 +66,27 @@ class AckLedger:
     def __len__(self) -> int:
         return len(self._sent)
 
-    def open(self, engine_id: str, agents: Iterable[str], payload: bytes, started: float) -> int:
-        """Record a heartbeat about to be sent to ``agents``; return its sequence number."""
+    def open(
+        self,
+        engine_id: str,
+        agents: Iterable[str],
+        payload: bytes,
+        started: float,
+        chunk: tuple[int, int] | None = None,
+    ) -> int:
+        """Record a heartbeat about to be sent to ``agents``; return its sequence
+        number.  ``chunk``: the tracker chunk ``(key, version)`` it encodes;
+        then only the payload's id count is kept (the answer proves the chunk,
+        not a list)."""
         seq = self._next
         self._next += 1
         waiting = set(agents)
         if waiting:
-            self._sent[seq] = _Sent(engine_id, bytes(payload), started, waiting)
+            if chunk is None:
+                self._sent[seq] = _Sent(engine_id, bytes(payload), started, waiting)
+            else:
+                count = payload.count(b",") + 1 if payload else 0
+                self._sent[seq] = _Sent(engine_id, b"", started, waiting, chunk=chunk, count=count)
         return seq
 
     def answered(self, agent: str, seq: int, not_extended: frozenset[str] | None) -> Proven | None:
@@ -82,6 +104,12 @@ class AckLedger:
         if sent.waiting:
             return None
         del self._sent[seq]
+        if sent.chunk is not None:
+            if sent.none_extended:
+                return Proven(sent.engine_id, [], sent.started)
+            return Proven(
+                sent.engine_id, [], sent.started, sent.chunk, frozenset(sent.not_extended), sent.count
+            )
         if sent.none_extended or not sent.payload:
             return Proven(sent.engine_id, [], sent.started)
         try:

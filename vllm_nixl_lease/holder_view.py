@@ -22,12 +22,26 @@ earlier than the grantor does):
 - before D reads, ``remaining`` must exceed ``margin`` (room for the READ itself
   and for the clock-offset estimate), or D fences the read.
 
+Renewed per chunk, not per id.  D's scheduler packs the ids it heartbeats into
+chunks, each one message (``HeartbeatTracker``); a chunk has a key and a
+version bumped whenever its ids change or one of them is tracked again.  A
+view knows its chunk and the version at which it joined (``joined``).  P's
+answer to the message of chunk ``key`` at version ``v`` sent at ``started``
+(``chunk_acked``) is stored once per chunk, O(1) instead of O(ids); a view
+takes it up when read (``_local``), only if ``joined <= v``:
+- an id that joined the chunk after the message was built was not in it;
+- a view added again (reset) joined at a version above every older message,
+  so an answer to one of those cannot renew the new view.
+An id P said it did not extend first takes up what the chunk had proven
+before, then joins above ``v``.  Answers only ever move views forward.
+
 No vLLM imports: the vLLM adapter feeds it (``vllm/read_fence.py``).
 """
 
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -40,6 +54,8 @@ class _View:
     extension: float  # P's heartbeat extension
     acked: bool = False  # P acknowledges heartbeats: renew only on its answers
     local_deadline: float | None = None  # on D's clock, once converted
+    chunk: int | None = None  # key of the heartbeat chunk naming it
+    joined: int = 0  # that chunk's version when the view joined it
 
 
 class HolderLeaseViews:
@@ -50,10 +66,15 @@ class HolderLeaseViews:
             raise ValueError(f"margin must be a finite number >= 0, got {margin!r}")
         self.margin = margin
         self._views: dict[str, _View] = {}
-        self._by_remote: dict[tuple[str, str], str] = {}
+        # (P engine, P's id) -> the local ids viewing it (several D requests
+        # may wait on one P request; an answer about it renews each)
+        self._by_remote: dict[tuple[str, str], list[str]] = {}
         # Engines that acknowledge heartbeats (learnt from their views; kept).
         self.acked_engines: set[str] = set()
         self.max_extension = 0.0  # the longest extension any view had
+        # (engine, chunk key) -> (version, started) of the latest acknowledged
+        # message of that chunk; oldest first (for pruning).
+        self._chunk_acks: OrderedDict[tuple[str, int], tuple[int, float]] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._views)
@@ -69,28 +90,46 @@ class HolderLeaseViews:
         grantor_deadline: float,
         extension: float,
         acked: bool = False,
+        chunk: tuple[int, int] | None = None,
     ) -> None:
         """Start viewing a lease P reported; a second add for the same id replaces
-        the first.  ``acked``: P answers heartbeats, so only answers renew it."""
+        the first.  ``acked``: P answers heartbeats, so only answers renew it.
+        ``chunk``: ``(key, version)`` of the heartbeat chunk naming it, as
+        ``HeartbeatTracker.chunk_of`` returned right after tracking it."""
         if not (math.isfinite(grantor_deadline) and math.isfinite(extension) and extension > 0):
             raise ValueError(
                 f"lease of {local_id!r}: deadline {grantor_deadline!r} / extension {extension!r} "
                 "must be finite and the extension > 0"
             )
-        self.drop(local_id)
-        self._views[local_id] = _View(engine_id, remote_id, float(grantor_deadline), float(extension), acked)
-        self._by_remote[(engine_id, remote_id)] = local_id
-        if acked:
+        if local_id in self._views:
+            self.drop(local_id)
+        extension = float(extension)
+        if chunk is None:
+            view = _View(engine_id, remote_id, float(grantor_deadline), extension, acked)
+        else:
+            view = _View(engine_id, remote_id, float(grantor_deadline), extension, acked, None, *chunk)
+        self._views[local_id] = view
+        key = (engine_id, remote_id)
+        sharing = self._by_remote.get(key)
+        if sharing is None:
+            self._by_remote[key] = [local_id]
+        else:
+            sharing.append(local_id)
+        if acked and engine_id not in self.acked_engines:
             self.acked_engines.add(engine_id)
-        self.max_extension = max(self.max_extension, float(extension))
+        if extension > self.max_extension:
+            self.max_extension = extension
 
     def drop(self, local_id: str) -> bool:
         view = self._views.pop(local_id, None)
         if view is None:
             return False
         key = (view.engine_id, view.remote_id)
-        if self._by_remote.get(key) == local_id:
+        sharing = self._by_remote[key]
+        if len(sharing) == 1:
             del self._by_remote[key]
+        else:
+            sharing.remove(local_id)
         return True
 
     def heartbeat_sent(
@@ -124,13 +163,74 @@ class HolderLeaseViews:
                 renewed += 1
         return renewed
 
+    def move_to_chunk(self, local_id: str, chunk: tuple[int, int], offset: float | None) -> bool:
+        """The view's id now lives in chunk ``(key, version)`` (its engine was
+        repacked); what its old chunk proved is kept.  ``offset``: P's clock
+        minus D's, None while unknown (then the old chunk's proof is dropped:
+        conservative).  Returns False when ``local_id`` is not viewed."""
+        view = self._views.get(local_id)
+        if view is None:
+            return False
+        if offset is not None:
+            self._local(view, offset)  # take up the old chunk's proof first
+        key, version = chunk
+        if key == view.chunk:
+            # Not moved after all: never lower ``joined`` (an id P disowned
+            # joined above the answer that disowned it).
+            view.joined = max(view.joined, version)
+        else:
+            view.chunk, view.joined = key, version
+        return True
+
+    def chunk_acked(
+        self,
+        engine_id: str,
+        key: int,
+        version: int,
+        started: float,
+        not_extended: Iterable[str] = (),
+        offset: float | None = None,
+    ) -> None:
+        """P applied the message of chunk ``key`` at ``version``, sent at
+        ``started`` (D's clock), to every id in it except ``not_extended``:
+        renews each view that joined that chunk at or before ``version`` to
+        ``started + extension``, lazily (see the module docstring)."""
+        ack_key = (engine_id, key)
+        acks = self._chunk_acks
+        if not_extended:
+            for view in self._named(engine_id, not_extended):
+                if view.chunk == key and view.joined <= version:
+                    if offset is not None:
+                        self._local(view, offset)  # keep what earlier answers proved
+                    view.joined = version + 1
+        prior = acks.get(ack_key)
+        if prior is None or started > prior[1]:
+            # Messages are built and sent in order: a later send has a version
+            # at least as high, so the latest send is the only one worth keeping.
+            acks[ack_key] = (max(version, prior[0]) if prior else version, started)
+            acks.move_to_end(ack_key)
+
+    def prune_chunk_acks(self, sent_before: float) -> int:
+        """Forget chunk answers to sends before ``sent_before`` (their renewals
+        are over by then; forgetting only ever shortens a view)."""
+        acks = self._chunk_acks
+        dropped = 0
+        while acks:
+            key, (_, started) = next(iter(acks.items()))
+            if started >= sent_before:
+                break
+            acks.popitem(last=False)
+            dropped += 1
+        return dropped
+
     def _named(self, engine_id: str, remote_ids: Iterable[str]) -> Iterator[_View]:
         """The views of those of ``remote_ids`` (P's ids on ``engine_id``) that D views."""
         by_remote, views = self._by_remote, self._views
         for remote_id in remote_ids:
-            local_id = by_remote.get((engine_id, remote_id))
-            if local_id is not None:
-                yield views[local_id]
+            sharing = by_remote.get((engine_id, remote_id))
+            if sharing is not None:
+                for local_id in sharing:
+                    yield views[local_id]
 
     def remaining(self, local_id: str, now: float, offset: float) -> float | None:
         """Seconds the view of ``local_id`` has left at ``now`` (D's clock); None if not viewed."""
@@ -148,8 +248,14 @@ class HolderLeaseViews:
         view = self._views.get(local_id)
         return None if view is None else view.engine_id
 
-    @staticmethod
-    def _local(view: _View, offset: float) -> float:
-        if view.local_deadline is None:
-            view.local_deadline = view.grantor_deadline - offset
-        return view.local_deadline
+    def _local(self, view: _View, offset: float) -> float:
+        deadline = view.local_deadline
+        if deadline is None:
+            deadline = view.local_deadline = view.grantor_deadline - offset
+        if view.chunk is not None:
+            ack = self._chunk_acks.get((view.engine_id, view.chunk))
+            if ack is not None and ack[0] >= view.joined and view.acked:
+                renewed = ack[1] + view.extension
+                if renewed > deadline:
+                    deadline = view.local_deadline = renewed
+        return deadline

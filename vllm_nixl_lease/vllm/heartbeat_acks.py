@@ -55,10 +55,16 @@ class HeartbeatAcks:
         return engine_id in self._views.acked_engines
 
     def sends(
-        self, engine_id: str, agents: Sequence[str], messages: Sequence[bytes]
+        self,
+        engine_id: str,
+        agents: Sequence[str],
+        messages: Sequence[bytes],
+        chunks: Sequence[tuple[int, int]] | None = None,
     ) -> list[tuple[str, bytes]]:
         """The (agent, message) pairs for one engine's heartbeats: hellos where
-        due, then each ``HB:`` message as ``LHB:`` to every agent, recorded."""
+        due, then each ``HB:`` message as ``LHB:`` to every agent, recorded.
+        ``chunks``: each message's tracker chunk ``(key, version)``, so that its
+        answer renews the chunk's views at once instead of id by id."""
         now = time.perf_counter()
         pairs: list[tuple[str, bytes]] = []
         # Upstream keeps the names add_remote_agent returned (bytes); answers
@@ -70,8 +76,9 @@ class HeartbeatAcks:
                 if hello is not None:
                     pairs.append((agent, hello))
                     self._hello_sent[name] = now
-        for msg in messages:
-            seq = self.ledger.open(engine_id, names, heartbeat_payload(msg), now)
+        for i, msg in enumerate(messages):
+            chunk = chunks[i] if chunks is not None else None
+            seq = self.ledger.open(engine_id, names, heartbeat_payload(msg), now, chunk)
             acked = acked_heartbeat_message(seq, msg)
             pairs.extend((agent, acked) for agent in agents)
         return pairs
@@ -101,17 +108,27 @@ class HeartbeatAcks:
                     if proven is None:
                         continue
                     offset = offsets.get(proven.engine_id)
-                    if offset is not None:
+                    if proven.chunk is not None:
+                        key, version = proven.chunk
+                        self._views.chunk_acked(
+                            proven.engine_id, key, version, proven.started, proven.not_extended, offset
+                        )
+                        renewed += max(0, proven.count - len(proven.not_extended))
+                    elif offset is not None:
                         renewed += self._views.heartbeat_acked(
                             proven.engine_id, proven.remote_ids, offset, proven.started
                         )
         if answers:
             stats.add("num_heartbeat_acks_recv", answers)
+            # per-id answers count the views they moved, chunk answers the ids they proved
             stats.add("num_heartbeat_views_renewed", renewed)
         # An answer to a heartbeat older than the longest extension could
-        # not move any view: stop waiting for it.
+        # not move any view: stop waiting for it (and forget chunk answers
+        # whose renewals are over).
+        horizon = now - self._views.max_extension
         if len(self.ledger):
-            self.ledger.prune(now - self._views.max_extension)
+            self.ledger.prune(horizon)
+        self._views.prune_chunk_acks(horizon)
 
     def _hello_due(self, agent: str, now: float) -> bool:
         sent = self._hello_sent.get(agent)

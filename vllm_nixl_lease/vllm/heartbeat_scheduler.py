@@ -35,6 +35,8 @@ class HeartbeatSchedule:
         )
         # engine id -> (host, port, tp, dcp, pp) of the first live request, as upstream
         self.targets: dict[str, tuple[str, int, int, int, int]] = {}
+        # engines whose chunks were repacked since the last take_repacked()
+        self._repacked: set[str] = set()
 
     def take_over(
         self, upstream: UpstreamScheduler, req_id: str, stop_upstream: Callable[[str], None]
@@ -51,40 +53,65 @@ class HeartbeatSchedule:
         # Read the target first: stopping the last request drops the engine.
         target = upstream._heartbeat_by_engine[engine_id]
         stop_upstream(req_id)
-        self.track(req_id, engine_id, remote_id, target)
+        tracker = self.tracker
+        try:
+            tracker.track(req_id, engine_id, remote_id)
+        except (TypeError, ValueError) as exc:
+            self._not_tracked(req_id, remote_id, exc)
+            return entry
+        if engine_id not in self.targets:
+            self._add_target(engine_id, target)
         return entry
 
     def track(self, local_id: str, engine_id: str, remote_id: str, target: HeartbeatTarget) -> None:
         try:
             self.tracker.track(local_id, engine_id, remote_id)
         except (TypeError, ValueError) as exc:
-            # An id we cannot put on the wire (e.g. contains ','): its lease
-            # will simply not be renewed, exactly what upstream would get.
-            logger.warning("Not heartbeating request %s (remote id %r): %s", local_id, remote_id, exc)
+            self._not_tracked(local_id, remote_id, exc)
             return
         if engine_id not in self.targets:
-            self.targets[engine_id] = (
-                target.host,
-                target.port,
-                target.tp_size,
-                target.dcp_size,
-                target.pp_size,
-            )
+            self._add_target(engine_id, target)
+
+    @staticmethod
+    def _not_tracked(local_id: str, remote_id: str, exc: Exception) -> None:
+        # An id we cannot put on the wire (e.g. contains ','): its lease
+        # will simply not be renewed, exactly what upstream would get.
+        logger.warning("Not heartbeating request %s (remote id %r): %s", local_id, remote_id, exc)
+
+    def _add_target(self, engine_id: str, target: HeartbeatTarget) -> None:
+        self.targets[engine_id] = (target.host, target.port, target.tp_size, target.dcp_size, target.pp_size)
 
     def untrack(self, req_id: str) -> None:
         tracker = self.tracker
         engine_id = tracker.engine_of(req_id)
         if engine_id is not None:
+            repacks = tracker.repacks
             tracker.untrack(req_id)
             if engine_id not in tracker.engines():
                 self.targets.pop(engine_id, None)
+            elif tracker.repacks != repacks:
+                self._repacked.add(engine_id)
+
+    def chunk_of(self, req_id: str) -> tuple[int, int] | None:
+        """``(key, version)`` of the heartbeat chunk naming ``req_id`` now."""
+        return self.tracker.chunk_of(req_id)
+
+    def take_repacked(self) -> set[str]:
+        """Engines whose ids moved to new chunks since the last call."""
+        out, self._repacked = self._repacked, set()
+        return out
 
     def attach(self, meta: Any) -> None:
-        """Put this step's due messages on the workers' metadata."""
+        """Put this step's messages on the workers' metadata: the round of
+        every chunk is spread over the heartbeat interval (``poll_paced``), so
+        100k waiting requests cost each step a few messages, not one step a
+        100k-id spike."""
         out: dict[str, EngineHeartbeats] = {}
         if len(self.tracker):
-            for engine_id, messages in self.tracker.poll(time.perf_counter()).items():
+            for engine_id, sent in self.tracker.poll_paced_chunks(time.perf_counter()).items():
                 target = self.targets.get(engine_id)
-                if target is not None and messages:
-                    out[engine_id] = EngineHeartbeats(messages, *target)
+                if target is not None and sent:
+                    out[engine_id] = EngineHeartbeats(
+                        [msg for _, _, msg in sent], *target, chunks=[(key, ver) for key, ver, _ in sent]
+                    )
         setattr(meta, LEASE_HEARTBEATS_ATTR, out)

@@ -5,7 +5,9 @@ forwards bytes.  Differences from upstream's ``_send_heartbeats``, both on purpo
 - an engine whose proactive handshake is still running is remembered and
   heartbeated on the first step after it completes, not one interval later;
 - a failed ``send_notif`` is counted and retried on the next step (until a
-  fresher tick for that engine replaces it);
+  fresher tick for that engine replaces it; with paced heartbeats, where a
+  tick names only some chunks, retries are kept and what waited on a
+  handshake is merged with the fresh tick, chunk by chunk);
 - the pull worker sends before the step's reads, not after;
 - a send that fails because UCX lost the connection (a partition longer than
   its TCP timeouts, a restarted P) marks the engine invalid through upstream's
@@ -21,6 +23,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any
 
 from vllm.logger import init_logger
@@ -35,6 +38,10 @@ logger = init_logger(__name__)
 
 # (engine id, messages every P rank got, send started, send finished)
 OnDelivered = Callable[[str, list[bytes], float, float], None]
+# Failed sends kept per engine for retry (a peer failing every send for long
+# must not grow it without bound; a dropped retry's chunk goes out again
+# within an interval anyway).
+MAX_RETRY_PAIRS = 4096
 
 
 class HeartbeatSender:
@@ -74,9 +81,12 @@ class HeartbeatSender:
         waiting, self.waiting = self.waiting, {}
         retry, self.retry = self.retry, {}
         for engine_id, hb in fresh.items():
-            # A fresh tick supersedes what was waiting or queued for retry.
-            waiting.pop(engine_id, None)
-            retry.pop(engine_id, None)
+            held = waiting.pop(engine_id, None)
+            if hb.chunks is None:
+                # A whole-engine tick supersedes what was waiting or queued for retry.
+                retry.pop(engine_id, None)
+            elif held is not None and held[0].chunks is not None:
+                hb = merged(held[0], hb)  # a paced tick names only some chunks
             self._send_engine(engine_id, hb, None)
         for engine_id, (hb, fut) in waiting.items():
             if not fut.done():
@@ -124,7 +134,7 @@ class HeartbeatSender:
         if pairs is None:
             agents = list(up._remote_agents[engine_id].values())
             if self._acks is not None and self._acks.wanted(engine_id):
-                pairs, acked = self._acks.sends(engine_id, agents, hb.messages), True
+                pairs, acked = self._acks.sends(engine_id, agents, hb.messages, hb.chunks), True
             else:
                 pairs = [(agent, msg) for agent in agents for msg in hb.messages]
         failed: list[tuple[str, bytes]] = []
@@ -160,7 +170,11 @@ class HeartbeatSender:
             if disconnected:
                 self._reconnect(engine_id)  # the next tick handshakes again
             else:
-                self.retry[engine_id] = (hb, failed)
+                queued = self.retry.get(engine_id)
+                if queued is not None:  # this step's tick and an older retry both failed
+                    known = set(queued[1])
+                    failed = queued[1] + [pair for pair in failed if pair not in known]
+                self.retry[engine_id] = (hb, failed[-MAX_RETRY_PAIRS:])
 
     def _reconnect(self, engine_id: str) -> None:
         up = self._upstream
@@ -172,6 +186,22 @@ class HeartbeatSender:
             engine_id,
         )
         up._mark_remote_engine_invalid(engine_id, time.perf_counter())
+
+
+def merged(older: EngineHeartbeats, newer: EngineHeartbeats) -> EngineHeartbeats:
+    """``newer`` plus the messages of ``older`` whose chunks it does not name."""
+    assert older.chunks is not None and newer.chunks is not None
+    keys = {key for key, _ in newer.chunks}
+    kept = [
+        (msg, chunk) for msg, chunk in zip(older.messages, older.chunks, strict=True) if chunk[0] not in keys
+    ]
+    if not kept:
+        return newer
+    return replace(
+        newer,
+        messages=[msg for msg, _ in kept] + newer.messages,
+        chunks=[chunk for _, chunk in kept] + newer.chunks,
+    )
 
 
 def is_disconnect(exc: BaseException) -> bool:

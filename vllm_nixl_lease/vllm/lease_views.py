@@ -13,6 +13,7 @@ the ids whose tracking ended, so the workers' tables stay bounded.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from vllm.logger import init_logger
@@ -45,10 +46,20 @@ class LeaseViewCollector:
         self.enabled = lease_config.lease_fencing and transfer_mode == "pull"
         self._new: dict[str, tuple[str, str, float, float, bool]] = {}
         self._dropped: list[str] = []
-        self._shipped: set[str] = set()
+        self._chunks: dict[str, tuple[int, int]] = {}
+        self._shipped: dict[str, str] = {}  # local id -> P engine id
         self._fencing_off_engines: set[str] = set()
 
-    def add(self, local_id: str, engine_id: str, remote_id: str, params: dict[str, Any]) -> None:
+    def add(
+        self,
+        local_id: str,
+        engine_id: str,
+        remote_id: str,
+        params: dict[str, Any],
+        chunk: tuple[int, int] | None = None,
+    ) -> None:
+        """``chunk``: the heartbeat chunk ``(key, version)`` naming the request
+        (``HeartbeatTracker.chunk_of`` right after tracking it)."""
         if not self.enabled:
             return
         deadline = params.get(PARAM_LEASE_DEADLINE)
@@ -56,6 +67,8 @@ class LeaseViewCollector:
         if _finite(deadline) and _finite(extension) and extension > 0:
             acks = params.get(PARAM_LEASE_ACKS) is True
             self._new[local_id] = (engine_id, remote_id, float(deadline), float(extension), acks)
+            if chunk is not None:
+                self._chunks[local_id] = chunk
             return
         if deadline is not None or extension is not None:
             logger.warning(
@@ -72,14 +85,32 @@ class LeaseViewCollector:
             )
 
     def drop(self, local_id: str) -> None:
-        if self._new.pop(local_id, None) is None and local_id in self._shipped:
-            self._shipped.discard(local_id)
+        self._chunks.pop(local_id, None)
+        if self._new.pop(local_id, None) is None and self._shipped.pop(local_id, None) is not None:
             self._dropped.append(local_id)
 
+    def rechunk(self, engine_ids: Iterable[str], chunk_of: Callable[[str], tuple[int, int] | None]) -> None:
+        """The heartbeat chunks of these engines were repacked: ship every
+        viewed request's new chunk (rare: O(views), like the repack itself)."""
+        engines = set(engine_ids)
+        if not engines:
+            return
+        for local_id, engine_id in self._shipped.items():
+            if engine_id in engines:
+                chunk = chunk_of(local_id)
+                if chunk is not None:
+                    self._chunks[local_id] = chunk
+        for local_id, entry in self._new.items():
+            if entry[0] in engines:
+                chunk = chunk_of(local_id)
+                if chunk is not None:
+                    self._chunks[local_id] = chunk
+
     def attach(self, meta: Any) -> None:
-        updates = LeaseViewUpdates(self._new, self._dropped)
-        self._shipped.update(self._new)
-        self._new, self._dropped = {}, []
+        updates = LeaseViewUpdates(self._new, self._dropped, self._chunks)
+        for local_id, entry in self._new.items():
+            self._shipped[local_id] = entry[0]
+        self._new, self._dropped, self._chunks = {}, [], {}
         setattr(meta, LEASE_VIEWS_ATTR, updates)
 
 

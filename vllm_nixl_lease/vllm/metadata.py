@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Attribute set on upstream's NixlConnectorMetadata: engine id -> EngineHeartbeats.
 LEASE_HEARTBEATS_ATTR = "lease_heartbeats"
@@ -15,7 +15,9 @@ class EngineHeartbeats:
     """Pre-encoded ``HB:`` messages for one P engine plus its handshake info.
 
     Messages are built and chunked once on the scheduler (``max_heartbeat_bytes``
-    each), so workers only forward bytes.
+    each), so workers only forward bytes.  ``chunks``: for each message, the
+    tracker chunk ``(key, version)`` it encodes (None from other sources), so
+    P's answer renews that chunk's views at once (``holder_view.py``).
     """
 
     messages: list[bytes]
@@ -24,6 +26,20 @@ class EngineHeartbeats:
     tp_size: int
     dcp_size: int = 1
     pp_size: int = 1
+    chunks: list[tuple[int, int]] | None = None
+
+    def __reduce__(self) -> tuple[type, tuple]:
+        # The metadata is pickled every step (multiprocess executor): a plain
+        # constructor call is several times cheaper than dataclass slot state.
+        return EngineHeartbeats, (
+            self.messages,
+            self.host,
+            self.port,
+            self.tp_size,
+            self.dcp_size,
+            self.pp_size,
+            self.chunks,
+        )
 
 
 @dataclass(slots=True)
@@ -34,6 +50,12 @@ class LeaseViewUpdates:
     # extension, P acknowledges heartbeats)
     new: dict[str, tuple[str, str, float, float, bool]]
     dropped: list[str]
+    # local request id -> (chunk key, version) of the heartbeat chunk naming
+    # it: for the new views, and for views whose ids were repacked.
+    chunks: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    def __reduce__(self) -> tuple[type, tuple]:
+        return LeaseViewUpdates, (self.new, self.dropped, self.chunks)  # see EngineHeartbeats
 
 
 # Attribute set on upstream's NixlConnectorMetadata: the step is idle (idle_pause.py).

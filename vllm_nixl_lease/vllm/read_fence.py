@@ -43,9 +43,18 @@ class ReadFence:
     # -- views shipped by the scheduler, around upstream's start_load_kv -----
     def add_views(self, metadata: Any) -> None:
         updates = getattr(metadata, LEASE_VIEWS_ATTR, None)
-        if updates is not None:
-            for local_id, (engine_id, remote_id, deadline, extension, acked) in updates.new.items():
-                self.views.add(local_id, engine_id, remote_id, deadline, extension, acked)
+        if updates is None:
+            return
+        chunks = getattr(updates, "chunks", None) or {}
+        for local_id, (engine_id, remote_id, deadline, extension, acked) in updates.new.items():
+            self.views.add(local_id, engine_id, remote_id, deadline, extension, acked, chunks.get(local_id))
+        if len(chunks) > len(updates.new):  # views whose ids were repacked into new chunks
+            offsets = self._upstream._engine_clock_offset
+            for local_id, chunk in chunks.items():
+                if local_id not in updates.new:
+                    engine_id = self.views.engine_of(local_id)
+                    if engine_id is not None:
+                        self.views.move_to_chunk(local_id, chunk, offsets.get(engine_id))
 
     def drop_views(self, metadata: Any) -> None:
         # After the reads: an id whose tracking ended this step may still be read in it.

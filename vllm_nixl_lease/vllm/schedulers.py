@@ -36,7 +36,13 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
         taken = self.heartbeats.take_over(self, request.request_id, super()._stop_heartbeat)
         if taken is not None:
             engine_id, remote_id = taken
-            self.lease_views.add(request.request_id, engine_id, remote_id, request.kv_transfer_params)
+            self.lease_views.add(
+                request.request_id,
+                engine_id,
+                remote_id,
+                request.kv_transfer_params,
+                self.heartbeats.chunk_of(request.request_id),
+            )
 
     def _stop_heartbeat(self, req_id: str) -> None:
         self.lease_views.drop(req_id)
@@ -46,6 +52,7 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         meta = super().build_connector_meta(scheduler_output)
         self.heartbeats.attach(meta)
+        self.lease_views.rechunk(self.heartbeats.take_repacked(), self.heartbeats.chunk_of)
         self.lease_views.attach(meta)
         setattr(meta, LEASE_IDLE_ATTR, step_is_idle(scheduler_output, meta))
         return meta

@@ -72,8 +72,9 @@ LEASE_COUNTERS: dict[str, tuple[str, str]] = {
     ),
     "num_heartbeat_views_renewed": (
         "vllm:nixl_lease_views_renewed",
-        "Lease views on D moved forward: by P's acknowledgement of a heartbeat, or (P without "
-        "acknowledgements) by a heartbeat D sent in time.",
+        "Lease views on D moved forward: by P's acknowledgement of a heartbeat (for an answer to a "
+        "whole heartbeat chunk, the ids it proved), or (P without acknowledgements) by a heartbeat "
+        "D sent in time.",
     ),
     "num_heartbeat_acks_sent": (
         "vllm:nixl_lease_heartbeat_acks_sent",
