@@ -103,7 +103,7 @@ def _plot_fleet(row_axes: list, fleet: list[dict]) -> None:
     """Chapter 5: P's connector time per step at fleet scale, stock and ours (from bench-fleet.json)."""
     xs = [r["leases"] for r in fleet]
     for ax, key, side in zip(row_axes, ("stock_us", "ours_us"), ("stock", "ours"), strict=False):
-        ax.plot(xs, [r[key] for r in fleet], marker="o", label=f"{side}: connector time per P step")
+        ax.plot(xs, [r[key] for r in fleet], marker="o", label=f"{side}: connector time per P step, p99")
         ax.set_xscale("log")
         ax.set_xlabel("leases held on P", fontsize=7)
         ax.set_ylabel("µs per step", fontsize=7)
