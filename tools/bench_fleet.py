@@ -15,6 +15,9 @@ ours in the same run, one fleet after the other:
 - ``mass_expiry``: after the 100k hold every D is SIGKILLed; P's connector
   time per step while the 100k leases lapse together, and how late the last
   one was freed after its deadline.
+- ``d_fleet``: 1 D against 8 P engines, 100k requests queued on D and
+  heartbeated to their P engines; D's heartbeat bookkeeping per step (the
+  scheduler's ``build_connector_meta`` and the worker's calls).  Once per bench.
 - ``burst``: 1 P x 1 D; one D step admits 2000, then 5000 requests of 16
   blocks while 500 more wait for D's blocks (``nixl_harness/burst.py``), then
   5000 again with the lease scaled down to 2 s (extension 1 s):
@@ -37,7 +40,7 @@ stdout, a table at the end, ``.build/bench-fleet.json`` and
 what was measured.
 
     python -m tools.bench_fleet [--d 8] [--leases 10000 100000] [--hold 9] [--repeat 3]
-        [--impl stock ours] [--spread-phases] [--bursts 2000 5000] [--scenarios p_fleet burst]
+        [--impl stock ours] [--spread-phases] [--bursts 2000 5000] [--scenarios p_fleet d_fleet burst]
 """
 
 from __future__ import annotations
@@ -58,7 +61,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))  # the harness lives with the tests
 
-from nixl_harness import Fleet, pfleet  # noqa: E402
+from nixl_harness import Fleet, dfleet, pfleet  # noqa: E402
 from nixl_harness.burst import burst  # noqa: E402
 from nixl_harness.scenarios import EXTENSION, LEASE  # noqa: E402
 
@@ -68,6 +71,8 @@ T0 = time.monotonic()
 TARGET_P99_US = 200.0
 TARGET_RATIO = 20.0
 TARGET_DRAIN_STEP_US = 5000.0
+TARGET_D_P99_US = 100.0
+TARGET_D_RATIO = 10.0
 # Bursts: requests of 16 KV blocks (READs with many descriptors, as real
 # prompts have), and requests waiting behind the burst for D's blocks.
 BURST_TOKENS = 512
@@ -268,6 +273,53 @@ def p_fleet(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
     return rows
 
 
+def d_fleet(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
+    """1 D x M P: D keeps ``--d-leases`` requests queued, spread over ``--p``
+    P engines, and heartbeats them (``nixl_harness/dfleet.py``).  Per D step:
+    the scheduler's ``build_connector_meta`` plus the worker's two connector
+    calls, wall and thread CPU; with every request held that is all heartbeat
+    bookkeeping (sends, acknowledgements, views) and NIXL's calls.  Once per
+    bench: one fleet of M + 1 engines holds 100k leases for a minute."""
+    if args.run:
+        return []
+    impl = "stock" if stock else "ours"
+    with Fleet(workdir, lease=LEASE) as fleet:
+        df = dfleet.start(fleet, args.p, args.d_leases, stock, say=lambda m: say(m.strip()))
+        dfleet.grow(df, args.d_leases)
+        h = dfleet.hold(df, args.hold)
+    steps = h["steps"]
+    wall = [s[2] + s[9] for s in steps]  # worker calls + build_connector_meta
+    cpu = [s[7] + s[10] for s in steps]
+    nixl = [s[5] for s in steps]
+    row = {
+        "scenario": "d_fleet",
+        "leases": h["leases"],
+        "impl": impl,
+        "p_engines": args.p,
+        "steps": len(steps),
+        "p50_us": us(pct(wall, 50)),
+        "p99_us": us(pct(wall, 99)),
+        "max_us": us(max(wall, default=math.nan)),
+        "mean_us": us(sum(wall) / max(1, len(wall))),
+        "cpu_p50_us": us(pct(cpu, 50)),
+        "cpu_p99_us": us(pct(cpu, 99)),
+        "cpu_max_us": us(max(cpu, default=math.nan)),
+        "nixl_p99_us": us(pct(nixl, 99)),
+        "hb_msgs": h["hb_msgs"],
+        "hb_ids_sent": h["hb_ids_sent"],
+        "premature_expiries": h["expired"],
+        "cpu_d_cores": round(h["cpu_d"], 3),
+        "errors": len(h["errors"]),
+    }
+    RAW[f"d_fleet/{impl}/{h['leases']}"] = steps
+    say(
+        f"{impl}: D with {h['leases']} queued over {args.p} P: heartbeat bookkeeping per D step p50 "
+        f"{row['p50_us']:.0f} us, p99 {row['p99_us']:.0f} us, max {row['max_us']:.0f} us (CPU p99 "
+        f"{row['cpu_p99_us']:.0f} us); {h['hb_msgs']} messages; premature expiries {h['expired']}"
+    )
+    return [row]
+
+
 def bursts(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
     """1 P x 1 D: one D step admits B requests (each size in ``--bursts``) of
     BURST_TOKENS tokens, BURST_QUEUED more wait for D's blocks, all queued a
@@ -301,6 +353,7 @@ def bursts(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
 # One function per scenario: (stock?, args, workdir) -> rows.  Add a scenario here.
 SCENARIOS: dict[str, Callable[[bool, argparse.Namespace, str], list[Row]]] = {
     "p_fleet": p_fleet,
+    "d_fleet": d_fleet,
     "burst": bursts,
 }
 
@@ -462,6 +515,22 @@ def targets(rows: list[Row]) -> list[str]:
     ]
     if premature:
         out.append("premature expiries (ours must be 0): " + ", ".join(premature))
+    dfl = {r["impl"]: r for r in rows if r["scenario"] == "d_fleet" and r["impl"] in ("stock", "ours")}
+    if "ours" in dfl:
+        o = dfl["ours"]
+        met = "met" if o["p99_us"] <= TARGET_D_P99_US else "NOT met"
+        line = (
+            f"D with {o['leases']} queued over {o['p_engines']} P: ours p99 <= {TARGET_D_P99_US:.0f} us: "
+            f"{o['p99_us']:.0f} us ({met}; CPU {o['cpu_p99_us']:.0f} us, max {o['max_us']:.0f} us)"
+        )
+        if "stock" in dfl:
+            st = dfl["stock"]
+            ratio = st["p99_us"] / o["p99_us"] if o["p99_us"] else math.nan
+            line += (
+                f"; stock p99 / ours >= {TARGET_D_RATIO:.0f}x: {ratio:.1f}x "
+                f"({'met' if ratio >= TARGET_D_RATIO else 'NOT met'}; stock max {st['max_us']:.0f} us)"
+            )
+        out.append(line)
     for r in rows:
         if r["scenario"] == "burst":
             bad = r["premature_expiries"] + r["wrong_reads"] + r["fenced_live"]
@@ -582,6 +651,8 @@ def main(argv: list[str] | None = None) -> int:
         help="spread the D engines' heartbeat rounds over the interval (default: in phase, as they start "
         "together: every round lands on P at once and every lease lapses together at the crash)",
     )
+    ap.add_argument("--p", type=int, default=8, help="P engines against the one D (scenario d_fleet)")
+    ap.add_argument("--d-leases", type=int, default=100_000, help="requests queued on the one D (d_fleet)")
     ap.add_argument(
         "--bursts", type=int, nargs="+", default=[2000, 5000], help="requests admitted in one D step"
     )
@@ -658,6 +729,8 @@ def main(argv: list[str] | None = None) -> int:
             "gc_s",
             "connector_cpu_s",
             "step_gc_s",
+            "scheduler_connector_s",
+            "scheduler_connector_cpu_s",
         ],
         "steps": RAW,
         "targets": targets(rows),

@@ -294,6 +294,7 @@ class Engine:
             self._profile_steps()
         self._step_connector_s = self._step_nixl_s = self._step_gc_s = self._step_cpu_s = 0.0
         self._step_notifs = self._step_expired = 0
+        self._sched_s = self._sched_cpu_s = 0.0
         gc_before = self.rank0.gc_s
         try:
             self._step()
@@ -315,6 +316,8 @@ class Engine:
                     self._step_gc_s,
                     self._step_cpu_s,
                     self.rank0.gc_s - gc_before,
+                    self._sched_s,
+                    self._sched_cpu_s,
                 )
             )
 
@@ -323,8 +326,11 @@ class Engine:
         if self.spec.role == "D":
             self._schedule_d()
         t1 = time.monotonic()
+        c1 = time.thread_time()
         meta = self.sched.build_connector_meta(SimpleNamespace())
         now = time.monotonic()
+        # The scheduler's connector call: on D, the heartbeat tick and the lease views.
+        self._sched_s, self._sched_cpu_s = now - t1, time.thread_time() - c1
         self._phases = {"schedule": t1 - t0, "build_connector_meta": now - t1}
         for req_id in getattr(meta, "reqs_to_send", {}):
             if req_id in self.reqs:
