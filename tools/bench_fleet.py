@@ -464,6 +464,12 @@ def table(rows: list[Row]) -> str:
                 f"max +{r['max_late_ms']} ms after deadline; longest step {r['step_max_us'] / 1e3:.0f} ms, "
                 f"of it GC {r['step_gc_max_us'] / 1e3:.0f} ms"
             )
+        elif r["scenario"] == "d_fleet":
+            note = (
+                f"D's heartbeat bookkeeping per D step, {r['p_engines']} P; mean {r['mean_us']:.0f} us; "
+                f"NIXL p99 {r['nixl_p99_us']:.0f} us; {r['hb_msgs']} hb msgs; premature "
+                f"{r['premature_expiries']}; CPU D {r['cpu_d_cores']} cores"
+            )
         else:  # a scenario of its own (e.g. "burst"): its figures as they come
             skip = ("scenario", "leases", "impl", "runs")
             note = "; ".join(f"{k} {v}" for k, v in r.items() if k not in skip)
