@@ -11,6 +11,7 @@ import pytest
 from vllm_support import (
     STOCK_PULL_WORKER,
     Clock,
+    WorkerMeta,
     fake_request,
     make_kv_cache_config,
     make_worker,
@@ -114,18 +115,6 @@ def test_fencing_can_be_switched_off(scheduler_factory, clock: Clock) -> None:
     assert sched.build_connector_meta(None).lease_views.new == {}
 
 
-class _Meta:
-    def __init__(self, views: LeaseViewUpdates | None = None, heartbeats: dict | None = None) -> None:
-        self.lease_views = views
-        self.lease_heartbeats = heartbeats or {}
-        self.reqs_to_recv: dict = {}
-        self.reqs_in_batch: set = set()
-        self.reqs_not_processed: set = set()
-        self.reqs_to_send: dict = {}
-        self.scheduler_clock = 0.0
-        self.heartbeat_by_engine: dict = {}
-
-
 @pytest.fixture
 def d_worker(clock: Clock, monkeypatch: pytest.MonkeyPatch):
     """Our pull worker connected to P (clock offset +500 s); stock reads recorded, not issued."""
@@ -186,12 +175,12 @@ def test_heartbeat_to_every_p_rank_renews_the_view(d_worker, clock: Clock) -> No
     clock.advance(5.0)
     hb = EngineHeartbeats([heartbeat_message(["p1"]), heartbeat_message(["p2"])], "127.0.0.1", 5600, 2)
     d_worker.nixl_wrapper.fail_sends = 1  # the first send (p1 to rank 0) fails
-    d_worker._send_heartbeats(_Meta(heartbeats={"P": hb}))
+    d_worker._send_heartbeats(WorkerMeta(heartbeats={"P": hb}))
     assert d_worker.read_fence.views.remaining("d1", clock.now, 500.0) == pytest.approx(5.0)  # not renewed
     assert d_worker.read_fence.views.remaining("d2", clock.now, 500.0) == pytest.approx(8.0)
     assert sum(d_worker.xfer_stats.data["num_heartbeat_views_renewed"]) == 1
     # The retry next step reaches rank 0 later than rank 1: it never renews.
-    d_worker._send_heartbeats(_Meta())
+    d_worker._send_heartbeats(WorkerMeta())
     assert d_worker.read_fence.views.remaining("d1", clock.now, 500.0) == pytest.approx(5.0)
     clock.advance(3.5)
     d_worker._read_blocks_for_req("d1", _recv_meta())
@@ -205,10 +194,10 @@ def test_start_load_kv_adds_views_before_reads_and_drops_after(d_worker, clock: 
         STOCK_PULL_WORKER, "start_load_kv", lambda self, meta: seen.append("d1" in self.read_fence.views)
     )
     new = {"d1": ("P", "p1", clock.now + 510.0, 8.0, True)}
-    d_worker.start_load_kv(_Meta(LeaseViewUpdates(new, [])))
-    d_worker.start_load_kv(_Meta(LeaseViewUpdates({}, ["d1"])))
+    d_worker.start_load_kv(WorkerMeta(LeaseViewUpdates(new, [])))
+    d_worker.start_load_kv(WorkerMeta(LeaseViewUpdates({}, ["d1"])))
     assert seen == [True, True] and "d1" not in d_worker.read_fence.views
-    d_worker.start_load_kv(_Meta(None))  # metadata from a stock scheduler
+    d_worker.start_load_kv(WorkerMeta(None))  # metadata from a stock scheduler
     assert seen == [True, True, False]
 
 
@@ -228,7 +217,7 @@ def test_acked_views_move_only_on_p_workers_answers(d_worker, clock: Clock) -> N
     clock.advance(5.0)
     sent_at = clock.now
     hb = EngineHeartbeats([heartbeat_message(["p1"])], "127.0.0.1", 5600, 2)
-    d_worker._send_heartbeats(_Meta(heartbeats={"P": hb}))
+    d_worker._send_heartbeats(WorkerMeta(heartbeats={"P": hb}))
     assert d_worker.read_fence.views.remaining("d1", clock.now, 500.0) == pytest.approx(5.0)
     clock.advance(1.0)
     for p in p_workers:
@@ -280,6 +269,6 @@ def test_heartbeats_go_out_before_the_steps_reads(d_worker, clock: Clock, monkey
 
     monkeypatch.setattr(STOCK_PULL_WORKER, "start_load_kv", stock_start_load_kv)
     hb = EngineHeartbeats([heartbeat_message(["p1"])], "127.0.0.1", 5600, 2)
-    d_worker.start_load_kv(_Meta(heartbeats={"P": hb}))
+    d_worker.start_load_kv(WorkerMeta(heartbeats={"P": hb}))
     assert seen == [2]  # both P ranks had their heartbeat before the reads
     assert len(d_worker.nixl_wrapper.sent) == 2  # and no second copy after them

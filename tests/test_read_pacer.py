@@ -7,7 +7,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import pytest
-from vllm_support import STOCK_PULL_WORKER, Clock, make_worker
+from vllm_support import STOCK_PULL_WORKER, Clock, WorkerMeta, make_worker
 
 from vllm_nixl_lease._wire import heartbeat_message
 from vllm_nixl_lease.vllm.metadata import EngineHeartbeats
@@ -56,18 +56,6 @@ def test_budget_zero_never_carries(clock: Clock) -> None:
     assert not any(pacer.defer(f"r{i}", None) for i in range(1000)) and len(pacer) == 0
 
 
-class _Meta:
-    def __init__(self, reqs_to_recv: dict | None = None, heartbeats: dict | None = None) -> None:
-        self.lease_views = None
-        self.lease_heartbeats = heartbeats or {}
-        self.reqs_to_recv = reqs_to_recv or {}
-        self.reqs_in_batch: set = set()
-        self.reqs_not_processed: set = set()
-        self.reqs_to_send: dict = {}
-        self.scheduler_clock = 0.0
-        self.heartbeat_by_engine: dict = {}
-
-
 @pytest.fixture
 def d_worker(clock: Clock, monkeypatch: pytest.MonkeyPatch):
     """Our pull worker connected to P; each READ "costs" READ_COST_S of the
@@ -106,25 +94,25 @@ def _heartbeat() -> dict:
 
 def test_burst_is_spread_over_steps_with_heartbeats_first(d_worker, clock: Clock) -> None:
     burst = [f"b{i}" for i in range(10)]
-    d_worker.start_load_kv(_Meta(_recv(*burst), _heartbeat()))
+    d_worker.start_load_kv(WorkerMeta(heartbeats=_heartbeat(), reqs_to_recv=_recv(*burst)))
     assert d_worker.events == ["HB", "b0", "b1", "b2", "b3"]
     assert sum(d_worker.xfer_stats.data["num_reads_carried"]) == 6
     d_worker.events.clear()
     # Next step: its heartbeats, then the carried READs, then (budget left) new ones.
-    d_worker.start_load_kv(_Meta(_recv("n0"), _heartbeat()))
+    d_worker.start_load_kv(WorkerMeta(heartbeats=_heartbeat(), reqs_to_recv=_recv("n0")))
     assert d_worker.events == ["HB", "b4", "b5", "b6", "b7"]
     d_worker.events.clear()
-    d_worker.start_load_kv(_Meta())
+    d_worker.start_load_kv(WorkerMeta())
     assert d_worker.events == ["b8", "b9", "n0"] and len(d_worker.read_pacer) == 0
 
 
 def test_a_carried_read_is_fenced_when_its_view_lapsed_meanwhile(d_worker, clock: Clock) -> None:
     for i in range(5):
         d_worker.read_fence.views.add(f"b{i}", "P", f"p{i}", clock.now + 10.0, 8.0)
-    d_worker.start_load_kv(_Meta(_recv(*(f"b{i}" for i in range(5)))))
+    d_worker.start_load_kv(WorkerMeta(reqs_to_recv=_recv(*(f"b{i}" for i in range(5)))))
     assert d_worker.events == ["b0", "b1", "b2", "b3"]
     clock.advance(8.0)  # b4's view has the 2 s margin left when its READ comes up
-    d_worker.start_load_kv(_Meta())
+    d_worker.start_load_kv(WorkerMeta())
     assert d_worker.events == ["b0", "b1", "b2", "b3"] and d_worker._recv_failures == {"b4"}
     assert sum(d_worker.xfer_stats.data["num_reads_fenced"]) == 1
 
@@ -139,11 +127,11 @@ def test_carried_reads_keep_an_idle_step_from_pausing(d_worker, clock: Clock, mo
     d_worker.idle_pause.sleep_s = 0.05
     d_worker.lease_keeper.deadlines["held"] = clock.now + 30  # a lease keeps the engine busy
     d_worker._recving_transfers = {}
-    d_worker.start_load_kv(_Meta(_recv(*(f"b{i}" for i in range(6)))))
+    d_worker.start_load_kv(WorkerMeta(reqs_to_recv=_recv(*(f"b{i}" for i in range(6)))))
     d_worker.idle_pause._idle_step = True  # what the scheduler would say of this step
     d_worker.get_transfer_results()
     assert pauses == []  # two READs still wait to be posted
-    d_worker.start_load_kv(_Meta())
+    d_worker.start_load_kv(WorkerMeta())
     d_worker.idle_pause._idle_step = True
     d_worker.get_transfer_results()
     assert pauses == [0.05]

@@ -26,6 +26,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (  # noqa
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPushConnectorWorker  # noqa: E402
 
+from tools.tiny_model import tiny_model_dir  # noqa: E402
 from tools.upstream_stub import FakeNixlWrapper, make_upstream_worker  # noqa: E402,F401
 from vllm_nixl_lease._wire import default_lease_extension  # noqa: E402
 from vllm_nixl_lease.vllm.config import LeaseConfig  # noqa: E402
@@ -34,20 +35,6 @@ from vllm_nixl_lease.vllm.config import LeaseConfig  # noqa: E402
 # module has set VLLM_TARGET_DEVICE.
 STOCK_PULL_WORKER = NixlPullConnectorWorker
 STOCK_PUSH_WORKER = NixlPushConnectorWorker
-
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "num_hidden_layers": 1,
-    "vocab_size": 256,
-    "max_position_embeddings": 256,
-    "head_dim": 32,
-    "torch_dtype": "float32",
-}
 
 
 def make_worker(cls: type, lease_duration: int = 30, extra: dict[str, Any] | None = None) -> Any:
@@ -86,14 +73,25 @@ def p_meta(
     return meta
 
 
+class WorkerMeta:
+    """The metadata our D scheduler hands the pull worker: lease views, heartbeat
+    messages, READs to start, and upstream's fields the worker reads."""
+
+    def __init__(
+        self, views: Any = None, heartbeats: dict | None = None, reqs_to_recv: dict | None = None
+    ) -> None:
+        self.lease_views = views
+        self.lease_heartbeats = heartbeats or {}
+        self.reqs_to_recv = reqs_to_recv or {}
+        self.reqs_in_batch: set = set()
+        self.reqs_not_processed: set = set()
+        self.reqs_to_send: dict = {}
+        self.scheduler_clock = 0.0
+        self.heartbeat_by_engine: dict = {}
+
+
 def hb_info(ids: set[str], host: str = "127.0.0.1", port: int = 5600, tp: int = 1) -> HeartbeatInfo:
     return HeartbeatInfo(req_ids=set(ids), host=host, port=port, tp_size=tp)
-
-
-def tiny_model_dir(path: Path) -> str:
-    path.mkdir(parents=True, exist_ok=True)
-    (path / "config.json").write_text(json.dumps(TINY_LLAMA))
-    return str(path)
 
 
 def make_vllm_config(model_dir: str, extra: dict[str, Any] | None = None, role: str = "kv_both") -> Any:

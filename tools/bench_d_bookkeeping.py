@@ -58,23 +58,11 @@ from typing import Any
 os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 
 from tools.bench_core import req_ids  # noqa: E402
+from tools.tiny_model import tiny_model_dir  # noqa: E402
 from tools.upstream_stub import FakeNixlWrapper, make_upstream_worker, stock_worker_class  # noqa: E402
 
 LEASE = 30  # s: heartbeat interval 5 s, extension 20 s (upstream's defaults)
 HOST = "10.0.0.1"
-TINY_LLAMA = {
-    "architectures": ["LlamaForCausalLM"],
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "num_hidden_layers": 1,
-    "vocab_size": 256,
-    "max_position_embeddings": 256,
-    "head_dim": 32,
-    "torch_dtype": "float32",
-}
 CASES = ("ours, acknowledging P (LHB/LACK)", "ours, stock P (HB)", "upstream, stock P (HB)")
 
 
@@ -92,9 +80,7 @@ class VirtualClock:
 def vllm_config(root: Path) -> Any:
     from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, VllmConfig
 
-    model = root / "tiny-llama"
-    model.mkdir(parents=True, exist_ok=True)
-    (model / "config.json").write_text(json.dumps(TINY_LLAMA))
+    model = tiny_model_dir(root / "tiny-llama")
     kv = KVTransferConfig(
         kv_connector="NixlConnector",
         kv_role="kv_both",

@@ -101,6 +101,15 @@ def us(seconds: float) -> float:
     return round(seconds * 1e6, 1)
 
 
+def spread_us(seconds: list[float], prefix: str = "") -> Row:
+    """p50, p99 and max of per-step times, in us."""
+    return {
+        f"{prefix}p50_us": us(pct(seconds, 50)),
+        f"{prefix}p99_us": us(pct(seconds, 99)),
+        f"{prefix}max_us": us(max(seconds, default=math.nan)),
+    }
+
+
 def per_notification_us(steps: list[tuple], field: int = 2) -> tuple[float, float]:
     """Least-squares fit connector_us = base + k * notifications over the steps
     (``field`` 2: wall time, 7: CPU time)."""
@@ -143,14 +152,10 @@ def parts(steps: list[tuple]) -> Row:
     gcs = [s[6] for s in steps]
     book = [max(0.0, s[2] - s[5] - s[6]) for s in steps]
     return {
-        "book_p50_us": us(pct(book, 50)),
-        "book_p99_us": us(pct(book, 99)),
-        "book_max_us": us(max(book, default=math.nan)),
+        **spread_us(book, "book_"),
         "nixl_p99_us": us(pct(nixl, 99)),
         "nixl_max_us": us(max(nixl, default=math.nan)),
-        "cpu_p50_us": us(pct([s[7] for s in steps], 50)),
-        "cpu_p99_us": us(pct([s[7] for s in steps], 99)),
-        "cpu_max_us": us(max((s[7] for s in steps), default=math.nan)),
+        **spread_us([s[7] for s in steps], "cpu_"),
         "gc_steps": sum(g > 0 for g in gcs),
         "gc_max_us": us(max(gcs, default=math.nan)),
     }
@@ -170,12 +175,8 @@ def hold_row(h: dict[str, Any], impl: str, n_d: int) -> Row:
         "impl": impl,
         "d_engines": n_d,
         "steps": len(conn),
-        "p50_us": us(pct(conn, 50)),
-        "p99_us": us(pct(conn, 99)),
-        "max_us": us(max(conn, default=math.nan)),
-        "step_p50_us": us(pct(step, 50)),
-        "step_p99_us": us(pct(step, 99)),
-        "step_max_us": us(max(step, default=math.nan)),
+        **spread_us(conn),
+        **spread_us(step, "step_"),
         "hb_msgs": h["hb_msgs"],
         "hb_ids_sent": h["hb_ids_sent"],
         "hb_latency_p50_ms": round(pct(lat, 50) * 1e3, 2),
@@ -213,9 +214,7 @@ def expiry_row(c: dict[str, Any], impl: str, n_d: int) -> Row:
         "impl": impl,
         "d_engines": n_d,
         "steps": len(conn),
-        "p50_us": us(pct(conn, 50)),
-        "p99_us": us(pct(conn, 99)),
-        "max_us": us(max(conn, default=math.nan)),
+        **spread_us(conn),
         "step_max_us": us(max((s[1] for s in steps), default=math.nan)),
         # The harness engine's own GC pauses (its 100k request records): they
         # stretch the steps between the drain's sweeps, so the frees come later.
@@ -297,13 +296,9 @@ def d_fleet(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
         "impl": impl,
         "p_engines": args.p,
         "steps": len(steps),
-        "p50_us": us(pct(wall, 50)),
-        "p99_us": us(pct(wall, 99)),
-        "max_us": us(max(wall, default=math.nan)),
+        **spread_us(wall),
         "mean_us": us(sum(wall) / max(1, len(wall))),
-        "cpu_p50_us": us(pct(cpu, 50)),
-        "cpu_p99_us": us(pct(cpu, 99)),
-        "cpu_max_us": us(max(cpu, default=math.nan)),
+        **spread_us(cpu, "cpu_"),
         "nixl_p99_us": us(pct(nixl, 99)),
         "hb_msgs": h["hb_msgs"],
         "hb_ids_sent": h["hb_ids_sent"],
