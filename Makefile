@@ -122,9 +122,9 @@ test-e2e: build build-cpu venv-router prometheus
 bench-acks: build
 	$(VPY) -m tools.bench_acks
 
-# 1 P x 8 D engines over real NIXL, stock then ours: P's connector time per
-# step at 10k and 100k leases, then a mass expiry (every D killed); then bursts
-# of 2000 and 5000 requests on one D.  Writes .build/bench-fleet.json and .png.
+# Real NIXL engines, stock then ours: 1 P x 8 D at 10k and 100k leases and a
+# mass expiry (every D killed); 1 D x 8 P with 100k queued; bursts of 2000 and
+# 5000 requests on one D.  Writes .build/bench-fleet.json and .png.
 bench-fleet: build $(VENV)/.demo-deps
 	@mkdir -p .build
 	$(VPY) -m tools.bench_fleet
