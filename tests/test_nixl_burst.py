@@ -8,7 +8,8 @@ takes upstream's D about a second here.
 Ours spreads the READs over steps (``read_pacer.py``) and heartbeats first;
 upstream posts every READ of the step, then heartbeats, so P hears nothing
 for the whole burst and expires the leases of requests D is about to read.
-Correctness is asserted for ours; upstream's expiries are the documented
+Correctness is asserted for ours; upstream's expiries, and the margin it
+loses (P's heartbeat gap against half the extension), are the documented
 expected failure.  ``make bench-fleet`` runs 2000 and 5000 at the 6 s lease
 and prints the figures.  Serial: the burst needs both cores."""
 
@@ -36,13 +37,15 @@ def test_burst_ours_keeps_every_lease_and_reads_right(tmp_path) -> None:
 
 
 @pytest.mark.xfail(
-    reason="upstream posts all of a step's READs before its heartbeats: P hears nothing for the "
-    "whole burst (a 2.9 s D step measured here against a 1 s extension) and expires the leases of "
-    "requests D is alive and about to read (4746 of 5500 measured)",
+    reason="upstream posts all of a step's READs before its heartbeats, so P hears nothing for the "
+    "whole burst: P's longest heartbeat gap measured 0.93-1.17 s against the 1 s extension (the "
+    "issue's margin is half of it), and leases of requests D was about to read expired (4746 of "
+    "5500 in one run, none in another)",
     strict=False,
 )
-def test_burst_stock_keeps_every_lease(tmp_path) -> None:
+def test_burst_stock_keeps_every_lease_with_margin(tmp_path) -> None:
     with Fleet(tmp_path, lease=LEASE) as fleet:
         out = burst(fleet, BURST, QUEUED, stock=True, tokens=TOKENS)
     assert out["errors"] == [] and out["wrong_reads"] == 0
     assert out["premature_expiries"] == 0
+    assert out["max_hb_gap_s"] <= out["extension_s"] / 2
