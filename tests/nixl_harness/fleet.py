@@ -208,29 +208,9 @@ class Fleet:
         }
 
     def start(self, role: str, name: str, stock: bool = False, host: str | None = None, **kw: Any) -> Engine:
-        kw.update(self._placement(host))
-        # A port free when picked can be bound by someone else before the
-        # engine's listener binds it; pick another and start again.
-        for attempt in range(3):
-            (port,) = free_ports(1)
-            spec = EngineSpec(
-                role=role,
-                stock=stock,
-                workdir=self.workdir,
-                side_channel_port=port,
-                lease=self.lease,
-                name=name,
-                **kw,
-            )
-            try:
-                eng = Engine(spec)
-            except SidePortTaken:
-                if attempt == 2:
-                    raise
-                continue
-            self.engines.append(eng)
-            return eng
-        raise AssertionError("unreachable")
+        """One engine, ready when this returns (``start_many`` of one, with its port-race retries)."""
+        (eng,) = self.start_many([(role, name, {**kw, "host": host})], stock=stock, start_timeout=90.0)
+        return eng
 
     def start_many(
         self,
@@ -242,8 +222,9 @@ class Fleet:
 
         Safe to overlap: every engine gets its own side-channel port (picked
         together, so distinct), its own dist-init file and KV cache; only the
-        fork server is shared, and it forks one child at a time.  A lost port
-        race restarts just that engine on a new port."""
+        fork server is shared, and it forks one child at a time.  A port free
+        when picked can be bound by someone else before the engine's listener
+        binds it: a lost race restarts just that engine on a new port."""
         specs = []
         for (role, name, kw), port in zip(engines, free_ports(len(engines)), strict=True):
             kw = dict(kw)
