@@ -22,7 +22,12 @@ from vllm_nixl_lease._wire import (
     parse_heartbeat_ack,
 )
 from vllm_nixl_lease.vllm.config import LeaseConfig
-from vllm_nixl_lease.vllm.heartbeat_acker import MAX_NOT_EXTENDED_BYTES, MAX_SEQS_PER_ANSWER, HeartbeatAcker
+from vllm_nixl_lease.vllm.heartbeat_acker import (
+    MAX_NOT_EXTENDED_BYTES,
+    MAX_PACED_ANSWERS_PER_STEP,
+    MAX_SEQS_PER_ANSWER,
+    HeartbeatAcker,
+)
 from vllm_nixl_lease.vllm.heartbeat_acks import HeartbeatAcks
 from vllm_nixl_lease.vllm.heartbeat_sender import HeartbeatSender
 from vllm_nixl_lease.vllm.lease_keeper import LeaseKeeper
@@ -263,3 +268,112 @@ def test_one_answer_per_d_agent_per_step(clock: Clock) -> None:
     assert [len(seqs) for seqs, _ in answers] == [MAX_SEQS_PER_ANSWER, 10]  # type: ignore[misc]
     assert all(missing == {"gone0", "gone1", "gone2"} for _, missing in answers)  # type: ignore[misc]
     assert p.count("num_heartbeat_acks_sent") == n
+
+
+def hello_from(agent: str) -> bytes:
+    return ACK_HELLO_PREFIX + f"fake-md:{agent}".encode()
+
+
+def paced_acker(gap: float) -> tuple[LeaseKeeper, HeartbeatAcker, FakeUpstreamWorker]:
+    p = FakeUpstreamWorker()
+    keeper = LeaseKeeper(p, CONFIG)
+    acker = HeartbeatAcker(p, keeper, forget_after_s=60, answer_gap_s=gap)
+    keeper.deadlines["p1"] = 100.0
+    return keeper, acker, p
+
+
+def answered(p: FakeUpstreamWorker) -> dict[str, list]:
+    out: dict[str, list] = {}
+    for agent, msg in p.nixl_wrapper.sent:
+        out.setdefault(agent, []).append(parse_heartbeat_ack(msg))
+    p.nixl_wrapper.sent = []
+    return out
+
+
+def test_paced_answers_gather_heartbeats_over_steps(clock: Clock) -> None:
+    """With a gap, P answers each D agent at most once per gap and at most
+    MAX_PACED_ANSWERS_PER_STEP agents a step; the heartbeats in between share
+    the next answer, and none waits past twice the gap."""
+    gap = 1.0
+    keeper, acker, p = paced_acker(gap)
+    agents = [f"D{i}" for i in range(MAX_PACED_ANSWERS_PER_STEP + 1)]
+    acker.handle(keeper.route({a: [hello_from(a)] for a in agents})[1])
+    settle(acker)
+    seq = iter(range(1, 1000))
+    hb = acked_heartbeat_message
+
+    def step(*senders: str) -> dict[str, list]:
+        acker.handle(keeper.route({a: [hb(next(seq), heartbeat_message(["p1"]))] for a in senders})[1])
+        return answered(p)
+
+    # First step: every agent is due, but only the budget's worth are answered.
+    first = step(*agents)
+    assert sorted(first) == agents[:MAX_PACED_ANSWERS_PER_STEP]
+    clock.advance(0.1)
+    # The third agent is answered in the next step; the first two are not due.
+    second = step(*agents)
+    assert sorted(second) == [agents[-1]] and second[agents[-1]] == [([3, 6], frozenset())]
+    # Heartbeats keep arriving: nobody is answered again before the gap ...
+    clock.advance(0.5)
+    assert step(*agents) == {}
+    # ... the extension was applied at once regardless (P's lease never waits).
+    assert keeper.table.deadline("p1") == pytest.approx(clock.now + EXT)
+    # Past the gap the oldest two are answered, everything they sent at once.
+    clock.advance(0.45)
+    third = step()
+    assert sorted(third) == agents[:2]
+    assert third[agents[0]] == [([4, 7], frozenset())]
+    assert p.count("num_heartbeat_acks_sent") == 8  # heartbeats 1-8; 9 waits for D2's gap
+    assert p.count("num_heartbeat_acks_dropped") == 0
+
+
+def test_overdue_answers_skip_the_step_budget(clock: Clock) -> None:
+    """More agents due than the budget: the rest wait, but never past twice the gap."""
+    keeper, acker, p = paced_acker(1.0)
+    agents = [f"D{i}" for i in range(MAX_PACED_ANSWERS_PER_STEP + 3)]
+    acker.handle(keeper.route({a: [hello_from(a)] for a in agents})[1])
+    settle(acker)
+    beats = {a: [acked_heartbeat_message(i, heartbeat_message(["p1"]))] for i, a in enumerate(agents)}
+    acker.handle(keeper.route(beats)[1])
+    assert sorted(answered(p)) == agents[:MAX_PACED_ANSWERS_PER_STEP]
+    clock.advance(2.0)
+    acker.handle({})
+    assert sorted(answered(p)) == agents[MAX_PACED_ANSWERS_PER_STEP:]
+
+
+def test_paced_answer_names_missing_ids_only_for_heartbeats_that_had_them(clock: Clock) -> None:
+    keeper, acker, p = paced_acker(0.0)
+    acker.handle(keeper.route({"D": [hello_from("D")]})[1])
+    settle(acker)
+    batch = [
+        acked_heartbeat_message(1, heartbeat_message(["p1"])),
+        acked_heartbeat_message(2, heartbeat_message(["p1", "gone"])),
+        acked_heartbeat_message(3, heartbeat_message(["p1"])),
+    ]
+    acker.handle(keeper.route({"D": batch})[1])
+    assert answered(p) == {"D": [([1, 3], frozenset()), ([2], frozenset({"gone"}))]}
+
+
+def test_delayed_answer_renews_from_the_send(clock: Clock) -> None:
+    """D renews from when it sent the heartbeat: an answer P held back for
+    the gap proves as much as a prompt one."""
+    net = Pair(clock)
+    for r, up in enumerate(net.p):
+        net.ackers[r] = HeartbeatAcker(up, net.keepers[r], forget_after_s=60, answer_gap_s=1.0)
+    net.grant("p1", "d1")
+    clock.advance(3)
+    net.d_heartbeat("p1")
+    sent = net.take_d_sends()
+    net.p_step(sent)
+    net.d_receive(net.take_p_sends())  # the first answer: the agent had none yet
+    net.d_heartbeat("p1")
+    sent = net.take_d_sends()
+    clock.advance(0.2)
+    net.p_step(sent)
+    assert net.take_p_sends() == []  # inside the gap
+    clock.advance(1.5)
+    net.p_step([])
+    answers = net.take_p_sends()
+    net.d_receive(answers)
+    assert [parse_heartbeat_ack(m) for _, m in answers] == [([2], frozenset())]
+    assert net.remaining("d1") == pytest.approx(EXT - 1.7)

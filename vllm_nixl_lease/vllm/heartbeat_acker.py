@@ -7,11 +7,22 @@ the argument; ``heartbeat_acks.py`` is D's side).
   first remote agent takes ~60 ms of UCX set-up here; later ones 1-6 ms), and
   checks that the metadata names the agent that sent it.
 - ``LHB:<seq>:<ids>``: extended in the table by ``LeaseKeeper.extend_acked``
-  in this step (before the sweep), then answered: one
-  ``LACK:<seq>,<seq>,...[:<ids not held>]`` per D agent per step, so a D
-  heartbeating 100k leases in hundreds of messages costs P one send, not
-  hundreds.  An answer for an agent still loading waits (bounded); for an
-  agent that never said hello it is dropped and counted: D says hello again.
+  in this step (before the sweep), then answered with
+  ``LACK:<seq>,<seq>,...[:<ids not held>]``.  Answers to one agent are
+  gathered over steps: an agent is answered once its last answer is
+  ``answer_gap_s`` old, at most ``MAX_PACED_ANSWERS_PER_STEP`` agents a step,
+  and always once its oldest unanswered heartbeat is ``answer_gap_s * 2`` old.
+  A NIXL ``send_notif`` costs P 20-70 us; D paces its heartbeats over the
+  interval, so answering every agent in the step its heartbeats arrive made
+  a P with 8 D engines send ~7 answers every step, most of its connector
+  time.  Delay is safe: D renews a view from the time it *sent* the
+  heartbeat, so a later answer proves the same (``ack_ledger.py``); the gap
+  is a quarter of D's heartbeat interval, far inside the extension.  Seqs
+  whose ids were all held share one answer; the rest share a second one
+  naming the ids not held (an id missing from one counts as missing from all
+  of those: conservative).  An answer for an agent still loading waits
+  (bounded); for an agent that never said hello it is dropped and counted:
+  D says hello again.
 - Agents not heard from for ``forget_after_s`` are unloaded, unless upstream
   uses them too.
 
@@ -21,6 +32,7 @@ Only our D sends these, and only to a P that advertised acknowledgements
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -51,24 +63,35 @@ MAX_SEQS_PER_ANSWER = 256
 # ... and names the ids P did not extend; past this many bytes it says "none"
 # instead, so a hostile heartbeat cannot make P echo megabytes.
 MAX_NOT_EXTENDED_BYTES = 4096
+# Agents answered in one step because their gap is over (overdue ones on top).
+MAX_PACED_ANSWERS_PER_STEP = 2
 
 
 class _Answer:
-    __slots__ = ("seqs", "missing", "none")
+    """The heartbeats of one agent not answered yet."""
 
-    def __init__(self) -> None:
-        self.seqs: list[int] = []
+    __slots__ = ("since", "held", "partial", "missing", "none")
+
+    def __init__(self, since: float) -> None:
+        self.since = since  # when the oldest of them arrived
+        self.held: list[int] = []  # seqs whose ids were all leased here
+        self.partial: list[int] = []  # seqs naming ids not leased here
         self.missing: set[str] = set()
-        self.none = False
+        self.none = False  # some id could not be read: none counts as extended
 
 
 class HeartbeatAcker:
     """Answers ``LHB:`` heartbeats; loads and forgets the D agents it answers."""
 
-    def __init__(self, upstream: UpstreamWorker, keeper: LeaseKeeper, forget_after_s: float) -> None:
+    def __init__(
+        self, upstream: UpstreamWorker, keeper: LeaseKeeper, forget_after_s: float, answer_gap_s: float = 0.0
+    ) -> None:
         self._upstream = upstream
         self._keeper = keeper
         self._forget_after = forget_after_s
+        self._answer_gap = answer_gap_s  # 0: every agent answered in the step its heartbeats arrive
+        self._pending: dict[str, _Answer] = {}  # oldest first
+        self._answered: dict[str, float] = {}  # agent -> last answer sent
         self._heard: dict[str, float] = {}  # loaded agent -> last hello/heartbeat
         self._loading: dict[str, Future[bytes]] = {}
         # agent -> (answer, heartbeats it acknowledges) waiting for the agent's load
@@ -78,19 +101,19 @@ class HeartbeatAcker:
         self._log = RateLimitedLog(logger)
 
     def handle(self, messages: Mapping[str, list[bytes]]) -> None:
-        """One step's ``LHELLO:`` / ``LHB:`` messages (other prefixes are someone else's)."""
+        """One step's ``LHELLO:`` / ``LHB:`` messages (other prefixes are someone
+        else's); then the answers that are due."""
         now = time.perf_counter()
         if self._loading:
             self._finish_loads()
-        answers: dict[str, _Answer] = {}
         for agent, msgs in messages.items():
             for msg in msgs:
                 if msg.startswith(ACKED_HEARTBEAT_PREFIX):
-                    self._heartbeat(agent, msg, now, answers)
+                    self._heartbeat(agent, msg, now)
                 elif msg.startswith(ACK_HELLO_PREFIX):
                     self._hello(agent, msg[len(ACK_HELLO_PREFIX) :], now)
-        for agent, answer in answers.items():
-            self._answer(agent, answer, now)
+        if self._pending:
+            self._answer_due(now)
         if now >= self._next_sweep:
             self._next_sweep = now + min(self._forget_after, 10.0)
             self._forget_idle(now)
@@ -100,7 +123,7 @@ class HeartbeatAcker:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
     # -- LHB ------------------------------------------------------------------
-    def _heartbeat(self, agent: str, msg: bytes, now: float, answers: dict[str, _Answer]) -> None:
+    def _heartbeat(self, agent: str, msg: bytes, now: float) -> None:
         parsed = parse_acked_heartbeat(msg)
         if parsed is None:
             self._upstream.xfer_stats.add("num_malformed_notifs", 1)
@@ -108,25 +131,51 @@ class HeartbeatAcker:
             return
         seq, payload = parsed
         missing = self._keeper.extend_acked(payload, now)
-        answer = answers.get(agent)
-        if answer is None:
-            answer = answers[agent] = _Answer()
-        answer.seqs.append(seq)
-        if missing is None:
-            answer.none = True
-        else:
-            answer.missing.update(missing)
-
-    def _answer(self, agent: str, answer: _Answer, now: float) -> None:
-        stats = self._upstream.xfer_stats
         if agent not in self._heard and agent not in self._loading:
             # No hello yet (or forgotten): D says hello again when answers stop.
-            stats.add("num_heartbeat_acks_dropped", len(answer.seqs))
+            self._upstream.xfer_stats.add("num_heartbeat_acks_dropped", 1)
             return
-        not_extended = b",".join(sorted(m.encode() for m in answer.missing))
-        if answer.none or len(not_extended) > MAX_NOT_EXTENDED_BYTES:
-            not_extended = ACK_NONE
-        seqs = answer.seqs
+        answer = self._pending.get(agent)
+        if answer is None:
+            answer = self._pending[agent] = _Answer(now)
+        if missing is None:
+            answer.none = True
+            answer.partial.append(seq)
+        elif missing:
+            answer.missing.update(missing)
+            answer.partial.append(seq)
+        else:
+            answer.held.append(seq)
+
+    def _answer_due(self, now: float) -> None:
+        gap = self._answer_gap
+        budget = MAX_PACED_ANSWERS_PER_STEP
+        for agent, answer in list(self._pending.items()):
+            if gap and now - answer.since < 2 * gap:  # not overdue
+                if budget <= 0:
+                    break  # the rest arrived later still: none is overdue
+                if now - self._answered.get(agent, -math.inf) < gap:
+                    continue
+                budget -= 1
+            del self._pending[agent]
+            self._answered[agent] = now
+            self._answer(agent, answer, now)
+
+    def _answer(self, agent: str, answer: _Answer, now: float) -> None:
+        if agent not in self._heard and agent not in self._loading:
+            # Forgotten or unloaded since the heartbeats arrived.
+            dropped = len(answer.held) + len(answer.partial)
+            self._upstream.xfer_stats.add("num_heartbeat_acks_dropped", dropped)
+            return
+        self._answer_seqs(agent, answer.held, b"", now)
+        if answer.partial:
+            not_extended = b",".join(sorted(m.encode() for m in answer.missing))
+            if answer.none or len(not_extended) > MAX_NOT_EXTENDED_BYTES:
+                not_extended = ACK_NONE
+            self._answer_seqs(agent, answer.partial, not_extended, now)
+
+    def _answer_seqs(self, agent: str, seqs: list[int], not_extended: bytes, now: float) -> None:
+        stats = self._upstream.xfer_stats
         for start in range(0, len(seqs), MAX_SEQS_PER_ANSWER):
             chunk = seqs[start : start + MAX_SEQS_PER_ANSWER]
             msg = heartbeat_ack_message(chunk, not_extended)
@@ -202,6 +251,8 @@ class HeartbeatAcker:
                 del self._heard[agent]
                 if not self._used_by_upstream(agent):
                     self._remove(agent)
+        for agent in [a for a in self._answered if a not in self._heard and a not in self._loading]:
+            del self._answered[agent]
 
     def _remove(self, agent: str) -> None:
         try:

@@ -49,7 +49,9 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         self.lease_keeper = LeaseKeeper(self, lease_config)
         self._reqs_to_send = self.lease_keeper.deadlines  # upstream grants leases through these
         self._reqs_to_process = self.lease_keeper.in_batch
-        self.heartbeat_acker = HeartbeatAcker(self, self.lease_keeper, forget_after_s(lease_config))
+        self.heartbeat_acker = HeartbeatAcker(
+            self, self.lease_keeper, forget_after_s(lease_config), answer_gap_s(lease_config)
+        )
         self.read_fence = ReadFence(self, lease_config)
         self.heartbeat_acks = HeartbeatAcks(self, self.read_fence.views, rehello_after_s(lease_config))
         self.heartbeat_sender = HeartbeatSender(
@@ -119,6 +121,13 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
 def forget_after_s(lease_config: LeaseConfig) -> float:
     # P unloads a D agent silent this long: well past any lease it could hold.
     return max(60.0, 4 * lease_config.lease_extension)
+
+
+def answer_gap_s(lease_config: LeaseConfig) -> float:
+    # P answers one D agent at most this often (overdue at twice it): a
+    # quarter of D's heartbeat interval, far inside the extension D's views
+    # renew by (0: every step, as D then heartbeats every step).
+    return lease_config.heartbeat_interval / 4
 
 
 def rehello_after_s(lease_config: LeaseConfig) -> float:
