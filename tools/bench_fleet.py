@@ -12,6 +12,9 @@ ours in the same run, one fleet after the other:
   heartbeats, grants, expiry sweep; ``ranks.Rank.step``) and the whole
   harness step; per heartbeat message: D's send to P's drain; expiries on P
   while every D heartbeats (premature).
+- the floor (``leases`` 0, P fleet and D fleet): the same fleet for
+  ``--floor-hold`` seconds before any request; what the connector's calls
+  cost a step here with nothing to do, stock and ours.
 - ``mass_expiry``: after the 100k hold every D is SIGKILLed; P's connector
   time per step while the 100k leases lapse together, and how late the last
   one was freed after its deadline.
@@ -243,9 +246,12 @@ def p_fleet(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
     rows: list[Row] = []
     with Fleet(workdir, lease=LEASE) as fleet:
         pf = pfleet.start(fleet, args.d, max(args.leases), stock, say=lambda m: say(m.strip()))
-        for leases in sorted(args.leases):
-            pfleet.grow(pf, leases, spread_phases=args.spread_phases)
-            h = pfleet.hold(pf, args.hold)
+        for leases in sorted({0, *args.leases}):
+            # 0: the floor, the same fleet before any request: no lease, no
+            # message, what the connector's calls cost P here with nothing to do.
+            if leases:
+                pfleet.grow(pf, leases, spread_phases=args.spread_phases)
+            h = pfleet.hold(pf, args.hold if leases else args.floor_hold)
             row = hold_row(h, impl, args.d)
             row["start_s"] = round(pf.start_s, 1)
             row["pss_p_mib"] = round(pss_mib(pf.p.pid), 1)
@@ -284,8 +290,13 @@ def d_fleet(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
     impl = "stock" if stock else "ours"
     with Fleet(workdir, lease=LEASE) as fleet:
         df = dfleet.start(fleet, args.p, args.d_leases, stock, say=lambda m: say(m.strip()))
+        floor = dfleet.hold(df, args.floor_hold)  # before any request: the empty connector
         dfleet.grow(df, args.d_leases)
         h = dfleet.hold(df, args.hold)
+    return [d_row(floor, impl, args.p), d_row(h, impl, args.p)]
+
+
+def d_row(h: dict[str, Any], impl: str, p_engines: int) -> Row:
     steps = h["steps"]
     wall = [s[2] + s[9] for s in steps]  # worker calls + build_connector_meta
     cpu = [s[7] + s[10] for s in steps]
@@ -294,7 +305,7 @@ def d_fleet(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
         "scenario": "d_fleet",
         "leases": h["leases"],
         "impl": impl,
-        "p_engines": args.p,
+        "p_engines": p_engines,
         "steps": len(steps),
         **spread_us(wall),
         "mean_us": us(sum(wall) / max(1, len(wall))),
@@ -308,11 +319,11 @@ def d_fleet(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
     }
     RAW[f"d_fleet/{impl}/{h['leases']}"] = steps
     say(
-        f"{impl}: D with {h['leases']} queued over {args.p} P: heartbeat bookkeeping per D step p50 "
+        f"{impl}: D with {h['leases']} queued over {p_engines} P: heartbeat bookkeeping per D step p50 "
         f"{row['p50_us']:.0f} us, p99 {row['p99_us']:.0f} us, max {row['max_us']:.0f} us (CPU p99 "
         f"{row['cpu_p99_us']:.0f} us); {h['hb_msgs']} messages; premature expiries {h['expired']}"
     )
-    return [row]
+    return row
 
 
 def bursts(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
@@ -446,7 +457,9 @@ def table(rows: list[Row]) -> str:
                 f"{r['cpu_p99_ratio']:>7}x"
             )
             continue
-        if r["scenario"] == "p_fleet":
+        if r["scenario"] in ("p_fleet", "d_fleet") and r.get("leases") == 0:
+            note = "the floor: the same fleet before any request (no lease, no message)"
+        elif r["scenario"] == "p_fleet":
             note = (
                 f"step p99 {r['step_p99_us']:.0f} us; hb send->drain p50/p99 {r['hb_latency_p50_ms']}/"
                 f"{r['hb_latency_p99_ms']} ms; {r['hb_msgs']} hb msgs; premature {r['premature_expiries']}; "
@@ -516,7 +529,11 @@ def targets(rows: list[Row]) -> list[str]:
     ]
     if premature:
         out.append("premature expiries (ours must be 0): " + ", ".join(premature))
-    dfl = {r["impl"]: r for r in rows if r["scenario"] == "d_fleet" and r["impl"] in ("stock", "ours")}
+    dfl = {
+        r["impl"]: r
+        for r in rows
+        if r["scenario"] == "d_fleet" and r["impl"] in ("stock", "ours") and r["leases"]
+    }
     if "ours" in dfl:
         o = dfl["ours"]
         met = "met" if o["p99_us"] <= TARGET_D_P99_US else "NOT met"
@@ -543,6 +560,20 @@ def targets(rows: list[Row]) -> list[str]:
                 f"P's heartbeat gap <= {r['extension_s'] / 2:g} s: {r['premature_expiries']}, "
                 f"{r['wrong_reads']}, {r['fenced_live']}, {r['max_hb_gap_s']} s ({met})"
             )
+    return out
+
+
+def floors(rows: list[Row]) -> list[str]:
+    """What the connector's calls cost here with nothing to do (leases 0):
+    the level below which no bookkeeping can bring a step on this machine."""
+    out = []
+    for scenario, who in (("p_fleet", "P step"), ("d_fleet", "D step")):
+        for r in rows:
+            if r["scenario"] == scenario and r["impl"] in ("stock", "ours") and r["leases"] == 0:
+                out.append(
+                    f"floor, {r['impl']} {who} with no lease and no message: p50 {r['p50_us']:.0f} us, "
+                    f"p99 {r['p99_us']:.0f} us wall, CPU p99 {r['cpu_p99_us']:.0f} us"
+                )
     return out
 
 
@@ -581,9 +612,13 @@ def plot(rows: list[Row], path: Path, subtitle: str = "") -> bool:
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
     colors = {"stock": "tab:red", "ours": "tab:blue"}
     for impl, color in colors.items():
-        pts = sorted((r["leases"], r) for r in rows if r["scenario"] == "p_fleet" and r["impl"] == impl)
+        fleet = [r for r in rows if r["scenario"] == "p_fleet" and r["impl"] == impl]
+        pts = sorted((r["leases"], r) for r in fleet if r["leases"])
         if not pts:
             continue
+        for r in fleet:
+            if not r["leases"]:  # the floor: an empty connector on this machine
+                ax1.axhline(r["p99_us"], color=color, lw=0.8, ls="-.", label=f"{impl} p99, no lease (floor)")
         xs = [x for x, _ in pts]
         ax1.plot(xs, [r["p50_us"] for _, r in pts], "o--", color=color, label=f"{impl} p50")
         ax1.plot(xs, [r["p99_us"] for _, r in pts], "s-", color=color, label=f"{impl} p99")
@@ -644,6 +679,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--leases", type=int, nargs="+", default=[10_000, 100_000])
     ap.add_argument("--hold", type=float, default=9.0, help="seconds each lease count is held")
     ap.add_argument(
+        "--floor-hold",
+        type=float,
+        default=6.0,
+        help="seconds the fleet runs before any request (the floor: leases 0)",
+    )
+    ap.add_argument(
         "--repeat", type=int, default=3, help="runs of each scenario and impl, alternating (median of runs)"
     )
     ap.add_argument(
@@ -700,6 +741,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\ntargets (issue 11):")
     for line in targets(rows):
         print("  " + line)
+    for line in floors(rows):
+        print("  " + line)
     print("\nD engines on this machine:")
     for line in ceiling(rows):
         print("  " + line)
@@ -732,9 +775,12 @@ def main(argv: list[str] | None = None) -> int:
             "step_gc_s",
             "scheduler_connector_s",
             "scheduler_connector_cpu_s",
+            "nixl_send_s",
+            "nixl_sends",
         ],
         "steps": RAW,
         "targets": targets(rows),
+        "floors": floors(rows),
         "ceiling": ceiling(rows),
         "failures": failures,
         "seconds": round(time.monotonic() - T0, 1),

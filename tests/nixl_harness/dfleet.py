@@ -52,10 +52,12 @@ def start(
     max_leases: int,
     stock: bool,
     observe_ids: bool = False,
+    extra: dict[str, Any] | None = None,
     say: Callable[[str], None] = print,
 ) -> DFleet:
-    """``n_p`` P engines with room for their share of ``max_leases``, and one D."""
-    common = {"progress_delay_us": PROGRESS_DELAY_US, "observe_ids": observe_ids}
+    """``n_p`` P engines with room for their share of ``max_leases``, and one D
+    (``extra``: their ``kv_connector_extra_config`` additions)."""
+    common = {"progress_delay_us": PROGRESS_DELAY_US, "observe_ids": observe_ids, "extra": dict(extra or {})}
     share = -(-max_leases // n_p)
     engines = [("P", f"p{i}", {**common, "num_blocks": share + 64}) for i in range(n_p)]
     engines.append(("D", "d", {**common, "num_blocks": max_leases + 64}))

@@ -293,6 +293,8 @@ class Engine:
         if self._profiler is not None:
             self._profile_steps()
         self._step_connector_s = self._step_nixl_s = self._step_gc_s = self._step_cpu_s = 0.0
+        self._step_nixl_send_s = 0.0
+        self._step_nixl_sends = 0
         self._step_notifs = self._step_expired = 0
         self._sched_s = self._sched_cpu_s = 0.0
         gc_before = self.rank0.gc_s
@@ -318,6 +320,8 @@ class Engine:
                     self.rank0.gc_s - gc_before,
                     self._sched_s,
                     self._sched_cpu_s,
+                    self._step_nixl_send_s,
+                    self._step_nixl_sends,
                 )
             )
 
@@ -362,6 +366,8 @@ class Engine:
                 self._step_nixl_s = res.get("nixl_s", 0.0)
                 self._step_gc_s = res.get("gc_s", 0.0)
                 self._step_cpu_s = res.get("connector_cpu_s", 0.0)
+                self._step_nixl_send_s = res.get("nixl_send_s", 0.0)
+                self._step_nixl_sends = res.get("nixl_sends", 0)
             self._step_expired += len(res["expired"])
             self.hb_sent_log.extend(res.get("hb_sent_msgs", ()))
             for k in ("msgs", "bytes", "ids", "failed"):

@@ -96,6 +96,8 @@ class Rank:
         # cumulative: a pause lands in whichever code allocates, and its
         # length follows the whole heap), to tell them apart from the rest.
         self.nixl_s = 0.0
+        self.nixl_send_s = 0.0  # of nixl_s: in send_notif (D's heartbeats, P's LACK answers)
+        self.nixl_sends = 0
         self.gc_s = 0.0
         self._gc_t0 = 0.0
 
@@ -133,7 +135,10 @@ class Rank:
                     self.hb_sent["failed"] += 1
                 raise
             finally:
-                self.nixl_s += time.perf_counter() - t0
+                took = time.perf_counter() - t0
+                self.nixl_s += took
+                self.nixl_send_s += took
+                self.nixl_sends += 1
             t0 = time.perf_counter()
             if is_any_heartbeat(notif_msg):
                 hb = self.hb_sent
@@ -183,7 +188,8 @@ class Rank:
         error = None
         res = None
         conn = self.connector
-        self.probe_s = self.nixl_s = 0.0
+        self.probe_s = self.nixl_s = self.nixl_send_s = 0.0
+        self.nixl_sends = 0
         connector_s = 0.0
         gc_before = self.gc_s
         gc_s = cpu_s = 0.0
@@ -246,6 +252,8 @@ class Rank:
             "hb_sent_msgs": self.hb_sent_msgs,
             "connector_s": max(0.0, connector_s - self.probe_s),
             "nixl_s": self.nixl_s,
+            "nixl_send_s": self.nixl_send_s,
+            "nixl_sends": self.nixl_sends,
             "connector_cpu_s": max(0.0, cpu_s - self.probe_s),
             "gc_s": gc_s,
             "error": error,
