@@ -517,10 +517,14 @@ def targets(rows: list[Row]) -> list[str]:
         out.append(f"stock p99 / ours p99 at {top} leases >= {TARGET_RATIO:.0f}x: {ratio:.1f}x ({met})")
     for r in rows:
         if r["scenario"] == "mass_expiry" and r["impl"] in ("stock", "ours"):
-            met = "met" if r["max_us"] <= TARGET_DRAIN_STEP_US else "NOT met"
+            # The issue asks for bookkeeping, logging included: the connector's
+            # time less NIXL's own calls (which, the step after the kill, tear
+            # down the dead engines' connections), shown beside the whole.
+            met = "met" if r["book_max_us"] <= TARGET_DRAIN_STEP_US else "NOT met"
             out.append(
-                f"{r['impl']}: mass expiry of {r['leases']}, max connector time per P step <= "
-                f"{TARGET_DRAIN_STEP_US / 1000:.0f} ms: {r['max_us'] / 1000:.2f} ms ({met})"
+                f"{r['impl']}: mass expiry of {r['leases']}, max connector bookkeeping per P step <= "
+                f"{TARGET_DRAIN_STEP_US / 1000:.0f} ms: {r['book_max_us'] / 1000:.2f} ms ({met}); with "
+                f"NIXL's calls {r['max_us'] / 1000:.2f} ms"
             )
     premature = [
         f"{r['impl']} {r['leases']}: {r['premature_expiries']}"
