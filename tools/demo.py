@@ -55,7 +55,8 @@ def _fleet() -> tuple[list[dict] | None, str]:
         fleet = [
             {"leases": float(r["leases"]), "stock_us": r["stock_p99_us"], "ours_us": r["ours_p99_us"]}
             for r in rows
-            if r.get("scenario") == "p_fleet" and r.get("impl") == "stock/ours"
+            # leases 0 is the floor (no lease, no message), not a fleet size
+            if r.get("scenario") == "p_fleet" and r.get("impl") == "stock/ours" and r.get("leases")
         ]
         if not fleet:
             raise KeyError("no p_fleet stock/ours rows")
