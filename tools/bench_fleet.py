@@ -781,6 +781,7 @@ def main(argv: list[str] | None = None) -> int:
             "scheduler_connector_cpu_s",
             "nixl_send_s",
             "nixl_sends",
+            "nixl_send_agents",
         ],
         "steps": RAW,
         "targets": targets(rows),

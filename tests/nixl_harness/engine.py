@@ -166,11 +166,11 @@ class Engine:
         # Drained by ``timings``: per step (start, whole step s, connector s,
         # notifications drained, leases expired, of the connector s: in NIXL's
         # notification calls, in GC pauses; connector CPU s; GC pauses in the
-        # whole step, this process); per heartbeat message sent
-        # (D: time, crc32, ids) and received (P: time, agent, crc32).
-        self.step_log: deque[tuple[float, float, float, int, int, float, float, float, float]] = deque(
-            maxlen=TIMING_KEEP
-        )
+        # whole step, this process; the scheduler's connector call s and CPU s;
+        # of NIXL's s: in send_notif, the sends, the agents sent to); per
+        # heartbeat message sent (D: time, crc32, ids) and received (P: time,
+        # agent, crc32).
+        self.step_log: deque[tuple] = deque(maxlen=TIMING_KEEP)
         self.hb_sent_log: deque[tuple[float, int, int]] = deque(maxlen=TIMING_KEEP)
         self.hb_recv_log: deque[tuple[float, str, int]] = deque(maxlen=TIMING_KEEP)
         self.hb_recv = {"msgs": 0, "bytes": 0}
@@ -295,6 +295,7 @@ class Engine:
         self._step_connector_s = self._step_nixl_s = self._step_gc_s = self._step_cpu_s = 0.0
         self._step_nixl_send_s = 0.0
         self._step_nixl_sends = 0
+        self._step_nixl_send_agents = 0
         self._step_notifs = self._step_expired = 0
         self._sched_s = self._sched_cpu_s = 0.0
         gc_before = self.rank0.gc_s
@@ -322,6 +323,7 @@ class Engine:
                     self._sched_cpu_s,
                     self._step_nixl_send_s,
                     self._step_nixl_sends,
+                    self._step_nixl_send_agents,
                 )
             )
 
@@ -368,6 +370,7 @@ class Engine:
                 self._step_cpu_s = res.get("connector_cpu_s", 0.0)
                 self._step_nixl_send_s = res.get("nixl_send_s", 0.0)
                 self._step_nixl_sends = res.get("nixl_sends", 0)
+                self._step_nixl_send_agents = res.get("nixl_send_agents", 0)
             self._step_expired += len(res["expired"])
             self.hb_sent_log.extend(res.get("hb_sent_msgs", ()))
             for k in ("msgs", "bytes", "ids", "failed"):

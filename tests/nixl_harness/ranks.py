@@ -98,6 +98,7 @@ class Rank:
         self.nixl_s = 0.0
         self.nixl_send_s = 0.0  # of nixl_s: in send_notif (D's heartbeats, P's LACK answers)
         self.nixl_sends = 0
+        self.nixl_send_agents: set = set()
         self.gc_s = 0.0
         self._gc_t0 = 0.0
 
@@ -139,6 +140,7 @@ class Rank:
                 self.nixl_s += took
                 self.nixl_send_s += took
                 self.nixl_sends += 1
+                self.nixl_send_agents.add(agent_name)
             t0 = time.perf_counter()
             if is_any_heartbeat(notif_msg):
                 hb = self.hb_sent
@@ -190,6 +192,7 @@ class Rank:
         conn = self.connector
         self.probe_s = self.nixl_s = self.nixl_send_s = 0.0
         self.nixl_sends = 0
+        self.nixl_send_agents: set = set()
         connector_s = 0.0
         gc_before = self.gc_s
         gc_s = cpu_s = 0.0
@@ -254,6 +257,7 @@ class Rank:
             "nixl_s": self.nixl_s,
             "nixl_send_s": self.nixl_send_s,
             "nixl_sends": self.nixl_sends,
+            "nixl_send_agents": len(self.nixl_send_agents),
             "connector_cpu_s": max(0.0, cpu_s - self.probe_s),
             "gc_s": gc_s,
             "error": error,
