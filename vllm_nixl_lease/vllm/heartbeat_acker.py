@@ -131,7 +131,7 @@ class HeartbeatAcker:
             return
         seq, payload = parsed
         missing = self._keeper.extend_acked(payload, now)
-        if agent not in self._heard and agent not in self._loading:
+        if not self._answerable(agent):
             # No hello yet (or forgotten): D says hello again when answers stop.
             self._upstream.xfer_stats.add("num_heartbeat_acks_dropped", 1)
             return
@@ -162,7 +162,7 @@ class HeartbeatAcker:
             self._answer(agent, answer, now)
 
     def _answer(self, agent: str, answer: _Answer, now: float) -> None:
-        if agent not in self._heard and agent not in self._loading:
+        if not self._answerable(agent):
             # Forgotten or unloaded since the heartbeats arrived.
             dropped = len(answer.held) + len(answer.partial)
             self._upstream.xfer_stats.add("num_heartbeat_acks_dropped", dropped)
@@ -173,6 +173,10 @@ class HeartbeatAcker:
             if answer.none or len(not_extended) > MAX_NOT_EXTENDED_BYTES:
                 not_extended = ACK_NONE
             self._answer_seqs(agent, answer.partial, not_extended, now)
+
+    def _answerable(self, agent: str) -> bool:
+        """Loaded from its hello, or loading (answers then wait in ``_queued``)."""
+        return agent in self._heard or agent in self._loading
 
     def _answer_seqs(self, agent: str, seqs: list[int], not_extended: bytes, now: float) -> None:
         stats = self._upstream.xfer_stats
@@ -251,7 +255,7 @@ class HeartbeatAcker:
                 del self._heard[agent]
                 if not self._used_by_upstream(agent):
                     self._remove(agent)
-        for agent in [a for a in self._answered if a not in self._heard and a not in self._loading]:
+        for agent in [a for a in self._answered if not self._answerable(a)]:
             del self._answered[agent]
 
     def _remove(self, agent: str) -> None:

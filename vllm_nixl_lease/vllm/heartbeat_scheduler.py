@@ -53,14 +53,7 @@ class HeartbeatSchedule:
         # Read the target first: stopping the last request drops the engine.
         target = upstream._heartbeat_by_engine[engine_id]
         stop_upstream(req_id)
-        tracker = self.tracker
-        try:
-            tracker.track(req_id, engine_id, remote_id)
-        except (TypeError, ValueError) as exc:
-            self._not_tracked(req_id, remote_id, exc)
-            return entry
-        if engine_id not in self.targets:
-            self._add_target(engine_id, target)
+        self.track(req_id, engine_id, remote_id, target)
         return entry
 
     def track(self, local_id: str, engine_id: str, remote_id: str, target: HeartbeatTarget) -> None:

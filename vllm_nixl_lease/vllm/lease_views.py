@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from itertools import chain
 from typing import Any
 
 from vllm.logger import init_logger
@@ -95,13 +96,9 @@ class LeaseViewCollector:
         engines = set(engine_ids)
         if not engines:
             return
-        for local_id, engine_id in self._shipped.items():
+        viewed = chain(self._shipped.items(), ((local_id, entry[0]) for local_id, entry in self._new.items()))
+        for local_id, engine_id in viewed:
             if engine_id in engines:
-                chunk = chunk_of(local_id)
-                if chunk is not None:
-                    self._chunks[local_id] = chunk
-        for local_id, entry in self._new.items():
-            if entry[0] in engines:
                 chunk = chunk_of(local_id)
                 if chunk is not None:
                     self._chunks[local_id] = chunk
