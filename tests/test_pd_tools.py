@@ -103,3 +103,53 @@ def test_busiest_names_a_process_that_spins() -> None:
         spin.wait()
     line = next(x for x in report.splitlines() if f"pid {spin.pid:>7} " in x)
     assert float(line.split("%")[0].split()[-1]) > 5  # at least some of a core, under any load
+
+
+class _FakeBlocker:
+    def __init__(self) -> None:
+        self.released = False
+
+    def release(self) -> None:
+        self.released = True
+
+
+class _StalledBurst:
+    def __init__(self) -> None:
+        self.settled_for: float | None = None
+
+    def settle(self, timeout: float) -> int:
+        self.settled_for = timeout
+        return 0
+
+
+@pytest.mark.parametrize("stalls", [1, 2])
+def test_a_stalled_set_up_is_tried_once_more_and_then_raised(
+    monkeypatch: pytest.MonkeyPatch, stalls: int
+) -> None:
+    from tools.pd import scenarios
+
+    blockers: list[_FakeBlocker] = []
+    stalled = [_StalledBurst() for _ in range(stalls)]
+    queued = object()
+
+    def block(pd: object, max_s: float) -> _FakeBlocker:
+        blockers.append(_FakeBlocker())
+        return blockers[-1]
+
+    def queue(pd: object, n: int, tag: str, max_tokens: int, timeout: float, blocker: object) -> object:
+        if len(blockers) <= stalls:
+            raise scenarios.QueueStalled("not on D yet", stalled[len(blockers) - 1])  # type: ignore[arg-type]
+        return queued
+
+    monkeypatch.setattr(scenarios, "block_decode", block)
+    monkeypatch.setattr(scenarios, "queue_behind", queue)
+    if stalls == 1:
+        with pytest.warns(UserWarning, match="set-up try 1 stalled.*not on D yet"):
+            blocker, burst = scenarios.block_and_queue(None, 4, "t", 16, 60.0, max_s=90.0)  # type: ignore[arg-type]
+        assert burst is queued and blocker is blockers[1] and not blocker.released
+    else:
+        with pytest.warns(UserWarning), pytest.raises(scenarios.QueueStalled, match="not on D yet"):
+            scenarios.block_and_queue(None, 4, "t", 16, 60.0, max_s=90.0)  # type: ignore[arg-type]
+        assert blockers[1].released
+    assert blockers[0].released and stalled[0].settled_for == 60.0  # the first try's requests ended
+    assert len(blockers) == 2

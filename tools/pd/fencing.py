@@ -17,10 +17,9 @@ from tools.pd.procs import signal_tree
 from tools.pd.scenarios import (
     EXPIRED,
     NOTIF_AFTER_EXPIRY,
-    block_decode,
+    block_and_queue,
     burst_prompts,
     p_alone_references,
-    queue_behind,
 )
 
 FENCED = "vllm:nixl_lease_reads_fenced"
@@ -51,8 +50,7 @@ def frozen_decode(pd: PDCluster, n: int = 4, max_tokens: int = 16, timeout: floa
     exp0 = client.metric(pd.p_url, EXPIRED)
     nae0 = client.metric(pd.p_url, NOTIF_AFTER_EXPIRY)
     fenced0 = client.metric(pd.d_url, FENCED)
-    blocker = block_decode(pd, max_s=timeout)
-    burst = queue_behind(pd, n, "frozen", max_tokens, timeout, blocker)
+    blocker, burst = block_and_queue(pd, n, "frozen", max_tokens, timeout, max_s=timeout)
     # A couple of heartbeats first, so the leases on P are heartbeat-driven when D stops.
     time.sleep(2 * max(1, pd.cfg.lease_s // 6) + 1)
     d_pid = pd.decode.pid

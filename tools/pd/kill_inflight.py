@@ -21,7 +21,7 @@ from pathlib import Path
 from tools.pd import client, plog
 from tools.pd.launcher import PDCluster
 from tools.pd.procs import descendants
-from tools.pd.scenarios import EXPIRED, block_decode, lease_extension, lease_interval, queue_behind
+from tools.pd.scenarios import EXPIRED, block_and_queue, lease_extension, lease_interval
 
 
 def _comm(pid: int) -> str:
@@ -139,11 +139,10 @@ def kill_inflight(
     ext = lease_extension(lease)
     settle = (lease - ext) + lease_interval(lease) + 2.5  # leases heartbeat-driven (test_pd_serve)
     exp0 = client.metric(pd.p_url, EXPIRED)
-    blocker = block_decode(pd, max_s=settle + 120)
+    blocker, burst = block_and_queue(pd, n, tag, 16, 120, max_s=settle + 120)
     probe = _Probe(pd.p_url)
     stacks = None
     try:
-        burst = queue_behind(pd, n, tag, 16, 120, blocker)
         time.sleep(max(0.0, burst.t_queued + settle - time.time()))
         d_pids = {p: _comm(p) for p in [pd.decode.pid, *descendants(pd.decode.pid)]}
         p_pids = {p: _comm(p) for p in [pd.prefill.pid, *descendants(pd.prefill.pid)]}

@@ -149,6 +149,10 @@ class PDCluster:
     def r_url(self) -> str:
         return f"http://127.0.0.1:{self.r_port}"
 
+    @property
+    def r_prom_url(self) -> str:
+        return f"http://127.0.0.1:{self.r_prom}"  # the router's own metrics
+
     # -- processes -------------------------------------------------------------------------------
     def _server(
         self, role: str, port: int, side: int, cpu: int, extra: list[str], log: Path, connector: str

@@ -1,7 +1,7 @@
 """A network partition between P and D with real servers on two hosts (issue 12).
 
 P and D run on two `tools.netns` hosts (`PDConfig(two_hosts=True)`). Routed requests queue on D
-behind a blocker (as in `scenarios.queue_behind`); then D's link goes down while they wait. P stays
+behind a blocker (`scenarios.block_and_queue`); then D's link goes down while they wait. P stays
 reachable from the driver (only D's veth is cut). Two shapes:
 
 - long (`partition_decode(pd, n)`): the cut lasts until P has expired the queued requests' leases,
@@ -36,12 +36,11 @@ from tools.pd.launcher import PDCluster
 from tools.pd.scenarios import (
     EXPIRED,
     NOTIF_AFTER_EXPIRY,
-    block_decode,
+    block_and_queue,
     burst_prompts,
     lease_extension,
     lease_interval,
     p_alone_references,
-    queue_behind,
 )
 
 HB_SENT = "vllm:nixl_lease_heartbeat_messages_sent"  # D (ours only): one per heartbeat message sent
@@ -182,13 +181,12 @@ def partition_decode(
     nae0 = _metric(pd.p_url, NOTIF_AFTER_EXPIRY)
     fenced0 = _metric(pd.d_url, FENCED)
     acks0 = _metric(pd.d_url, ACKS_RECV)
-    blocker = block_decode(pd, max_s=timeout)
+    blocker, burst = block_and_queue(pd, n, tag, max_tokens, timeout, max_s=timeout)
     t_cut = t_heal = 0.0
     churned = 0
     p_hb_during_cut: float | None = None
     hb_heal = 0.0
     try:
-        burst = queue_behind(pd, n, tag, max_tokens, timeout, blocker)
         marks["queued"] = burst.t_queued
         # Past the first deadline (lease - extension after the grant) and two heartbeats: P's leases
         # are heartbeat-driven when the cut starts.
