@@ -26,7 +26,7 @@ from typing import Any
 
 from . import model
 from .fleet import PORT_TAKEN
-from .ranks import Rank, heartbeat_ids_of, is_any_heartbeat, rank_main
+from .ranks import Rank, heartbeat_ids_of, is_any_heartbeat, preemptions, rank_main
 from .spec import EngineSpec
 
 MAX_LIFETIME_S = 600.0  # orphan guard: an engine never outlives a test run
@@ -167,7 +167,9 @@ class Engine:
         # notifications drained, leases expired, of the connector s: in NIXL's
         # notification calls, in GC pauses; connector CPU s; GC pauses in the
         # whole step, this process; the scheduler's connector call s and CPU s;
-        # of NIXL's s: in send_notif, the sends, the agents sent to); per
+        # of NIXL's s: in send_notif, the sends, the agents sent to; times
+        # another task took the core from the stepping thread in the connector's
+        # calls, of them inside send_notif); per
         # heartbeat message sent (D: time, crc32, ids) and received (P: time,
         # agent, crc32).
         self.step_log: deque[tuple] = deque(maxlen=TIMING_KEEP)
@@ -296,6 +298,7 @@ class Engine:
         self._step_nixl_send_s = 0.0
         self._step_nixl_sends = 0
         self._step_nixl_send_agents = 0
+        self._step_preempted = self._step_send_preempted = self._sched_preempted = 0
         self._step_notifs = self._step_expired = 0
         self._sched_s = self._sched_cpu_s = 0.0
         gc_before = self.rank0.gc_s
@@ -324,6 +327,8 @@ class Engine:
                     self._step_nixl_send_s,
                     self._step_nixl_sends,
                     self._step_nixl_send_agents,
+                    self._step_preempted + self._sched_preempted,
+                    self._step_send_preempted,
                 )
             )
 
@@ -332,11 +337,12 @@ class Engine:
         if self.spec.role == "D":
             self._schedule_d()
         t1 = time.monotonic()
-        c1 = time.thread_time()
+        c1, v1 = time.thread_time(), preemptions()
         meta = self.sched.build_connector_meta(SimpleNamespace())
         now = time.monotonic()
         # The scheduler's connector call: on D, the heartbeat tick and the lease views.
         self._sched_s, self._sched_cpu_s = now - t1, time.thread_time() - c1
+        self._sched_preempted = preemptions() - v1
         self._phases = {"schedule": t1 - t0, "build_connector_meta": now - t1}
         for req_id in getattr(meta, "reqs_to_send", {}):
             if req_id in self.reqs:
@@ -371,6 +377,8 @@ class Engine:
                 self._step_nixl_send_s = res.get("nixl_send_s", 0.0)
                 self._step_nixl_sends = res.get("nixl_sends", 0)
                 self._step_nixl_send_agents = res.get("nixl_send_agents", 0)
+                self._step_preempted = res.get("preempted", 0)
+                self._step_send_preempted = res.get("nixl_send_preempted", 0)
             self._step_expired += len(res["expired"])
             self.hb_sent_log.extend(res.get("hb_sent_msgs", ()))
             for k in ("msgs", "bytes", "ids", "failed"):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import os
+import resource
 import time
 import traceback
 import zlib
@@ -98,6 +99,7 @@ class Rank:
         self.nixl_s = 0.0
         self.nixl_send_s = 0.0  # of nixl_s: in send_notif (D's heartbeats, P's LACK answers)
         self.nixl_sends = 0
+        self.nixl_send_preempted = 0  # preemptions of this thread inside send_notif
         self.nixl_send_agents: set = set()
         self.gc_s = 0.0
         self._gc_t0 = 0.0
@@ -128,6 +130,7 @@ class Rank:
 
         def send_notif(agent_name: Any, notif_msg: bytes) -> None:
             sent_t = time.monotonic()  # when D hands the message to NIXL (latency starts here)
+            preempted0 = preemptions()
             t0 = time.perf_counter()
             try:
                 orig_send(agent_name, notif_msg=notif_msg)
@@ -137,6 +140,7 @@ class Rank:
                 raise
             finally:
                 took = time.perf_counter() - t0
+                self.nixl_send_preempted += preemptions() - preempted0
                 self.nixl_s += took
                 self.nixl_send_s += took
                 self.nixl_sends += 1
@@ -186,31 +190,35 @@ class Rank:
         Of it, ``nixl_s`` in NIXL's notification calls and ``gc_s`` in
         garbage collection pauses.  ``connector_cpu_s``: this thread's CPU
         time in the same calls (wall time less the time other processes held
-        the core: on a shared 2-core machine the two differ)."""
+        the core: on a shared 2-core machine the two differ); ``preempted``: how
+        many times another task took the core from this thread in those calls
+        (of them ``nixl_send_preempted`` inside ``send_notif``)."""
         error = None
         res = None
         conn = self.connector
         self.probe_s = self.nixl_s = self.nixl_send_s = 0.0
-        self.nixl_sends = 0
+        self.nixl_sends = self.nixl_send_preempted = 0
         self.nixl_send_agents: set = set()
         connector_s = 0.0
         gc_before = self.gc_s
         gc_s = cpu_s = 0.0
+        preempted = 0
         t_fill = t_results = t_start = time.perf_counter()  # phases of a slow step
         try:
             conn.bind_connector_metadata(meta)
-            t0, c0 = time.perf_counter(), time.thread_time()
+            t0, c0, v0 = time.perf_counter(), time.thread_time(), preemptions()
             try:
                 conn.start_load_kv(None)
             finally:
                 connector_s += time.perf_counter() - t0
                 cpu_s += time.thread_time() - c0
+                preempted += preemptions() - v0
                 gc_s += self.gc_s - gc_before
             t_fill = time.perf_counter()
             for req_id, blocks in fills.items():
                 for h in range(self.heads):
                     model.fill_blocks(self.cache[:, h], blocks, f"{req_id}/h{self.head_offset + h}")
-            t0, c0 = time.perf_counter(), time.thread_time()
+            t0, c0, v0 = time.perf_counter(), time.thread_time(), preemptions()
             t_results = t0
             gc_before = self.gc_s
             try:
@@ -218,6 +226,7 @@ class Rank:
             finally:
                 connector_s += time.perf_counter() - t0
                 cpu_s += time.thread_time() - c0
+                preempted += preemptions() - v0
                 gc_s += self.gc_s - gc_before
         except Exception:
             error = traceback.format_exc()
@@ -258,6 +267,8 @@ class Rank:
             "nixl_send_s": self.nixl_send_s,
             "nixl_sends": self.nixl_sends,
             "nixl_send_agents": len(self.nixl_send_agents),
+            "nixl_send_preempted": self.nixl_send_preempted,
+            "preempted": preempted,
             "connector_cpu_s": max(0.0, cpu_s - self.probe_s),
             "gc_s": gc_s,
             "error": error,
@@ -290,6 +301,11 @@ class Rank:
 def is_any_heartbeat(msg: bytes) -> bool:
     """Upstream's ``HB:`` or our acknowledged ``LHB:``."""
     return is_heartbeat(msg) or msg.startswith(ACKED_HEARTBEAT_PREFIX)
+
+
+def preemptions() -> int:
+    """Times this thread has lost its core to another runnable task (involuntary context switches)."""
+    return resource.getrusage(resource.RUSAGE_THREAD).ru_nivcsw
 
 
 def heartbeat_ids_of(msg: bytes) -> bytes:
