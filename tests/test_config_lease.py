@@ -13,9 +13,21 @@ from vllm_nixl_lease.vllm.config import LeaseConfig, LeaseConfigError
 def test_defaults_match_upstream() -> None:
     cfg = LeaseConfig.from_extra_config({})
     assert (cfg.lease_duration, cfg.heartbeat_interval, cfg.lease_extension) == (30, 5, 20)
-    assert cfg.max_heartbeat_bytes == 8192
+    assert cfg.max_heartbeat_bytes == 32768  # UCX, vLLM's default backend
     cfg = LeaseConfig.from_extra_config({"kv_lease_duration": 5})
     assert (cfg.heartbeat_interval, cfg.lease_extension) == (0, 3)  # every step, as upstream
+
+
+@pytest.mark.parametrize(
+    ("backends", "size"),
+    [(["UCX"], 32768), (("UCX",), 32768), (["UCX", "GDS"], 8192), (["GPUNETIO"], 8192), ([], 8192),
+     ("UCX", 8192)],
+)  # fmt: skip
+def test_heartbeat_size_follows_the_backends(backends: object, size: int) -> None:
+    # Only UCX takes notifications larger than 8 KiB; an explicit size always wins.
+    assert LeaseConfig.from_extra_config({"backends": backends}).max_heartbeat_bytes == size
+    explicit = {"backends": backends, "max_heartbeat_bytes": 4096}
+    assert LeaseConfig.from_extra_config(explicit).max_heartbeat_bytes == 4096
 
 
 def test_fencing_defaults() -> None:
