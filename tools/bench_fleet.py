@@ -154,11 +154,10 @@ def parts(steps: list[tuple]) -> Row:
     nixl = [s[5] for s in steps]
     gcs = [s[6] for s in steps]
     book = [max(0.0, s[2] - s[5] - s[6]) for s in steps]
-    calm = [b for b, s in zip(book, steps, strict=True) if not s[14]]
     return {
         **spread_us(book, "book_"),
         # the longest bookkeeping in a step no other task took the core from
-        "book_max_unpreempted_us": us(max(calm, default=math.nan)),
+        "book_max_unpreempted_us": us(max(unpreempted(book, steps), default=math.nan)),
         "nixl_p99_us": us(pct(nixl, 99)),
         "nixl_max_us": us(max(nixl, default=math.nan)),
         **spread_us([s[7] for s in steps], "cpu_"),
@@ -167,18 +166,22 @@ def parts(steps: list[tuple]) -> Row:
     }
 
 
+def unpreempted(values: list[float], steps: list[tuple]) -> list[float]:
+    """``values`` of the steps in which no other task took the core from the
+    stepping thread inside the connector's calls (``steps[i][14] == 0``)."""
+    return [v for v, s in zip(values, steps, strict=True) if not s[14]]
+
+
 def preemption(steps: list[tuple], wall: list[float]) -> Row:
     """How often another task took the core from the stepping thread inside the
     connector's calls (this machine: 2 cores for 9 engine processes and their
     NIXL threads), of those steps how many inside ``send_notif``, and the p99 of
     the steps where it did not happen."""
-    hit = [s[14] > 0 for s in steps]
-    calm = [w for w, h in zip(wall, hit, strict=True) if not h]
     n = max(1, len(steps))
     return {
-        "preempted_steps_pct": round(100 * sum(hit) / n, 1),
+        "preempted_steps_pct": round(100 * sum(s[14] > 0 for s in steps) / n, 1),
         "preempted_in_send_steps_pct": round(100 * sum(s[15] > 0 for s in steps) / n, 1),
-        "unpreempted_p99_us": us(pct(calm, 99)),
+        "unpreempted_p99_us": us(pct(unpreempted(wall, steps), 99)),
     }
 
 
