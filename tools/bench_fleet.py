@@ -314,7 +314,7 @@ def d_fleet(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
         df = dfleet.start(fleet, args.p, args.d_leases, stock, say=lambda m: say(m.strip()))
         floor = dfleet.hold(df, args.floor_hold)  # before any request: the empty connector
         dfleet.grow(df, args.d_leases)
-        h = dfleet.hold(df, args.hold)
+        h = dfleet.hold(df, args.d_hold)
     return [d_row(floor, impl, args.p), d_row(h, impl, args.p)]
 
 
@@ -743,6 +743,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--p", type=int, default=8, help="P engines against the one D (scenario d_fleet)")
     ap.add_argument("--d-leases", type=int, default=100_000, help="requests queued on the one D (d_fleet)")
     ap.add_argument(
+        "--d-hold",
+        type=float,
+        default=30.0,
+        help="seconds D holds its queue (d_fleet, once per bench): stock's heavy steps are one per "
+        "heartbeat interval, ~3%% of steps, so its p99 needs ~30 intervals to settle",
+    )
+    ap.add_argument(
         "--bursts", type=int, nargs="+", default=[2000, 5000], help="requests admitted in one D step"
     )
     ap.add_argument("--impl", nargs="+", choices=("stock", "ours"), default=["stock", "ours"])
@@ -801,6 +808,7 @@ def main(argv: list[str] | None = None) -> int:
             "repeat": args.repeat,
             "leases": args.leases,
             "hold_s": args.hold,
+            "d_hold_s": args.d_hold,
             "heartbeat_phases": "spread over the interval" if args.spread_phases else "aligned",
             "lease_s": LEASE,
             "extension_s": EXTENSION,
