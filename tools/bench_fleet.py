@@ -20,7 +20,8 @@ ours in the same run, one fleet after the other:
   one was freed after its deadline.
 - ``d_fleet``: 1 D against 8 P engines, 100k requests queued on D and
   heartbeated to their P engines; D's heartbeat bookkeeping per step (the
-  scheduler's ``build_connector_meta`` and the worker's calls).  Once per bench.
+  scheduler's ``build_connector_meta`` and the worker's calls), over ``--d-hold``
+  seconds (30).  Once per bench.
 - ``burst``: 1 P x 1 D; one D step admits 2000, then 5000 requests of 16
   blocks while 500 more wait for D's blocks (``nixl_harness/burst.py``), then
   5000 again with the lease scaled down to 2 s (extension 1 s):
@@ -42,7 +43,7 @@ stdout, a table at the end, ``.build/bench-fleet.json`` and
 ``.build/bench-fleet.png``.  Not a test: the targets are printed next to
 what was measured.
 
-    python -m tools.bench_fleet [--d 8] [--leases 10000 100000] [--hold 9] [--repeat 3]
+    python -m tools.bench_fleet [--d 8] [--leases 10000 100000] [--hold 9] [--d-hold 30] [--repeat 3]
         [--impl stock ours] [--spread-phases] [--bursts 2000 5000] [--scenarios p_fleet d_fleet burst]
 """
 
