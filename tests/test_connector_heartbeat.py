@@ -131,6 +131,28 @@ def test_failed_send_counted_and_retried_next_step(clock: Clock) -> None:
     assert len(worker.nixl_wrapper.sent) == 1
 
 
+def test_ids_sent_count_only_delivered_messages(clock: Clock) -> None:
+    """Ids are counted once per message, so a failed send and its retry must
+    each be counted as what they are: nothing, then the retried message."""
+    worker, release = _worker_with_handshake({(0, 0): "p-agent-0", (0, 1): "p-agent-1"})
+    release.set()
+    worker._remote_agents["P1"] = {(0, 0): "p-agent-0", (0, 1): "p-agent-1"}
+    worker.nixl_wrapper.fail_sends = 1  # the first of four pairs fails
+    hb = EngineHeartbeats(
+        [heartbeat_message(["a", "b", "c"]), heartbeat_message(["d"])], "127.0.0.1", 5600, 2
+    )
+    worker._send_heartbeats(_Meta({"P1": hb}))
+    data = worker.xfer_stats.data
+    assert len(worker.nixl_wrapper.sent) == 3
+    assert sum(data["num_heartbeat_ids_sent"]) == sum(
+        msg.count(b",") + 1 for _, msg in worker.nixl_wrapper.sent
+    )
+    worker._send_heartbeats(_Meta())  # the retry
+    assert len(worker.nixl_wrapper.sent) == 4
+    assert sum(data["num_heartbeat_ids_sent"]) == 2 * (3 + 1)
+    assert sum(data["num_heartbeat_msgs_sent"]) == 4
+
+
 def test_stock_metadata_still_heartbeats(clock: Clock) -> None:
     """Metadata from a stock scheduler (id sets) is encoded by the worker."""
     worker, _ = _worker_with_handshake({})

@@ -73,11 +73,12 @@ class AckLedger:
         payload: bytes,
         started: float,
         chunk: tuple[int, int] | None = None,
+        count: int | None = None,
     ) -> int:
         """Record a heartbeat about to be sent to ``agents``; return its sequence
         number.  ``chunk``: the tracker chunk ``(key, version)`` it encodes;
         then only the payload's id count is kept (the answer proves the chunk,
-        not a list)."""
+        not a list).  ``count``: that id count, if the caller has it already."""
         seq = self._next
         self._next += 1
         waiting = set(agents)
@@ -85,7 +86,8 @@ class AckLedger:
             if chunk is None:
                 self._sent[seq] = _Sent(engine_id, bytes(payload), started, waiting)
             else:
-                count = payload.count(b",") + 1 if payload else 0
+                if count is None:
+                    count = payload.count(b",") + 1 if payload else 0
                 self._sent[seq] = _Sent(engine_id, b"", started, waiting, chunk=chunk, count=count)
         return seq
 

@@ -60,11 +60,13 @@ class HeartbeatAcks:
         agents: Sequence[str],
         messages: Sequence[bytes],
         chunks: Sequence[tuple[int, int]] | None = None,
+        counts: Sequence[int] | None = None,
     ) -> list[tuple[str, bytes]]:
         """The (agent, message) pairs for one engine's heartbeats: hellos where
         due, then each ``HB:`` message as ``LHB:`` to every agent, recorded.
         ``chunks``: each message's tracker chunk ``(key, version)``, so that its
-        answer renews the chunk's views at once instead of id by id."""
+        answer renews the chunk's views at once instead of id by id.
+        ``counts``: each message's id count, if the caller has it."""
         now = time.perf_counter()
         pairs: list[tuple[str, bytes]] = []
         # Upstream keeps the names add_remote_agent returned (bytes); answers
@@ -78,7 +80,8 @@ class HeartbeatAcks:
                     self._hello_sent[name] = now
         for i, msg in enumerate(messages):
             chunk = chunks[i] if chunks is not None else None
-            seq = self.ledger.open(engine_id, names, heartbeat_payload(msg), now, chunk)
+            count = counts[i] if counts is not None else None
+            seq = self.ledger.open(engine_id, names, heartbeat_payload(msg), now, chunk, count)
             acked = acked_heartbeat_message(seq, msg)
             pairs.extend((agent, acked) for agent in agents)
         return pairs
