@@ -33,12 +33,14 @@ def test_heartbeat_size_follows_the_backends(backends: object, size: int) -> Non
 def test_fencing_defaults() -> None:
     cfg = LeaseConfig.from_extra_config({})
     assert cfg.lease_fencing is True
+    assert cfg.heartbeat_tags is True
     assert cfg.lease_safety_margin == 5.0  # extension / 4, upstream's turn-2 margin
     # A tight custom interval: the margin stays below half of extension - interval.
     cfg = LeaseConfig.from_extra_config({"kv_lease_duration": 30, "heartbeat_interval": 18})
     assert cfg.lease_safety_margin == 1.0
     cfg = LeaseConfig.from_extra_config({"lease_safety_margin": 0, "lease_fencing": False})
     assert (cfg.lease_safety_margin, cfg.lease_fencing) == (0.0, False)
+    assert LeaseConfig.from_extra_config({"heartbeat_tags": False}).heartbeat_tags is False
     assert LeaseConfig.from_extra_config({}).idle_step_sleep_s == 0.0  # opt-in
     assert LeaseConfig.from_extra_config({"idle_step_sleep_ms": 1}).idle_step_sleep_s == 0.001
     assert LeaseConfig.from_extra_config({}).max_expiries_per_step == 2000
@@ -74,6 +76,7 @@ def test_overrides() -> None:
         ({"lease_safety_margin": "2"}, "['lease_safety_margin'] must be a number"),
         ({"lease_safety_margin": float("inf")}, "['lease_safety_margin'] must be a number"),
         ({"lease_fencing": "yes"}, "['lease_fencing'] must be true or false"),
+        ({"heartbeat_tags": 1}, "['heartbeat_tags'] must be true or false"),
         ({"idle_step_sleep_ms": -1}, "['idle_step_sleep_ms'] must be a number from 0 (off) to 100, got -1"),
         ({"idle_step_sleep_ms": 500}, "got 500"),
         ({"idle_step_sleep_ms": "1"}, "got '1'"),

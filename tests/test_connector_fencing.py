@@ -20,7 +20,12 @@ from vllm_support import (
 )
 
 from vllm_nixl_lease._wire import heartbeat_message
-from vllm_nixl_lease.vllm.lease_views import PARAM_LEASE_ACKS, PARAM_LEASE_DEADLINE, PARAM_LEASE_EXTENSION
+from vllm_nixl_lease.vllm.lease_views import (
+    PARAM_LEASE_ACKS,
+    PARAM_LEASE_DEADLINE,
+    PARAM_LEASE_EXTENSION,
+    PARAM_LEASE_TAGS,
+)
 from vllm_nixl_lease.vllm.metadata import EngineHeartbeats, LeaseViewUpdates
 from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
 from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
@@ -59,7 +64,7 @@ def test_p_reports_its_lease_deadline_and_extension(scheduler_factory, clock: Cl
     assert delay and params["do_remote_prefill"]
     assert params[PARAM_LEASE_DEADLINE] == sched._reqs_need_send["p-1"] == clock.now + LEASE
     assert params[PARAM_LEASE_EXTENSION] == LEASE * 2 // 3
-    assert params[PARAM_LEASE_ACKS] is True
+    assert params[PARAM_LEASE_ACKS] is True and params[PARAM_LEASE_TAGS] is True
     # Nothing to hold (no blocks): no lease, no deadline.
     delay, params = sched.request_finished(_finished_prefill("p-2"), ([],))
     assert not delay and PARAM_LEASE_DEADLINE not in params

@@ -165,13 +165,17 @@ def test_stock_metadata_still_heartbeats(clock: Clock) -> None:
     assert worker.nixl_wrapper.sent == [("p-agent-0", heartbeat_message(["x", "y"]))]
 
 
-def test_acknowledged_chunk_renews_its_views_end_to_end(scheduler_factory, clock: Clock) -> None:
-    """Real scheduler and worker: P's answer to a chunk's LHB renews the views
-    of the requests in it when the message was built, and no later joiner."""
+@pytest.mark.parametrize("mode", ["tags", "older-P", "tags-off-on-D"])
+def test_acknowledged_chunk_renews_its_views_end_to_end(scheduler_factory, clock: Clock, mode: str) -> None:
+    """Real scheduler and worker: P's answer to a chunk's LHB (LHBT: by tag, to
+    a P that takes tags) renews the views of the requests in it when the
+    message was built, and no later joiner."""
     from vllm_nixl_lease._wire import heartbeat_ack_message
-    from vllm_nixl_lease.vllm.lease_views import add_lease_params
+    from vllm_nixl_lease.lease_tags import lease_tag
+    from vllm_nixl_lease.vllm.lease_views import PARAM_LEASE_TAGS, add_lease_params
 
-    sched = scheduler_factory()  # lease 12: extension 8, interval 2, margin 2
+    # lease 12: extension 8, interval 2, margin 2
+    sched = scheduler_factory({"heartbeat_tags": False} if mode == "tags-off-on-D" else None)
     worker = make_worker(LeaseNixlPullConnectorWorker, 12)
     worker._remote_agents["P1"] = {(0, 0): "p-agent-0"}
     worker._engine_clock_offset["P1"] = 0.0
@@ -180,6 +184,8 @@ def test_acknowledged_chunk_renews_its_views_end_to_end(scheduler_factory, clock
     def new(local: str, remote: str) -> None:
         params = remote_prefill_params("P1", remote)
         add_lease_params(params, clock.now + 5, 8.0)
+        if mode == "older-P":
+            del params[PARAM_LEASE_TAGS]
         sched.on_new_request(fake_request(local, **params))
 
     def step() -> list[bytes]:
@@ -187,12 +193,15 @@ def test_acknowledged_chunk_renews_its_views_end_to_end(scheduler_factory, clock
         worker.read_fence.add_views(meta)
         worker.heartbeat_sender.send(meta)
         sent, worker.nixl_wrapper.sent = worker.nixl_wrapper.sent, []
-        return [m for _, m in sent if m.startswith(b"LHB:")]
+        return [m for _, m in sent if m.startswith((b"LHB:", b"LHBT:"))]
 
     new("d1", "p-1")
     new("d2", "p-2")
     started = clock.now
-    assert step() == [b"LHB:1:p-1,p-2"]
+    if mode == "tags":
+        assert step() == [f"LHBT:1:{lease_tag('p-1')},{lease_tag('p-2')}".encode()]
+    else:
+        assert step() == [b"LHB:1:p-1,p-2"]
     new("d3", "p-3")  # joins the chunk after the message was built
     assert step() == []
     clock.advance(1)
@@ -202,3 +211,22 @@ def test_acknowledged_chunk_renews_its_views_end_to_end(scheduler_factory, clock
     assert views.remaining("d1", clock.now, 0.0) == pytest.approx(started + 8 - clock.now)
     assert views.remaining("d2", clock.now, 0.0) == pytest.approx(started + 8 - clock.now)
     assert views.remaining("d3", clock.now, 0.0) == pytest.approx(started + 5 - clock.now)  # not renewed
+
+
+def test_tagged_engine_with_a_non_string_remote_id_is_skipped_not_raised(
+    scheduler_factory, clock: Clock
+) -> None:
+    """P's kv_transfer_params are P's to write: a tagging P that sends an id
+    of the wrong type costs that request its heartbeats (as by id), not the step."""
+    from vllm_nixl_lease.lease_tags import lease_tag
+    from vllm_nixl_lease.vllm.lease_views import add_lease_params
+
+    sched = scheduler_factory()
+    for local, remote in (("d1", 12345), ("d2", "p-2"), ("d3", None)):
+        params = remote_prefill_params("P1", remote)  # type: ignore[arg-type]
+        add_lease_params(params, clock.now + 5, 8.0)
+        sched.on_new_request(fake_request(local, **params))
+    meta = sched.build_connector_meta(None)
+    hb = meta.lease_heartbeats["P1"]
+    assert hb.tagged and hb.messages == [b"HB:" + lease_tag("p-2").encode()]
+    assert "d1" not in sched.heartbeats.tracker and "d3" not in sched.heartbeats.tracker

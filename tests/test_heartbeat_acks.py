@@ -21,6 +21,7 @@ from vllm_nixl_lease._wire import (
     heartbeat_message,
     parse_heartbeat_ack,
 )
+from vllm_nixl_lease.lease_tags import lease_tag
 from vllm_nixl_lease.vllm.config import LeaseConfig
 from vllm_nixl_lease.vllm.heartbeat_acker import (
     MAX_NOT_EXTENDED_BYTES,
@@ -31,7 +32,12 @@ from vllm_nixl_lease.vllm.heartbeat_acker import (
 from vllm_nixl_lease.vllm.heartbeat_acks import HeartbeatAcks
 from vllm_nixl_lease.vllm.heartbeat_sender import HeartbeatSender
 from vllm_nixl_lease.vllm.lease_keeper import LeaseKeeper
-from vllm_nixl_lease.vllm.lease_views import PARAM_LEASE_ACKS, LeaseViewCollector, add_lease_params
+from vllm_nixl_lease.vllm.lease_views import (
+    PARAM_LEASE_ACKS,
+    LeaseViewCollector,
+    add_lease_params,
+    takes_tags,
+)
 from vllm_nixl_lease.vllm.metadata import LEASE_HEARTBEATS_ATTR, LEASE_VIEWS_ATTR, EngineHeartbeats
 from vllm_nixl_lease.vllm.read_fence import ReadFence
 
@@ -61,21 +67,23 @@ class Pair:
         self.acks = HeartbeatAcks(self.d, self.fence.views, rehello_s=4)
         self.sender = HeartbeatSender(self.d, 8192, self.fence.heartbeat_delivered, self.acks)
 
-    def grant(self, p_id: str, d_id: str, acks: bool = True) -> None:
+    def grant(self, p_id: str, d_id: str, acks: bool = True, tagged: bool = False) -> None:
         for keeper in self.keepers:
             keeper.deadlines[p_id] = self.clock.now + EXT
         params: dict = {"do_remote_prefill": True}
         add_lease_params(params, self.clock.now + EXT, EXT)
         if not acks:
             del params[PARAM_LEASE_ACKS]
+        assert takes_tags(params) == acks
         collector = LeaseViewCollector(CONFIG, "pull")
-        collector.add(d_id, "P", p_id, params)
+        collector.add(d_id, "P", lease_tag(p_id) if tagged else p_id, params)
         meta = SimpleNamespace()
         collector.attach(meta)
         self.fence.add_views(meta)
 
-    def d_heartbeat(self, *p_ids: str) -> None:
-        hb = EngineHeartbeats([heartbeat_message(p_ids)], "10.0.0.1", 5600, len(self.p))
+    def d_heartbeat(self, *p_ids: str, tagged: bool = False) -> None:
+        names = [lease_tag(p_id) for p_id in p_ids] if tagged else p_ids
+        hb = EngineHeartbeats([heartbeat_message(names)], "10.0.0.1", 5600, len(self.p), tagged=tagged)
         self.sender.send(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": hb}}))
 
     def take_d_sends(self) -> list[tuple[str, bytes]]:
@@ -133,6 +141,96 @@ def test_view_moves_only_when_p_answers(clock: Clock) -> None:
     assert net.remaining("d1") == pytest.approx(EXT - 1)
     assert net.d.count("num_heartbeat_views_renewed") == 1
     assert net.p[0].count("num_heartbeat_acks_sent") == 1
+
+
+def test_tagged_heartbeat_renews_on_both_sides(clock: Clock) -> None:
+    net = Pair(clock, ranks=2)
+    net.grant("p1", "d1", tagged=True)
+    net.grant("p2", "d2", tagged=True)
+    clock.advance(3)
+    net.d_heartbeat("p1", "p2", tagged=True)
+    sent = net.take_d_sends()
+    beats = [m for _, m in sent if not m.startswith(ACK_HELLO_PREFIX)]
+    tags = f"{lease_tag('p1')},{lease_tag('p2')}".encode()
+    assert beats == [b"LHBT:1:" + tags] * 2  # one per P rank, 11 bytes a lease
+    clock.advance(1)
+    net.p_step(sent)
+    for keeper in net.keepers:
+        assert keeper.table.deadline("p1") == pytest.approx(clock.now + EXT)
+        assert keeper.table.deadline("p2") == pytest.approx(clock.now + EXT)
+    answers = net.take_p_sends()
+    assert [parse_heartbeat_ack(m) for _, m in answers] == [([1], frozenset())] * 2
+    net.d_receive(answers)
+    assert net.remaining("d1") == pytest.approx(EXT - 1) and net.remaining("d2") == pytest.approx(EXT - 1)
+    assert net.p[0].count("num_heartbeat_ids_recv") == 2 and net.p[0].count("num_heartbeat_ids_unknown") == 0
+
+
+def test_tagged_heartbeat_never_renews_a_freed_lease(clock: Clock) -> None:
+    """The partition of issue 12, by tag: P freed p1 while the heartbeat was held."""
+    net = Pair(clock)
+    net.grant("p1", "d1", tagged=True)
+    net.grant("p2", "d2", tagged=True)
+    clock.advance(2)
+    held_at = clock.now
+    net.d_heartbeat("p1", "p2", tagged=True)
+    held = net.take_d_sends()
+    clock.advance(EXT)
+    net.keepers[0].deadlines["p2"] = clock.now + EXT
+    net.p_step([])
+    assert "p1" not in net.keepers[0].table and "p1" not in net.keepers[0].tags  # expiry drops the tag
+    clock.advance(1)
+    net.p_step(held)
+    answers = net.take_p_sends()
+    assert [parse_heartbeat_ack(m) for _, m in answers] == [([1], frozenset({lease_tag("p1")}))]
+    net.d_receive(answers)
+    assert net.fence.fenced("d1", READ)
+    assert net.remaining("d2") == pytest.approx(held_at + EXT - clock.now)
+    assert net.p[0].count("num_heartbeat_ids_unknown") == 1
+
+
+def test_tagged_heartbeat_never_claims_an_id_with_a_comma(clock: Clock) -> None:
+    """A P id with ',' would be split by the core's payload API: its tag stays
+    unindexed, so P answers "not extended" instead of claiming a renewal."""
+    net = Pair(clock)
+    net.grant("a,b", "d1", tagged=True)
+    net.grant("p2", "d2", tagged=True)
+    before = net.keepers[0].table.deadline("a,b")
+    clock.advance(2)
+    net.d_heartbeat("a,b", "p2", tagged=True)
+    net.p_step(net.take_d_sends())
+    assert net.keepers[0].table.deadline("a,b") == before
+    answers = net.take_p_sends()
+    assert [parse_heartbeat_ack(m) for _, m in answers] == [([1], frozenset({lease_tag("a,b")}))]
+    net.d_receive(answers)
+    assert net.remaining("d1") == pytest.approx(EXT - 2) and net.remaining("d2") == pytest.approx(EXT)
+
+
+def test_read_completion_drops_the_tag_on_p(clock: Clock) -> None:
+    net = Pair(clock)
+    net.grant("p1", "d1", tagged=True)
+    keeper = net.keepers[0]
+    assert keeper.tags.tag_of("p1") == lease_tag("p1")
+    keeper.route({"D-agent": [b"p1:1"]})
+    assert "p1" not in keeper.table and len(keeper.tags) == 0
+
+
+def test_hostile_tagged_heartbeats_are_counted_not_applied(clock: Clock) -> None:
+    net = Pair(clock)
+    net.grant("p1", "d1", tagged=True)
+    keeper, acker, p = net.keepers[0], net.ackers[0], net.p[0]
+    before = keeper.table.deadline("p1")
+    clock.advance(1)
+    hello = ACK_HELLO_PREFIX + b"fake-md:D-agent"
+    crafted = [b"LHBT:", b"LHBT:x:" + lease_tag("p1").encode(), b"LHBT:2:\xff\xfe"]
+    crafted.append(b"LHBT:3:p1,,zz," + b"A" * 5000)
+    _, msgs = keeper.route({"D-agent": [hello, *crafted]})
+    acker.handle(msgs)
+    settle(acker)
+    acker.handle({})
+    assert keeper.table.deadline("p1") == before  # neither the raw id nor junk renews it
+    assert p.count("num_malformed_notifs") == 2
+    answers = [parse_heartbeat_ack(m) for _, m in p.nixl_wrapper.sent]
+    assert answers == [([2, 3], None)]  # undecodable and oversized: none counts, no echo
 
 
 def test_heartbeat_delivered_after_p_expired_never_renews(clock: Clock) -> None:

@@ -60,6 +60,7 @@ os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
 from tools.bench_core import req_ids  # noqa: E402
 from tools.tiny_model import tiny_model_dir  # noqa: E402
 from tools.upstream_stub import FakeNixlWrapper, make_upstream_worker, stock_worker_class  # noqa: E402
+from vllm_nixl_lease.lease_tags import lease_tag  # noqa: E402
 
 LEASE = 30  # s: heartbeat interval 5 s, extension 20 s (upstream's defaults)
 HOST = "10.0.0.1"
@@ -144,6 +145,7 @@ class D:
             self.worker._remote_agents[engine] = {0: f"agent-{engine}"}
             self.worker._engine_clock_offset[engine] = 0.0
         self.hello_answered: set[str] = set()
+        self.by_tag: dict[str, str] = {}  # what our P resolves LHBT: tags with
         self.output = SimpleNamespace(total_num_scheduled_tokens=1, finished_recving=set())
 
     def request(self, local_id: str, engine: str, remote_id: str) -> Any:
@@ -160,7 +162,9 @@ class D:
                 remote_lease_deadline=self.clock.now + LEASE,
                 remote_lease_extension=float(LEASE * 2 // 3),
                 remote_lease_acks=True,
+                remote_lease_tags=True,
             )
+            self.by_tag[lease_tag(remote_id)] = remote_id
         return SimpleNamespace(request_id=local_id, kv_transfer_params=params)
 
     def step(self, arrivals: list[Any], departures: list[str]) -> tuple[int, int, int, int]:
@@ -195,6 +199,7 @@ class D:
         from vllm_nixl_lease._wire import (
             ACK_HELLO_PREFIX,
             ACKED_HEARTBEAT_PREFIX,
+            TAGGED_HEARTBEAT_PREFIX,
             heartbeat_ack_message,
             parse_acked_heartbeat,
         )
@@ -207,7 +212,7 @@ class D:
             if msg.startswith(ACK_HELLO_PREFIX):
                 continue
             msgs += 1
-            if msg.startswith(ACKED_HEARTBEAT_PREFIX):
+            if msg.startswith((ACKED_HEARTBEAT_PREFIX, TAGGED_HEARTBEAT_PREFIX)):
                 parsed = parse_acked_heartbeat(msg)
                 assert parsed is not None
                 seqs.setdefault(agent, []).append(parsed[0])
@@ -215,6 +220,8 @@ class D:
             else:
                 payload = msg[len(b"HB:") :]
             named = payload.decode().split(",")
+            if msg.startswith(TAGGED_HEARTBEAT_PREFIX):
+                named = [self.by_tag[tag] for tag in named]
             ids += len(named)
             now = self.clock.now
             for remote_id in named:

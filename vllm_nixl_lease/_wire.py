@@ -13,6 +13,9 @@ Ours only, sent only to a peer that advertised it (a stock P never sees them;
 see ``vllm/heartbeat_acks.py``):
 - acknowledged heartbeat, D -> P: ``LHB:<seq>:<id>,<id>,...`` -- a heartbeat
   (same id list as ``HB:``) that P answers with an acknowledgement;
+- tagged heartbeat, D -> P: ``LHBT:<seq>:<tag>,<tag>,...`` -- the same, naming
+  each lease by its 11-byte tag (``lease_tags.py``) instead of its id; only to
+  a P that advertised tags; P's answer names the tags it did not extend;
 - acknowledgement, P -> D: ``LACK:<seq>,<seq>,...`` (every id those
   heartbeats named was leased and is now extended) or
   ``LACK:<seqs>:<id>,<id>,...`` (these ids were not leased, the rest were) or
@@ -31,15 +34,17 @@ HEARTBEAT_PREFIX = b"HB:"
 HEARTBEAT_SEPARATOR = b","
 PUSH_REG_PREFIX = b"PUSH_REG:"
 ACKED_HEARTBEAT_PREFIX = b"LHB:"
+TAGGED_HEARTBEAT_PREFIX = b"LHBT:"
 HEARTBEAT_ACK_PREFIX = b"LACK:"
 ACK_HELLO_PREFIX = b"LHELLO:"
 # Messages P or D route to the ack components instead of the lease core.
-ACK_PREFIXES = (ACKED_HEARTBEAT_PREFIX, HEARTBEAT_ACK_PREFIX, ACK_HELLO_PREFIX)
+ACK_PREFIXES = (ACKED_HEARTBEAT_PREFIX, TAGGED_HEARTBEAT_PREFIX, HEARTBEAT_ACK_PREFIX, ACK_HELLO_PREFIX)
 # "None of the ids counts as extended" (the ack's id list would be too long).
 ACK_NONE = b"*"
-# Bytes an ``LHB:<seq>:`` header adds over ``HB:`` (seq < 2**64): heartbeats
-# are chunked this much smaller, so either form fits ``max_heartbeat_bytes``.
-ACKED_HEARTBEAT_OVERHEAD = len(ACKED_HEARTBEAT_PREFIX) + 20 + 1 - 3
+# Bytes the longest acknowledged header, ``LHBT:<seq>:`` (seq < 2**64), adds
+# over ``HB:``: heartbeats are chunked this much smaller, so every form fits
+# ``max_heartbeat_bytes``.
+ACKED_HEARTBEAT_OVERHEAD = len(TAGGED_HEARTBEAT_PREFIX) + 20 + 1 - 3
 # Largest expected-consumer count accepted (one per D rank; far above any TP).
 MAX_EXPECTED_CONSUMERS = 2**31 - 1
 
@@ -69,16 +74,23 @@ def heartbeat_ids(msg: bytes) -> list[str]:
 
 
 # -- acknowledged heartbeats (ours only) ----------------------------------
-def acked_heartbeat_message(seq: int, heartbeat: bytes) -> bytes:
-    """The ``LHB:`` form of an ``HB:`` message, asking for acknowledgement ``seq``."""
-    return b"%s%d:%s" % (ACKED_HEARTBEAT_PREFIX, seq, heartbeat_payload(heartbeat))
+def acked_heartbeat_message(seq: int, heartbeat: bytes, tagged: bool = False) -> bytes:
+    """The ``LHB:`` form of an ``HB:`` message, asking for acknowledgement
+    ``seq``; ``LHBT:`` when its payload names tags instead of ids."""
+    prefix = TAGGED_HEARTBEAT_PREFIX if tagged else ACKED_HEARTBEAT_PREFIX
+    return b"%s%d:%s" % (prefix, seq, heartbeat_payload(heartbeat))
 
 
 def parse_acked_heartbeat(msg: bytes) -> tuple[int, bytes] | None:
-    """``(seq, id payload)`` of an ``LHB:`` message; None when malformed."""
-    head, rest = _split_head(msg, ACKED_HEARTBEAT_PREFIX)
+    """``(seq, payload)`` of an ``LHB:`` or ``LHBT:`` message; None when malformed."""
+    prefix = TAGGED_HEARTBEAT_PREFIX if msg.startswith(TAGGED_HEARTBEAT_PREFIX) else ACKED_HEARTBEAT_PREFIX
+    head, rest = _split_head(msg, prefix)
     seq = _seq(head)
     return None if seq is None or rest is None else (seq, rest)
+
+
+def is_tagged_heartbeat(msg: bytes) -> bool:
+    return msg.startswith(TAGGED_HEARTBEAT_PREFIX)
 
 
 def heartbeat_ack_message(seqs: Iterable[int], not_extended: bytes = b"") -> bytes:

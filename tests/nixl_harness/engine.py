@@ -24,6 +24,9 @@ from collections import deque
 from types import SimpleNamespace
 from typing import Any
 
+from vllm_nixl_lease._wire import is_tagged_heartbeat
+from vllm_nixl_lease.lease_tags import lease_tag
+
 from . import model
 from .fleet import PORT_TAKEN
 from .ranks import Rank, heartbeat_ids_of, is_any_heartbeat, preemptions, rank_main
@@ -162,7 +165,8 @@ class Engine:
         self.recv_counts: dict[str, int] = {}
         self.failed_pending: set[str] = set()
         self._hb_seen: dict[tuple[int, str], int] = {}
-        self.hb_ids_sent: dict[str, tuple[int, float]] = {}  # D: id -> (times sent, last send)
+        self.hb_ids_sent: dict[str, tuple[int, float]] = {}  # D: id or tag -> (times sent, last send)
+        self.by_tag: dict[str, str] = {}  # P: lease tag -> request id
         # Drained by ``timings``: per step (start, whole step s, connector s,
         # notifications drained, leases expired, of the connector s: in NIXL's
         # notification calls, in GC pauses; connector CPU s; GC pauses in the
@@ -217,6 +221,7 @@ class Engine:
             self.sched.on_new_request(req)
             self.sched.update_state_after_alloc(req, FakeBlocks(blocks), 0)
             self.reqs[req_id] = {"req": req, "blocks": blocks, "submitted_t": time.monotonic(), "hb": 0}
+            self.by_tag[lease_tag(req_id)] = req_id  # our D names it so in LHBT:
             self.fills[req_id] = blocks
             self.live += 1
         self.step()
@@ -465,8 +470,10 @@ class Engine:
                 self.hb_recv_log.append((t, agent, zlib.crc32(msg)))
                 if not observe_ids:
                     continue
+                names = self.by_tag if is_tagged_heartbeat(msg) else None
                 for raw in heartbeat_ids_of(msg).split(b","):
-                    rec = self.reqs.get(raw.decode("utf-8", "replace"))
+                    name = raw.decode("utf-8", "replace")
+                    rec = self.reqs.get(names.get(name, "") if names is not None else name)
                     if rec is not None and "freed_t" not in rec:
                         rec["hb"] += 1
                         rec["hb_last_t"] = t

@@ -20,6 +20,7 @@ from typing import Any
 
 from vllm_nixl_lease._wire import (
     ACKED_HEARTBEAT_PREFIX,
+    TAGGED_HEARTBEAT_PREFIX,
     heartbeat_payload,
     is_heartbeat,
     parse_acked_heartbeat,
@@ -299,8 +300,10 @@ class Rank:
 
 
 def is_any_heartbeat(msg: bytes) -> bool:
-    """Upstream's ``HB:`` or our acknowledged ``LHB:``."""
-    return is_heartbeat(msg) or msg.startswith(ACKED_HEARTBEAT_PREFIX)
+    """Upstream's ``HB:`` or our acknowledged ``LHB:`` / ``LHBT:``."""
+    return (
+        is_heartbeat(msg) or msg.startswith(ACKED_HEARTBEAT_PREFIX) or msg.startswith(TAGGED_HEARTBEAT_PREFIX)
+    )
 
 
 def preemptions() -> int:
@@ -309,7 +312,7 @@ def preemptions() -> int:
 
 
 def heartbeat_ids_of(msg: bytes) -> bytes:
-    """The id payload of either heartbeat form."""
+    """The id (or, for ``LHBT:``, tag) payload of any heartbeat form."""
     if is_heartbeat(msg):
         return heartbeat_payload(msg)
     parsed = parse_acked_heartbeat(msg)

@@ -80,6 +80,8 @@ class LeaseConfig:
     max_expiries_per_step: int = DEFAULT_MAX_EXPIRIES_PER_STEP
     # Time one D step may spend posting READs; 0: no bound (read_pacer.py).
     read_post_budget_s: float = DEFAULT_READ_POST_BUDGET_MS / 1000
+    # D names leases by tag (lease_tags.py) to a P that takes them; False: by id.
+    heartbeat_tags: bool = True
 
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> LeaseConfig:
@@ -153,6 +155,11 @@ class LeaseConfig:
                 "kv_connector_extra_config['max_expiries_per_step'] must be an int >= 1, "
                 f"got {max_expiries!r}"
             )
+        tags = extra.get("heartbeat_tags", True)
+        if not isinstance(tags, bool):
+            raise LeaseConfigError(
+                f"kv_connector_extra_config['heartbeat_tags'] must be true or false, got {tags!r}"
+            )
         budget_ms = extra.get("read_post_budget_ms", DEFAULT_READ_POST_BUDGET_MS)
         if (
             isinstance(budget_ms, bool)
@@ -174,6 +181,7 @@ class LeaseConfig:
             idle_ms / 1000,
             max_expiries,
             budget_ms / 1000,
+            tags,
         )
 
     @classmethod

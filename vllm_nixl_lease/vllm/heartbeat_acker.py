@@ -8,7 +8,8 @@ the argument; ``heartbeat_acks.py`` is D's side).
   checks that the metadata names the agent that sent it.
 - ``LHB:<seq>:<ids>``: extended in the table by ``LeaseKeeper.extend_acked``
   in this step (before the sweep), then answered with
-  ``LACK:<seq>,<seq>,...[:<ids not held>]``.  Answers to one agent are
+  ``LACK:<seq>,<seq>,...[:<ids not held>]``; ``LHBT:<seq>:<tags>`` the same
+  through ``extend_tagged``, the answer naming tags.  Answers to one agent are
   gathered over steps: an agent is answered once its last answer is
   ``answer_gap_s`` old, at most ``MAX_PACED_ANSWERS_PER_STEP`` agents a step,
   and always once its oldest unanswered heartbeat is ``answer_gap_s * 2`` old.
@@ -43,7 +44,9 @@ from .._wire import (
     ACK_HELLO_PREFIX,
     ACK_NONE,
     ACKED_HEARTBEAT_PREFIX,
+    TAGGED_HEARTBEAT_PREFIX,
     heartbeat_ack_message,
+    is_tagged_heartbeat,
     parse_acked_heartbeat,
 )
 from .heartbeat_sender import is_disconnect
@@ -108,7 +111,7 @@ class HeartbeatAcker:
             self._finish_loads()
         for agent, msgs in messages.items():
             for msg in msgs:
-                if msg.startswith(ACKED_HEARTBEAT_PREFIX):
+                if msg.startswith(ACKED_HEARTBEAT_PREFIX) or msg.startswith(TAGGED_HEARTBEAT_PREFIX):
                     self._heartbeat(agent, msg, now)
                 elif msg.startswith(ACK_HELLO_PREFIX):
                     self._hello(agent, msg[len(ACK_HELLO_PREFIX) :], now)
@@ -130,7 +133,10 @@ class HeartbeatAcker:
             self._log.warning(1, "Skipped a malformed acknowledged heartbeat from %s: %r", agent, msg[:64])
             return
         seq, payload = parsed
-        missing = self._keeper.extend_acked(payload, now)
+        if is_tagged_heartbeat(msg):
+            missing = self._keeper.extend_tagged(payload, now)
+        else:
+            missing = self._keeper.extend_acked(payload, now)
         if not self._answerable(agent):
             # No hello yet (or forgotten): D says hello again when answers stop.
             self._upstream.xfer_stats.add("num_heartbeat_acks_dropped", 1)

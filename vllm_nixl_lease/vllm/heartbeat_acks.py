@@ -61,12 +61,14 @@ class HeartbeatAcks:
         messages: Sequence[bytes],
         chunks: Sequence[tuple[int, int]] | None = None,
         counts: Sequence[int] | None = None,
+        tagged: bool = False,
     ) -> list[tuple[str, bytes]]:
         """The (agent, message) pairs for one engine's heartbeats: hellos where
-        due, then each ``HB:`` message as ``LHB:`` to every agent, recorded.
-        ``chunks``: each message's tracker chunk ``(key, version)``, so that its
-        answer renews the chunk's views at once instead of id by id.
-        ``counts``: each message's id count, if the caller has it."""
+        due, then each ``HB:`` message as ``LHB:`` (``LHBT:`` when ``tagged``)
+        to every agent, recorded.  ``chunks``: each message's tracker chunk
+        ``(key, version)``, so that its answer renews the chunk's views at once
+        instead of id by id.  ``counts``: each message's id count, if the
+        caller has it."""
         now = time.perf_counter()
         pairs: list[tuple[str, bytes]] = []
         # Upstream keeps the names add_remote_agent returned (bytes); answers
@@ -82,7 +84,7 @@ class HeartbeatAcks:
             chunk = chunks[i] if chunks is not None else None
             count = counts[i] if counts is not None else None
             seq = self.ledger.open(engine_id, names, heartbeat_payload(msg), now, chunk, count)
-            acked = acked_heartbeat_message(seq, msg)
+            acked = acked_heartbeat_message(seq, msg, tagged)
             pairs.extend((agent, acked) for agent in agents)
         return pairs
 

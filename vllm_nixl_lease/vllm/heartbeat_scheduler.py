@@ -5,6 +5,11 @@ those sets to the workers, which re-join them into one unbounded message per
 engine every tick.  Here the core's ``HeartbeatTracker`` keeps per-engine
 chunks whose encoded bytes are cached, and the metadata carries those bytes
 (``EngineHeartbeats``) to ``heartbeat_sender.py``.
+
+A P engine that takes lease tags (``lease_views.takes_tags``, decided by the
+engine's first request) is heartbeated by tag: the tracker holds each
+request's tag (``lease_tags.py``) in place of P's request id, ~11 bytes
+instead of ~27-110, so the same requests fit in fewer messages.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from vllm.logger import init_logger
 
 from .. import HeartbeatTracker
 from .._wire import ACKED_HEARTBEAT_OVERHEAD
+from ..lease_tags import lease_tag
 from .config import LeaseConfig
 from .metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
 from .upstream import HeartbeatTarget, UpstreamScheduler
@@ -37,15 +43,22 @@ class HeartbeatSchedule:
         self.targets: dict[str, tuple[str, int, int, int, int]] = {}
         # engines whose chunks were repacked since the last take_repacked()
         self._repacked: set[str] = set()
+        # engines heartbeated by tag (while they have tracked requests)
+        self.tagged: set[str] = set()
 
     def take_over(
-        self, upstream: UpstreamScheduler, req_id: str, stop_upstream: Callable[[str], None]
+        self,
+        upstream: UpstreamScheduler,
+        req_id: str,
+        stop_upstream: Callable[[str], None],
+        tags: bool = False,
     ) -> tuple[str, str] | None:
         """Move a request upstream's ``on_new_request`` just recorded for
         heartbeats into this schedule, so upstream's own dicts stay empty (and
         its ``build_connector_meta`` never ships id sets).  ``stop_upstream``
-        is upstream's ``_stop_heartbeat``.  Returns ``(engine id, P's request
-        id)``, or None when upstream did not record the request."""
+        is upstream's ``_stop_heartbeat``; ``tags``: its P takes lease tags.
+        Returns ``(engine id, the name heartbeats give the lease)``: P's
+        request id or its tag; None when upstream did not record the request."""
         entry = upstream._heartbeat_req_engine.get(req_id)
         if entry is None:
             return None
@@ -53,8 +66,18 @@ class HeartbeatSchedule:
         # Read the target first: stopping the last request drops the engine.
         target = upstream._heartbeat_by_engine[engine_id]
         stop_upstream(req_id)
+        # An engine's first tracked request decides for all of them while it has any.
+        tagged = engine_id in self.tagged if engine_id in self.targets else tags
+        if tagged:
+            try:
+                remote_id = lease_tag(remote_id)
+            except (TypeError, ValueError) as exc:  # P sent a non-str id: as track() would
+                self._not_tracked(req_id, remote_id, exc)
+                return None
         self.track(req_id, engine_id, remote_id, target)
-        return entry
+        if tagged and engine_id in self.targets:
+            self.tagged.add(engine_id)
+        return engine_id, remote_id
 
     def track(self, local_id: str, engine_id: str, remote_id: str, target: HeartbeatTarget) -> None:
         try:
@@ -82,6 +105,7 @@ class HeartbeatSchedule:
             tracker.untrack(req_id)
             if engine_id not in tracker.engines():
                 self.targets.pop(engine_id, None)
+                self.tagged.discard(engine_id)
             elif tracker.repacks != repacks:
                 self._repacked.add(engine_id)
 
@@ -105,6 +129,9 @@ class HeartbeatSchedule:
                 target = self.targets.get(engine_id)
                 if target is not None and sent:
                     out[engine_id] = EngineHeartbeats(
-                        [msg for _, _, msg in sent], *target, chunks=[(key, ver) for key, ver, _ in sent]
+                        [msg for _, _, msg in sent],
+                        *target,
+                        chunks=[(key, ver) for key, ver, _ in sent],
+                        tagged=engine_id in self.tagged,
                     )
         setattr(meta, LEASE_HEARTBEATS_ATTR, out)

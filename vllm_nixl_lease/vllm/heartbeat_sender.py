@@ -13,7 +13,8 @@ forwards bytes.  Differences from upstream's ``_send_heartbeats``, both on purpo
   its TCP timeouts, a restarted P) marks the engine invalid through upstream's
   own mechanism, so it is released and handshaken again; upstream keeps the
   dead agent and every later heartbeat and READ to that P fails;
-- to a P that acknowledges heartbeats, messages go out as ``LHB:`` through
+- to a P that acknowledges heartbeats, messages go out as ``LHB:`` (``LHBT:``
+  when they name lease tags) through
   ``HeartbeatAcks`` (its answers renew D's views); to any other P as upstream's
   ``HB:``, and a completed send is reported to ``on_delivered``.
 """
@@ -137,8 +138,9 @@ class HeartbeatSender:
         if pairs is None:
             agents = list(up._remote_agents[engine_id].values())
             counts = [ids_in(msg) for msg in hb.messages]
-            if self._acks is not None and self._acks.wanted(engine_id):
-                pairs = self._acks.sends(engine_id, agents, hb.messages, hb.chunks, counts)
+            # Tagged messages mean nothing to P as ``HB:``: always ``LHBT:``.
+            if self._acks is not None and (hb.tagged or self._acks.wanted(engine_id)):
+                pairs = self._acks.sends(engine_id, agents, hb.messages, hb.chunks, counts, hb.tagged)
                 acked = True
             else:
                 pairs = [(agent, msg) for agent in agents for msg in hb.messages]

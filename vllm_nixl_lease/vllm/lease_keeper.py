@@ -4,7 +4,8 @@ Everything P does with a lease happens here:
 - granted: upstream's ``start_load_kv`` assigns ``_reqs_to_send[req] = deadline``;
   that dict is ``deadlines`` (``views.py``), so the grant lands in the router;
 - extended: ``route`` (pull: every notification), ``extend_acked`` (pull:
-  an acknowledged ``LHB:`` heartbeat, for ``heartbeat_acker.py``) and
+  an acknowledged ``LHB:`` heartbeat, for ``heartbeat_acker.py``),
+  ``extend_tagged`` (pull: the same naming lease tags, ``LHBT:``) and
   ``extend_heartbeats`` (push: heartbeats taken off the writer thread's queue)
   -> ``LeaseTable``;
 - released on read: ``route`` returns the requests every consumer has read;
@@ -23,6 +24,7 @@ from vllm.logger import init_logger
 from .. import LeaseTable, NotificationRouter
 from .._wire import ACK_PREFIXES, PUSH_REG_PREFIX, heartbeat_payload
 from ..expiry_log import log_expired
+from ..lease_tags import LeaseTagIndex
 from .config import LeaseConfig
 from .push_aliases import LeaseAliases
 from .ratelimit import RateLimitedLog
@@ -45,6 +47,8 @@ class LeaseKeeper:
         )
         # Push mode only: D names leases by the router's id (vLLM issue 53095).
         self.aliases: LeaseAliases | None = LeaseAliases() if push else None
+        # Pull mode only: the tags our D names leases by in ``LHBT:`` (``lease_tags.py``).
+        self.tags: LeaseTagIndex | None = None if push else LeaseTagIndex()
         # Stand-ins for upstream's _reqs_to_send / _reqs_to_process.
         self.deadlines = LeaseDeadlines(self.router, self._granted, self._released)
         self.in_batch = InBatchSet(self.router)
@@ -61,10 +65,14 @@ class LeaseKeeper:
         self._upstream.xfer_stats.add("num_leases_granted", 1)
         if self.aliases is not None:
             self.aliases.add(req_id)
+        if self.tags is not None:
+            self.tags.add(req_id)
 
     def _released(self, req_id: str) -> None:
         if self.aliases is not None:
             self.aliases.discard(req_id)
+        if self.tags is not None:
+            self.tags.discard(req_id)
 
     # -- pull: one step's notifications -------------------------------------
     def route(self, notifs: Mapping[str, list[bytes]]) -> tuple[set[str], dict[str, list[bytes]]]:
@@ -124,6 +132,21 @@ class LeaseKeeper:
             return None
         return [n for n in names if n not in table]
 
+    def extend_tagged(self, payload: bytes, now: float) -> list[str] | None:
+        """``extend_acked`` for an ``LHBT:`` heartbeat: extend the leases its
+        tags name; return the tags that name no lease here (None: cannot tell)."""
+        resolved = self.tags.resolve(payload) if self.tags is not None else None
+        if resolved is None:
+            self._account_heartbeats(1, payload.count(b",") + 1, 0)
+            return None
+        ids, named, unknown = resolved
+        table = self.router.table
+        extended, seen = table.extend_counted(ids, now) if ids else (0, 0)
+        if extended < seen:  # indexed but not leased (a release the index missed)
+            unknown += [self.tags.tag_of(req_id) or "" for req_id in ids.split(",") if req_id not in table]
+        self._account_heartbeats(1, named, max(0, named - len(unknown)))
+        return unknown
+
     # -- push: heartbeats taken off the writer thread's queue ----------------
     def extend_heartbeats(self, heartbeats: list[bytes]) -> None:
         start = time.perf_counter_ns()
@@ -166,7 +189,7 @@ class LeaseKeeper:
             ids = expired.ids
             if ids:
                 stats.record_kv_expired_reqs(len(ids))
-                if self.aliases is not None:  # push mode: the only per-id release work
+                if self.aliases is not None or self.tags is not None:  # the only per-id release work
                     for req_id in ids:
                         self._released(req_id)
                 done_sending.update(ids)

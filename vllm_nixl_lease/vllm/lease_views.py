@@ -28,15 +28,23 @@ PARAM_LEASE_DEADLINE = "remote_lease_deadline"
 PARAM_LEASE_EXTENSION = "remote_lease_extension"
 # P answers acknowledged heartbeats (heartbeat_acker.py): D renews on answers.
 PARAM_LEASE_ACKS = "remote_lease_acks"
+# P takes acknowledged heartbeats that name lease tags (``LHBT:``, lease_tags.py).
+PARAM_LEASE_TAGS = "remote_lease_tags"
 
 
 def add_lease_params(params: dict[str, Any], deadline: float | None, extension: float) -> None:
     """P side (pull): tell D when its lease ends, how far a heartbeat moves it,
-    and that this P acknowledges heartbeats."""
+    and that this P acknowledges heartbeats, also by tag."""
     if deadline is not None:
         params[PARAM_LEASE_DEADLINE] = deadline
         params[PARAM_LEASE_EXTENSION] = extension
         params[PARAM_LEASE_ACKS] = True
+        params[PARAM_LEASE_TAGS] = True
+
+
+def takes_tags(params: dict[str, Any] | None) -> bool:
+    """D side: does the P that granted these params take ``LHBT:`` heartbeats?"""
+    return bool(params) and params.get(PARAM_LEASE_ACKS) is True and params.get(PARAM_LEASE_TAGS) is True
 
 
 class LeaseViewCollector:

@@ -18,6 +18,8 @@ class EngineHeartbeats:
     each), so workers only forward bytes.  ``chunks``: for each message, the
     tracker chunk ``(key, version)`` it encodes (None from other sources), so
     P's answer renews that chunk's views at once (``holder_view.py``).
+    ``tagged``: the messages name lease tags (``lease_tags.py``), to go out as
+    ``LHBT:``.
     """
 
     messages: list[bytes]
@@ -27,6 +29,7 @@ class EngineHeartbeats:
     dcp_size: int = 1
     pp_size: int = 1
     chunks: list[tuple[int, int]] | None = None
+    tagged: bool = False
 
     def __reduce__(self) -> tuple[type, tuple]:
         # The metadata is pickled every step (multiprocess executor): a plain
@@ -39,6 +42,7 @@ class EngineHeartbeats:
             self.dcp_size,
             self.pp_size,
             self.chunks,
+            self.tagged,
         )
 
 

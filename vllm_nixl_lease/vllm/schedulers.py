@@ -16,7 +16,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_scheduler import Nix
 from .config import LeaseConfig
 from .heartbeat_scheduler import HeartbeatSchedule
 from .idle_pause import step_is_idle
-from .lease_views import LeaseViewCollector, add_lease_params
+from .lease_views import LeaseViewCollector, add_lease_params, takes_tags
 from .metadata import LEASE_IDLE_ATTR
 
 
@@ -33,7 +33,11 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
     # dicts; our components take it over from there.
     def on_new_request(self, request: Any) -> None:
         super().on_new_request(request)
-        taken = self.heartbeats.take_over(self, request.request_id, super()._stop_heartbeat)
+        # Tags ride on acknowledged heartbeats, which only the read fence's views ask for.
+        tags = self.lease_views.enabled and self.lease_config.heartbeat_tags
+        taken = self.heartbeats.take_over(
+            self, request.request_id, super()._stop_heartbeat, tags and takes_tags(request.kv_transfer_params)
+        )
         if taken is not None:
             engine_id, remote_id = taken
             self.lease_views.add(
