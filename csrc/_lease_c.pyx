@@ -6,8 +6,8 @@ Behaves exactly like ``vllm_nixl_lease/_lease_table_py.py`` and
 ``_router_py.py`` (read those first: they are the reference).
 
 Layout, and why:
-- ``_slots``: one 24-byte C struct per lease (deadline, owned id, grant seq,
-  hash) in a std::vector, reused through a free list, so a lease costs no
+- ``_slots``: one 40-byte C struct per lease (deadline, owned id, grant seq,
+  hash, tag digest and chain) in a std::vector, reused through a free list, so a lease costs no
   Python object beyond the id string the caller already owns.
 - ``_index``: open-addressing table (linear probing, load <= 0.7) of 4-byte
   slot numbers keyed by SipHash-1-3 (Aumasson & Bernstein, implemented
@@ -43,6 +43,14 @@ Layout, and why:
   (a dead D's leases, all renewed by one heartbeat, share one bucket), the due
   entries go into a binary min-heap once, O(n), and each later sweep pops its
   ``limit`` from it, O(limit log n), instead of sorting them all every step.
+- ``_tag_keys``/``_tag_heads``: a second open-addressing table (linear
+  probing, load <= 0.7), the tag digest of each taggable id
+  (``lease_tags.tag_digest``) -> its first slot; further slots with the same
+  digest are chained through ``Slot.tag_next``.  Cells are placed by the
+  digest mixed with the table's random key, so ids ground offline to share
+  low bits do not share a probe run.  ``extend_tagged`` parses each 11-byte
+  tag in C, a group at a time with the cells prefetched, and extends the
+  chain: an ``LHBT:`` heartbeat never builds a string.
 - Shrink: when the live leases fall below a quarter of the slots, the slots
   are compacted and the index and heap rebuilt at the live size (amortised
   O(1)), so memory and per-operation cost follow the live count, not a
@@ -72,6 +80,7 @@ from ._route_result import (
     malformed_sample, unknown_sample_id,
 )
 from ._router_py import MESSAGES_TYPES
+from .lease_tags import tag_digest as _tag_digest
 from ._wire import HEARTBEAT_PREFIX, PUSH_REG_PREFIX
 from ._wire import MAX_EXPECTED_CONSUMERS as _MAX_CONSUMERS
 
@@ -391,11 +400,43 @@ ctypedef pair[double, uint64_t] HeapEntry   # (deadline, seq << 32 | slot)
 ctypedef vector[HeapEntry] Bucket
 ctypedef cmap[int64_t, Bucket] Wheel
 
+# base64url character -> its 6 bits, 255 for any other byte (lease_tags.py's alphabet)
+cdef unsigned char _B64[256]
+for _i in range(256):
+    _B64[_i] = 255
+_ALPHABET = list(bytearray(b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"))
+for _i in range(64):
+    _B64[<int>_ALPHABET[_i]] = _i
+
+
+cdef inline bint _parse_tag(const unsigned char* p, uint64_t* out) noexcept:
+    """``lease_tags.parse_tag`` of 11 bytes: the digest (little endian) of a
+    canonical tag; False for anything else."""
+    cdef uint64_t bits = 0, v, le = 0
+    cdef int i
+    for i in range(10):
+        v = _B64[p[i]]
+        if v == 255:
+            return False
+        bits = (bits << 6) | v
+    v = _B64[p[10]]
+    if v == 255 or v & 3:  # the last character carries 4 bits; its low 2 must be 0
+        return False
+    bits = (bits << 4) | (v >> 2)  # the 8 bytes, big endian
+    for i in range(8):
+        le = (le << 8) | ((bits >> (8 * i)) & 0xFF)
+    out[0] = le
+    return True
+
+
 cdef struct Slot:
     double deadline
     PyObject* req_id    # owned reference to the id (a str)
     uint32_t seq        # grant order | IN_BATCH; 0: free slot
     uint32_t link       # live: low 32 bits of the id's hash; free: next free slot + 1
+    uint64_t tag        # lease_tags.tag_digest of the id (when tagged)
+    uint32_t tag_next   # next slot + 1 with the same tag, 0: none
+    uint32_t tagged     # 1: in _tags under ``tag``
 
 cdef Py_ssize_t MIN_STALE_FOR_REBUILD = 64   # same constant as the twin
 cdef size_t MIN_INDEX_SIZE = 16            # a power of two
@@ -404,6 +445,8 @@ cdef size_t MIN_INDEX_SIZE = 16            # a power of two
 # A C constant: a bare 0xFFFFFFFF in an expression is a Python int to Cython (it
 # does not fit a C int), which boxed every operand it met.
 cdef uint64_t LOW32 = 0xFFFFFFFF
+cdef uint64_t MIX1 = 0xBF58476D1CE4E5B9  # splitmix64's multipliers (tag cells)
+cdef uint64_t MIX2 = 0x94D049BB133111EB
 # Slot.seq: the grant seq in the low 31 bits; the top bit marks a lease whose
 # request is also in a batch (the router's in_batch), so that a sweep or a
 # completion need not look the id up in a Python set.
@@ -437,6 +480,10 @@ cdef class LeaseTable:
     cdef size_t _index_used          # live + deleted cells
     cdef uint64_t _hash_mask
     cdef uint64_t _k0, _k1           # SipHash key: random per table
+    cdef vector[uint64_t] _tag_keys    # tag digest per cell
+    cdef vector[uint32_t] _tag_heads   # first slot + 1 per cell, or EMPTY / DELETED
+    cdef size_t _tag_used              # live + deleted cells
+    cdef Py_ssize_t _tag_live          # live cells
 
     def __cinit__(self, extension, *, int _hash_bits=64):
         extension = float(extension)
@@ -454,6 +501,8 @@ cdef class LeaseTable:
         self._k0 = int.from_bytes(key[:8], "little")
         self._k1 = int.from_bytes(key[8:], "little")
         self._index.assign(MIN_INDEX_SIZE, EMPTY)
+        self._tag_keys.assign(MIN_INDEX_SIZE, 0)
+        self._tag_heads.assign(MIN_INDEX_SIZE, EMPTY)
 
     def __dealloc__(self):
         cdef size_t i
@@ -511,6 +560,9 @@ cdef class LeaseTable:
         s.link = 0
         s.req_id = NULL
         s.deadline = 0
+        s.tag = 0
+        s.tag_next = 0
+        s.tagged = 0
         self._slots.push_back(s)
         return <uint32_t>(self._slots.size() - 1)
 
@@ -552,6 +604,8 @@ cdef class LeaseTable:
         while self._index[i] != idx + 1:
             i = (i + 1) & mask
         self._index[i] = DELETED
+        if self._slots[idx].tagged:
+            self._tag_unlink(idx)
         if self._slots[idx].seq & IN_BATCH:
             self._in_batch -= 1
         Py_DECREF(<object>self._slots[idx].req_id)
@@ -560,6 +614,80 @@ cdef class LeaseTable:
         self._slots[idx].link = self._free
         self._free = idx + 1
         self._live -= 1
+
+    cdef inline size_t _tag_home(self, uint64_t tag) noexcept:
+        """The tag's first cell: its digest mixed with this table's key (splitmix64)."""
+        cdef uint64_t z = tag ^ self._k1
+        z = (z ^ (z >> 30)) * MIX1
+        z = (z ^ (z >> 27)) * MIX2
+        return <size_t>(z ^ (z >> 31)) & (self._tag_heads.size() - 1)
+
+    cdef inline size_t _tag_cell(self, uint64_t tag) noexcept:
+        """The cell holding ``tag``, or the first EMPTY cell of its probe run."""
+        cdef size_t mask = self._tag_heads.size() - 1
+        cdef size_t i = self._tag_home(tag)
+        cdef uint32_t c = self._tag_heads[i]
+        while c != EMPTY and (c == DELETED or self._tag_keys[i] != tag):
+            i = (i + 1) & mask
+            c = self._tag_heads[i]
+        return i
+
+    cdef void _tag_link(self, uint32_t idx) except *:
+        """Put tagged slot ``idx`` first in its tag's chain."""
+        cdef uint64_t tag = self._slots[idx].tag
+        cdef size_t mask, i = self._tag_cell(tag)
+        if self._tag_heads[i] != EMPTY:
+            self._slots[idx].tag_next = self._tag_heads[i]
+            self._tag_heads[i] = idx + 1
+            return
+        # a new tag: the first DELETED cell of the run will do, else this EMPTY one
+        mask = self._tag_heads.size() - 1
+        i = self._tag_home(tag)
+        while self._tag_heads[i] != EMPTY and self._tag_heads[i] != DELETED:
+            i = (i + 1) & mask
+        if self._tag_heads[i] == EMPTY:
+            self._tag_used += 1
+        self._tag_keys[i] = tag
+        self._tag_heads[i] = idx + 1
+        self._slots[idx].tag_next = 0
+        self._tag_live += 1
+        if self._tag_used * 10 > self._tag_heads.size() * 7:
+            self._tag_rehash()
+
+    cdef void _tag_unlink(self, uint32_t idx) except *:
+        cdef size_t i = self._tag_cell(self._slots[idx].tag)
+        cdef uint32_t prev = self._tag_heads[i]
+        if prev == idx + 1:
+            if self._slots[idx].tag_next:
+                self._tag_heads[i] = self._slots[idx].tag_next
+            else:
+                self._tag_heads[i] = DELETED
+                self._tag_live -= 1
+        else:
+            prev -= 1
+            while self._slots[prev].tag_next != idx + 1:
+                prev = self._slots[prev].tag_next - 1
+            self._slots[prev].tag_next = self._slots[idx].tag_next
+        self._slots[idx].tagged = 0
+        self._slots[idx].tag_next = 0
+
+    cdef void _tag_rehash(self) except *:
+        """Rebuild the tag table at load <= 0.5 from the live slots (slot
+        numbers may have moved: the chains are rebuilt too)."""
+        cdef size_t size = MIN_INDEX_SIZE
+        cdef size_t i
+        while size < 2 * <size_t>self._tag_live + 2:
+            size *= 2
+        self._tag_keys.assign(size, 0)
+        self._tag_heads.assign(size, EMPTY)
+        self._tag_used = 0
+        self._tag_live = 0
+        for i in range(self._slots.size()):
+            if self._slots[i].seq != 0 and self._slots[i].tagged:
+                self._tag_link(<uint32_t>i)
+        if self._tag_heads.capacity() > 2 * size:
+            self._tag_heads.shrink_to_fit()
+            self._tag_keys.shrink_to_fit()
 
     cdef inline int64_t _bucket(self, double deadline) noexcept:
         cdef double k = floor(deadline / self._width)
@@ -707,6 +835,11 @@ cdef class LeaseTable:
             self._slots[idx].seq = 1  # live before it is indexed (rehash skips free slots)
             self._live += 1
             self._index_insert(<uint32_t>idx)
+            digest = _tag_digest(req_id)
+            if digest is not None:
+                self._slots[idx].tag = digest
+                self._slots[idx].tagged = 1
+                self._tag_link(<uint32_t>idx)
         self._slots[idx].deadline = d
         self._slots[idx].seq = (self._slots[idx].seq & IN_BATCH) | self._seq
         self._push(d, self._seq, <uint32_t>idx)
@@ -817,6 +950,50 @@ cdef class LeaseTable:
             return (0, 0)
         return self._extend_span(<const char*>&view[0], view.shape[0], new_deadline)
 
+    def extend_tagged(self, payload, now):
+        """Apply one ``LHBT:`` payload (comma-separated tags, ``lease_tags.py``):
+        extend every lease a tag names.  Returns ``(leases extended, tags named,
+        the tags naming no lease)``; the last is None, and nothing is extended,
+        when the payload is not ASCII.  An empty field names nothing."""
+        cdef double new_deadline = check_now(now) + self._extension
+        cdef const unsigned char[::1] view = bytes(payload)
+        cdef Py_ssize_t n = view.shape[0], pos = 0, end, named = 0, extended = 0, j
+        cdef const unsigned char* p = &view[0] if n else NULL
+        cdef uint64_t tag
+        cdef uint32_t c
+        cdef list unknown = []
+        cdef size_t i
+        for j in range(n):
+            if p[j] >= 0x80:
+                named = 0
+                while pos <= n:  # count as the twin does: non-empty fields
+                    end = pos
+                    while end < n and p[end] != 44:
+                        end += 1
+                    named += end > pos
+                    pos = end + 1
+                return 0, named, None
+        while pos <= n:
+            end = pos
+            while end < n and p[end] != 44:  # ','
+                end += 1
+            if end > pos:
+                named += 1
+                c = 0
+                if end - pos == 11 and _parse_tag(p + pos, &tag):
+                    i = self._tag_cell(tag)
+                    if self._tag_heads[i] != EMPTY:
+                        c = self._tag_heads[i]
+                if c == 0:
+                    unknown.append((<bytes>p[pos:end]).decode("ascii"))
+                while c:
+                    if new_deadline > self._slots[c - 1].deadline:
+                        self._slots[c - 1].deadline = new_deadline
+                    extended += 1
+                    c = self._slots[c - 1].tag_next
+            pos = end + 1
+        return extended, named, unknown
+
     def release(self, req_id):
         """Drop the lease of ``req_id``; return whether it held one."""
         cdef long idx = self._find_str(req_id)
@@ -852,6 +1029,7 @@ cdef class LeaseTable:
         self._slots.swap(live)
         self._free = 0
         self._rehash()
+        self._tag_rehash()  # slot numbers moved: chain them again
         self._maybe_rebuild_heap(True)
 
     def pop_expired(self, now, limit=None):
@@ -1000,7 +1178,8 @@ cdef class LeaseTable:
             inc(it)
         return (type(self).__basicsize__ + self._slots.capacity() * sizeof(Slot)
                 + wheel + self._backlog.capacity() * sizeof(HeapEntry)
-                + self._index.capacity() * sizeof(uint32_t))
+                + self._index.capacity() * sizeof(uint32_t)
+                + self._tag_keys.capacity() * sizeof(uint64_t) + self._tag_heads.capacity() * sizeof(uint32_t))
 
     def __len__(self):
         return self._live

@@ -9,6 +9,7 @@ import math
 import re
 
 from vllm_nixl_lease._wire import PUSH_REG_PREFIX, heartbeat_payload, is_heartbeat
+from vllm_nixl_lease.lease_tags import lease_tag, tag_digest
 
 _COMPLETION = re.compile(rb"\A(.+):([0-9]{1,10})\Z", re.DOTALL)
 
@@ -43,6 +44,23 @@ class ModelRouter:
                 self.leases[rid] = (max(d, now + self.extension), s)
                 extended += 1
         return extended, seen
+
+    def extend_tagged(self, payload: bytes, now: float) -> tuple[int, int, list[str] | None]:
+        now = check_now(now)
+        fields = [f for f in payload.split(b",") if f]
+        if any(b >= 0x80 for b in payload):
+            return 0, len(fields), None
+        extended = 0
+        unknown = []
+        for field in fields:
+            named = [r for r in self.leases if tag_digest(r) is not None and lease_tag(r) == field.decode()]
+            if not named:
+                unknown.append(field.decode())
+            for rid in named:
+                d, s = self.leases[rid]
+                self.leases[rid] = (max(d, now + self.extension), s)
+                extended += 1
+        return extended, len(fields), unknown
 
     def release(self, req_id: str) -> bool:
         return self.leases.pop(req_id, None) is not None

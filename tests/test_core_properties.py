@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from vllm_nixl_lease._wire import heartbeat_message, heartbeat_payload
+from vllm_nixl_lease.lease_tags import lease_tag
 
 IDS = ["a", "b", "c:1", "réq", "x" * 40, "cmpl-7:0", "z", "ü" * 70, "y" * 90]
 EXTENSION = 4.0
@@ -33,6 +34,14 @@ hb_st = st.builds(
     heartbeat_message,
     st.lists(st.one_of(id_st.map(str.encode), st.sampled_from([b"", b"\xff", b"unknown"])), max_size=6),
 )
+# LHBT: payloads: tags of known ids, tags of ids never granted, near-tags, junk
+tagged_st = st.lists(
+    st.one_of(
+        id_st.map(lease_tag),
+        st.sampled_from([lease_tag("never"), lease_tag("a")[:-1] + "B", "", "x" * 11, "AAAAAAAAAAA"]),
+    ),
+    max_size=6,
+).map(lambda tags: ",".join(tags).encode()) | st.sampled_from([b"\xff", b"A,\xfe,B"])
 not_bytes_st = st.sampled_from(["a:1", None, 7, 1.5, bytearray(b"a:1"), memoryview(b"b:1"), ["a:1"]])
 message_st = st.one_of(completion_st, completion_st, hb_st, junk_st, not_bytes_st)
 messages_st = st.one_of(
@@ -93,6 +102,11 @@ class CoreAgreement(RuleBasedStateMachine):
         assert [r.table.extend_counted(heartbeat_payload(payload), self.now) for r in self.routers] == [
             want
         ] * 3
+
+    @rule(payload=tagged_st)
+    def extend_tagged(self, payload):
+        want = self.model.extend_tagged(payload, self.now)
+        assert [r.table.extend_tagged(payload, self.now) for r in self.routers] == [want] * 3
 
     @rule(rid=id_st)
     def release(self, rid):

@@ -177,7 +177,7 @@ def test_tagged_heartbeat_never_renews_a_freed_lease(clock: Clock) -> None:
     clock.advance(EXT)
     net.keepers[0].deadlines["p2"] = clock.now + EXT
     net.p_step([])
-    assert "p1" not in net.keepers[0].table and "p1" not in net.keepers[0].tags  # expiry drops the tag
+    assert "p1" not in net.keepers[0].table
     clock.advance(1)
     net.p_step(held)
     answers = net.take_p_sends()
@@ -209,9 +209,11 @@ def test_read_completion_drops_the_tag_on_p(clock: Clock) -> None:
     net = Pair(clock)
     net.grant("p1", "d1", tagged=True)
     keeper = net.keepers[0]
-    assert keeper.tags.tag_of("p1") == lease_tag("p1")
+    tag = lease_tag("p1")
+    assert keeper.table.extend_tagged(tag.encode(), clock.now) == (1, 1, [])
     keeper.route({"D-agent": [b"p1:1"]})
-    assert "p1" not in keeper.table and len(keeper.tags) == 0
+    assert "p1" not in keeper.table
+    assert keeper.table.extend_tagged(tag.encode(), clock.now) == (0, 1, [tag])
 
 
 def test_hostile_tagged_heartbeats_are_counted_not_applied(clock: Clock) -> None:

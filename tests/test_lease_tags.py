@@ -6,7 +6,6 @@ import string
 
 import pytest
 
-import vllm_nixl_lease.lease_tags as lease_tags
 from vllm_nixl_lease._wire import (
     ACKED_HEARTBEAT_OVERHEAD,
     acked_heartbeat_message,
@@ -14,9 +13,10 @@ from vllm_nixl_lease._wire import (
     is_tagged_heartbeat,
     parse_acked_heartbeat,
 )
-from vllm_nixl_lease.lease_tags import TAG_LENGTH, LeaseTagIndex, lease_tag
+from vllm_nixl_lease.lease_tags import TAG_LENGTH, lease_tag, parse_tag, tag_digest
 
-ALPHABET = set(string.ascii_letters + string.digits + "-_")
+ALPHABET_ORDER = string.ascii_uppercase + string.ascii_lowercase + string.digits + "-_"
+ALPHABET = set(ALPHABET_ORDER)
 
 
 @pytest.mark.parametrize(
@@ -33,31 +33,76 @@ def test_distinct_ids_get_distinct_tags() -> None:
     assert len({lease_tag(i) for i in ids}) == len(ids)
 
 
-def test_index_resolves_held_ids_and_reports_unknown_tags() -> None:
-    index = LeaseTagIndex()
-    tags = {req_id: index.add(req_id) for req_id in ("p1", "p2", "p3")}
-    assert index.add("p1") == tags["p1"] and len(index) == 3  # a second grant: no-op
-    index.discard("p2")
-    index.discard("never-held")
-    payload = ",".join([tags["p1"], tags["p2"], "", lease_tag("p9"), tags["p3"]]).encode()
-    assert index.resolve(payload) == ("p1,p3", 4, [tags["p2"], lease_tag("p9")])  # "" is no tag
-    assert index.resolve(b"\xff" + payload) is None
-    assert index.tag_of("p1") == tags["p1"] and index.tag_of("p2") is None
+def test_table_extends_by_tag_and_reports_unknown_tags(core) -> None:
+    t = core.LeaseTable(20.0)
+    for req_id in ("p1", "p2", "p3"):
+        t.grant(req_id, 10.0)
+    t.grant("p1", 11.0)  # a second grant keeps one tag entry
+    t.release("p2")
+    tags = {req_id: lease_tag(req_id) for req_id in ("p1", "p2", "p3", "p9")}
+    payload = ",".join([tags["p1"], tags["p2"], "", tags["p9"], tags["p3"], "short", "x" * 11]).encode()
+    assert t.extend_tagged(payload, 1.0) == (2, 6, [tags["p2"], tags["p9"], "short", "x" * 11])
+    assert t.deadline("p1") == t.deadline("p3") == 21.0
+    assert t.extend_tagged(tags["p1"].encode(), 1.5) == (1, 1, [])
+    assert t.deadline("p1") == 21.5 and t.deadline("p3") == 21.0  # max(old, now + extension)
+    assert t.extend_tagged(tags["p1"].encode(), 0.5) == (1, 1, []) and t.deadline("p1") == 21.5
+    assert t.extend_tagged(b"", 1.0) == (0, 0, [])
+    assert t.extend_tagged(b"\xff" + payload, 2.0) == (0, 6, None)  # not ASCII: nothing applied
+    assert t.deadline("p1") == 21.5
 
 
-def test_colliding_tags_renew_every_id_they_name(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_expiry_and_compaction_keep_the_tag_index(core) -> None:
+    t = core.LeaseTable(5.0)
+    ids = [f"req-{i}" for i in range(2000)]
+    for i, req_id in enumerate(ids):
+        t.grant(req_id, float(i))
+    assert t.pop_expired(1899.0) == ids[:1900]  # past a quarter: the Cython table compacts
+    payload = ",".join(lease_tag(i) for i in ids[1890:1910]).encode()
+    extended, named, unknown = t.extend_tagged(payload, 3000.0)
+    assert (extended, named) == (10, 20) and unknown == [lease_tag(i) for i in ids[1890:1900]]
+    assert all(t.deadline(i) == 3005.0 for i in ids[1900:1910])
+    assert t.deadline(ids[1910]) == 1910.0
+
+
+def test_ids_no_tag_may_renew_are_left_out(core) -> None:
+    # The heartbeat payload splits on ',', and P's ids are whatever a client sent.
+    t = core.LeaseTable(5.0)
+    t.grant("a,b", 1.0)
+    assert t.extend_tagged(lease_tag("a,b").encode(), 2.0) == (0, 1, [lease_tag("a,b")])
+    assert t.deadline("a,b") == 1.0
+    assert tag_digest("a,b") is None and tag_digest("\ud800lone") is None
+    with pytest.raises(TypeError):
+        lease_tag(123)  # type: ignore[arg-type]
+
+
+def test_colliding_tags_renew_every_id_they_name(core, monkeypatch: pytest.MonkeyPatch) -> None:
     # A collision can only keep a lease longer, never end one early.
-    monkeypatch.setattr(lease_tags, "lease_tag", lambda req_id: "same-tag-11")
-    index = LeaseTagIndex()
+    import vllm_nixl_lease._lease_table_py as twin
+
+    same = tag_digest("a")
+    monkeypatch.setattr(twin, "tag_digest", lambda req_id: same)
+    if core.name == "cython":
+        import vllm_nixl_lease._lease_c as cy
+
+        monkeypatch.setattr(cy, "_tag_digest", lambda req_id: same)
+    t = core.LeaseTable(5.0)
     for req_id in ("a", "b", "c"):
-        index.add(req_id)
-    assert index.resolve(b"same-tag-11") == ("a,b,c", 1, [])
-    index.discard("b")
-    assert index.resolve(b"same-tag-11") == ("a,c", 1, [])
-    index.discard("a")
-    assert index.resolve(b"same-tag-11") == ("c", 1, [])
-    index.discard("c")
-    assert index.resolve(b"same-tag-11") == ("", 1, ["same-tag-11"]) and len(index) == 0
+        t.grant(req_id, 1.0)
+    tag = lease_tag("a").encode()
+    assert t.extend_tagged(tag, 2.0) == (3, 1, [])
+    t.release("b")
+    assert t.extend_tagged(tag, 3.0) == (2, 1, [])
+    assert [t.deadline(i) for i in "abc"] == [8.0, None, 8.0]
+    assert t.pop_expired(8.0) == ["a", "c"]
+    assert t.extend_tagged(tag, 4.0) == (0, 1, [tag.decode()])
+
+
+def test_parse_tag_takes_only_canonical_tags() -> None:
+    tag = lease_tag("p1")
+    assert parse_tag(tag) == tag_digest("p1")
+    last = ALPHABET_ORDER.index(tag[-1])
+    bent = tag[:-1] + ALPHABET_ORDER[last | 1]  # a non-zero padding bit
+    assert parse_tag(bent) is None and parse_tag(tag + "A") is None and parse_tag("!" * 11) is None
 
 
 def test_tagged_heartbeat_wire_form() -> None:
@@ -70,15 +115,3 @@ def test_tagged_heartbeat_wire_form() -> None:
         assert parse_acked_heartbeat(bad) is None
     # The longest header still fits the room chunking leaves for it.
     assert len(b"LHBT:%d:" % (2**64 - 1)) - len(b"HB:") == ACKED_HEARTBEAT_OVERHEAD
-
-
-def test_index_leaves_out_ids_no_tag_may_renew() -> None:
-    # The core's payload API splits on ',' and P's ids may be anything a client sent.
-    index = LeaseTagIndex()
-    assert index.add("a,b") is None and index.add("\ud800lone") is None
-    assert len(index) == 0 and index.tag_of("a,b") is None
-    assert index.resolve(lease_tag("a,b").encode()) == ("", 1, [lease_tag("a,b")])
-    with pytest.raises(TypeError):
-        lease_tag(123)  # type: ignore[arg-type]
-    with pytest.raises(UnicodeEncodeError):
-        lease_tag("\ud800lone")

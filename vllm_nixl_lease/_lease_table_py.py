@@ -14,6 +14,10 @@ dropped when they surface and, so that they cannot pile up, the heap is rebuilt
 from the live leases whenever they outnumber the live ones (amortised O(1)).
 Ties between equal deadlines go to the earlier ``grant``.
 
+Leases are also indexed by tag (``lease_tags.tag_digest`` of the id -> the ids
+holding it), for ``extend_tagged``: our D's ``LHBT:`` heartbeats name leases
+by an 11-byte tag instead of the id.
+
 After a burst drains (fewer than a quarter of the peak's leases left) the
 dict is copied and the heap rebuilt at the live size, so memory and
 per-operation cost follow the live count, not the peak (a dict never shrinks
@@ -26,6 +30,8 @@ import heapq
 import math
 import sys
 from collections.abc import Iterator
+
+from .lease_tags import parse_tag, tag_digest
 
 # Below this many stale entries the heap is never rebuilt: rebuilding a tiny
 # heap costs more than carrying a few dead entries.
@@ -109,7 +115,7 @@ class LeaseTable:
     clock, so behaviour is exact and testable.
     """
 
-    __slots__ = ("_extension", "_leases", "_heap", "_seq", "_stale", "_peak", "_routed")
+    __slots__ = ("_extension", "_leases", "_heap", "_seq", "_stale", "_peak", "_routed", "_by_tag")
 
     def __init__(self, extension: float, *, _hash_bits: int = 64) -> None:
         # _hash_bits only exists for parity with the Cython table's test hook.
@@ -125,6 +131,9 @@ class LeaseTable:
         self._routed = False
         self._stale = 0
         self._peak = 0  # most leases held since the last compaction
+        # Tag digest -> the ids holding it (almost always one), for
+        # ``extend_tagged``; ids with no tag (``tag_digest``) are left out.
+        self._by_tag: dict[int, list[str]] = {}
 
     @property
     def extension(self) -> float:
@@ -137,6 +146,8 @@ class LeaseTable:
         self._seq += 1
         if req_id in self._leases:
             self._stale += 1  # the old heap entry is orphaned
+        else:
+            self._tag(req_id)
         self._leases[req_id] = [deadline, self._seq]
         if len(self._leases) > self._peak:
             self._peak = len(self._leases)
@@ -165,10 +176,40 @@ class LeaseTable:
                 extended += 1
         return extended, seen
 
+    def extend_tagged(self, payload: bytes, now: float) -> tuple[int, int, list[str] | None]:
+        """Apply one ``LHBT:`` payload (comma-separated tags, ``lease_tags.py``):
+        extend every lease a tag names.  Returns ``(leases extended, tags named,
+        the tags naming no lease)``; the last is None, and nothing is extended,
+        when the payload is not ASCII.  An empty field names nothing."""
+        new_deadline = check_now(now) + self._extension
+        raw = bytes(payload)
+        try:
+            fields = raw.decode("ascii").split(",")
+        except UnicodeDecodeError:
+            return 0, sum(1 for f in raw.split(b",") if f), None
+        extended = named = 0
+        unknown: list[str] = []
+        for field in fields:
+            if not field:
+                continue
+            named += 1
+            digest = parse_tag(field)
+            ids = self._by_tag.get(digest) if digest is not None else None
+            if not ids:
+                unknown.append(field)
+                continue
+            for req_id in ids:
+                entry = self._leases[req_id]
+                if new_deadline > entry[0]:
+                    entry[0] = new_deadline
+                extended += 1
+        return extended, named, unknown
+
     def release(self, req_id: str) -> bool:
         """Drop the lease of ``req_id``; return whether it held one."""
         if self._leases.pop(req_id, None) is None:
             return False
+        self._untag(req_id)
         self._stale += 1
         self._maybe_rebuild()
         self._maybe_compact()
@@ -192,6 +233,7 @@ class LeaseTable:
                 heapq.heappush(heap, (entry[0], seq, req_id))
                 continue
             del self._leases[req_id]
+            self._untag(req_id)
             expired.append(req_id)
         if expired:
             self._maybe_compact()
@@ -233,6 +275,19 @@ class LeaseTable:
 
     def __repr__(self) -> str:
         return f"<LeaseTable leases={len(self._leases)} extension={self._extension}>"
+
+    def _tag(self, req_id: str) -> None:
+        digest = tag_digest(req_id)
+        if digest is not None:
+            self._by_tag.setdefault(digest, []).append(req_id)
+
+    def _untag(self, req_id: str) -> None:
+        digest = tag_digest(req_id)
+        ids = self._by_tag.get(digest) if digest is not None else None
+        if ids:
+            ids.remove(req_id)
+            if not ids:
+                del self._by_tag[digest]
 
     def _settle_top(self) -> None:
         """Make the heap top a live entry holding its lease's real deadline."""

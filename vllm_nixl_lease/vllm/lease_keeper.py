@@ -24,7 +24,6 @@ from vllm.logger import init_logger
 from .. import LeaseTable, NotificationRouter
 from .._wire import ACK_PREFIXES, PUSH_REG_PREFIX, heartbeat_payload
 from ..expiry_log import log_expired
-from ..lease_tags import LeaseTagIndex
 from .config import LeaseConfig
 from .push_aliases import LeaseAliases
 from .ratelimit import RateLimitedLog
@@ -47,8 +46,6 @@ class LeaseKeeper:
         )
         # Push mode only: D names leases by the router's id (vLLM issue 53095).
         self.aliases: LeaseAliases | None = LeaseAliases() if push else None
-        # Pull mode only: the tags our D names leases by in ``LHBT:`` (``lease_tags.py``).
-        self.tags: LeaseTagIndex | None = None if push else LeaseTagIndex()
         # Stand-ins for upstream's _reqs_to_send / _reqs_to_process.
         self.deadlines = LeaseDeadlines(self.router, self._granted, self._released)
         self.in_batch = InBatchSet(self.router)
@@ -65,14 +62,10 @@ class LeaseKeeper:
         self._upstream.xfer_stats.add("num_leases_granted", 1)
         if self.aliases is not None:
             self.aliases.add(req_id)
-        if self.tags is not None:
-            self.tags.add(req_id)
 
     def _released(self, req_id: str) -> None:
         if self.aliases is not None:
             self.aliases.discard(req_id)
-        if self.tags is not None:
-            self.tags.discard(req_id)
 
     # -- pull: one step's notifications -------------------------------------
     def route(self, notifs: Mapping[str, list[bytes]]) -> tuple[set[str], dict[str, list[bytes]]]:
@@ -134,17 +127,10 @@ class LeaseKeeper:
 
     def extend_tagged(self, payload: bytes, now: float) -> list[str] | None:
         """``extend_acked`` for an ``LHBT:`` heartbeat: extend the leases its
-        tags name; return the tags that name no lease here (None: cannot tell)."""
-        resolved = self.tags.resolve(payload) if self.tags is not None else None
-        if resolved is None:
-            self._account_heartbeats(1, payload.count(b",") + 1, 0)
-            return None
-        ids, named, unknown = resolved
-        table = self.router.table
-        extended, seen = table.extend_counted(ids, now) if ids else (0, 0)
-        if extended < seen:  # indexed but not leased (a release the index missed)
-            unknown += [self.tags.tag_of(req_id) or "" for req_id in ids.split(",") if req_id not in table]
-        self._account_heartbeats(1, named, max(0, named - len(unknown)))
+        tags name (the table indexes them by tag); return the tags that name
+        no lease here (None: cannot tell)."""
+        extended, named, unknown = self.router.table.extend_tagged(payload, now)
+        self._account_heartbeats(1, named, named - len(unknown) if unknown is not None else 0)
         return unknown
 
     # -- push: heartbeats taken off the writer thread's queue ----------------
@@ -189,7 +175,7 @@ class LeaseKeeper:
             ids = expired.ids
             if ids:
                 stats.record_kv_expired_reqs(len(ids))
-                if self.aliases is not None or self.tags is not None:  # the only per-id release work
+                if self.aliases is not None:  # push mode: the only per-id release work
                     for req_id in ids:
                         self._released(req_id)
                 done_sending.update(ids)
