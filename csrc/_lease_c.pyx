@@ -959,10 +959,20 @@ cdef class LeaseTable:
         cdef const unsigned char[::1] view = bytes(payload)
         cdef Py_ssize_t n = view.shape[0], pos = 0, end, named = 0, extended = 0, j
         cdef const unsigned char* p = &view[0] if n else NULL
-        cdef uint64_t tag
         cdef uint32_t c
         cdef list unknown = []
         cdef size_t i
+        cdef int k, m
+        cdef Py_ssize_t starts[HB_GROUP]
+        cdef Py_ssize_t lens[HB_GROUP]
+        cdef uint64_t tags[HB_GROUP]
+        cdef size_t cells[HB_GROUP]
+        cdef uint32_t firsts[HB_GROUP]
+        cdef bint valid[HB_GROUP]
+        cdef size_t mask = self._tag_heads.size() - 1
+        cdef const uint32_t* heads = self._tag_heads.data()
+        cdef const uint64_t* keys = self._tag_keys.data()
+        cdef Slot* slots = self._slots.data()
         for j in range(n):
             if p[j] >= 0x80:
                 named = 0
@@ -973,25 +983,46 @@ cdef class LeaseTable:
                     named += end > pos
                     pos = end + 1
                 return 0, named, None
+        # Tags HB_GROUP at a time, as _extend_span does ids: parse them, then
+        # prefetch their cells, then the slots those cells head, then extend,
+        # so that a group's cache misses overlap.
         while pos <= n:
-            end = pos
-            while end < n and p[end] != 44:  # ','
-                end += 1
-            if end > pos:
-                named += 1
-                c = 0
-                if end - pos == 11 and _parse_tag(p + pos, &tag):
-                    i = self._tag_cell(tag)
-                    if self._tag_heads[i] != EMPTY:
-                        c = self._tag_heads[i]
+            m = 0
+            while m < HB_GROUP and pos <= n:
+                end = pos
+                while end < n and p[end] != 44:  # ','
+                    end += 1
+                if end > pos:
+                    starts[m] = pos
+                    lens[m] = end - pos
+                    valid[m] = end - pos == 11 and _parse_tag(p + pos, &tags[m])
+                    if valid[m]:
+                        cells[m] = self._tag_home(tags[m])
+                        VNL_PREFETCH(&heads[cells[m]])
+                        VNL_PREFETCH(&keys[cells[m]])
+                    m += 1
+                pos = end + 1
+            named += m
+            for k in range(m):
+                firsts[k] = 0
+                if valid[k]:
+                    i = cells[k]
+                    c = heads[i]
+                    while c != EMPTY and (c == DELETED or keys[i] != tags[k]):
+                        i = (i + 1) & mask
+                        c = heads[i]
+                    if c != EMPTY:
+                        firsts[k] = c
+                        VNL_PREFETCH(&slots[c - 1])
+            for k in range(m):
+                c = firsts[k]
                 if c == 0:
-                    unknown.append((<bytes>p[pos:end]).decode("ascii"))
+                    unknown.append((<bytes>p[starts[k]:starts[k] + lens[k]]).decode("ascii"))
                 while c:
-                    if new_deadline > self._slots[c - 1].deadline:
-                        self._slots[c - 1].deadline = new_deadline
+                    if new_deadline > slots[c - 1].deadline:
+                        slots[c - 1].deadline = new_deadline
                     extended += 1
-                    c = self._slots[c - 1].tag_next
-            pos = end + 1
+                    c = slots[c - 1].tag_next
         return extended, named, unknown
 
     def release(self, req_id):
@@ -1021,15 +1052,29 @@ cdef class LeaseTable:
         the index and heap for them (slot numbers change, order does not:
         ties are broken by grant seq, never by slot)."""
         cdef vector[Slot] live
+        cdef vector[uint32_t] moved  # old slot -> new slot + 1
         cdef size_t i
         live.reserve(<size_t>self._live)
+        moved.assign(self._slots.size(), 0)
         for i in range(self._slots.size()):
             if self._slots[i].seq != 0:
                 live.push_back(self._slots[i])
+                moved[i] = <uint32_t>live.size()
         self._slots.swap(live)
         self._free = 0
         self._rehash()
-        self._tag_rehash()  # slot numbers moved: chain them again
+        # Tag chains name slots: rebuild the tag table at the live size, or,
+        # when it is not oversized, renumber in two sequential passes.
+        if self._tag_heads.size() > 4 * (2 * <size_t>self._tag_live + 2) and self._tag_heads.size() > MIN_INDEX_SIZE:
+            self._tag_rehash()
+            self._maybe_rebuild_heap(True)
+            return
+        for i in range(self._tag_heads.size()):
+            if self._tag_heads[i] != EMPTY and self._tag_heads[i] != DELETED:
+                self._tag_heads[i] = moved[self._tag_heads[i] - 1]
+        for i in range(self._slots.size()):
+            if self._slots[i].tag_next:
+                self._slots[i].tag_next = moved[self._slots[i].tag_next - 1]
         self._maybe_rebuild_heap(True)
 
     def pop_expired(self, now, limit=None):
@@ -1048,7 +1093,7 @@ cdef class LeaseTable:
         cdef vector[HeapEntry] due, refile
         cdef Wheel.iterator it
         cdef int64_t last
-        cdef size_t j
+        cdef size_t j, cell
         cdef uint32_t idx
         if cap == 0 or (t < self._lower and (self._backlog.empty() or self._backlog[0].first > t)):
             return
@@ -1078,6 +1123,10 @@ cdef class LeaseTable:
                 idx = <uint32_t>(due[j + 8].second & LOW32)
                 VNL_PREFETCH(self._slots[idx].req_id)
                 VNL_PREFETCH(&self._index[self._slots[idx].link & (self._index.size() - 1)])
+                if self._slots[idx].tagged:
+                    cell = self._tag_home(self._slots[idx].tag)
+                    VNL_PREFETCH(&self._tag_heads[cell])
+                    VNL_PREFETCH(&self._tag_keys[cell])
             idx = <uint32_t>(due[j].second & LOW32)
             expired.append(<object>self._slots[idx].req_id)
             if others is not None and ((self._slots[idx].seq & IN_BATCH) != 0) == marked:
