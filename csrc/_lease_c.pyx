@@ -615,12 +615,16 @@ cdef class LeaseTable:
         self._free = idx + 1
         self._live -= 1
 
-    cdef inline size_t _tag_home(self, uint64_t tag) noexcept:
-        """The tag's first cell: its digest mixed with this table's key (splitmix64)."""
+    cdef inline uint64_t _tag_mix(self, uint64_t tag) noexcept:
+        """The digest mixed with this table's key (splitmix64): where cells go."""
         cdef uint64_t z = tag ^ self._k1
         z = (z ^ (z >> 30)) * MIX1
         z = (z ^ (z >> 27)) * MIX2
-        return <size_t>(z ^ (z >> 31)) & (self._tag_heads.size() - 1)
+        return z ^ (z >> 31)
+
+    cdef inline size_t _tag_home(self, uint64_t tag) noexcept:
+        """The tag's first cell."""
+        return <size_t>self._tag_mix(tag) & (self._tag_heads.size() - 1)
 
     cdef inline size_t _tag_cell(self, uint64_t tag) noexcept:
         """The cell holding ``tag``, or the first EMPTY cell of its probe run."""
@@ -652,7 +656,7 @@ cdef class LeaseTable:
         self._slots[idx].tag_next = 0
         self._tag_live += 1
         if self._tag_used * 10 > self._tag_heads.size() * 7:
-            self._tag_rehash()
+            self._tag_resize(NULL)
 
     cdef void _tag_unlink(self, uint32_t idx) except *:
         cdef size_t i = self._tag_cell(self._slots[idx].tag)
@@ -671,23 +675,37 @@ cdef class LeaseTable:
         self._slots[idx].tagged = 0
         self._slots[idx].tag_next = 0
 
-    cdef void _tag_rehash(self) except *:
-        """Rebuild the tag table at load <= 0.5 from the live slots (slot
-        numbers may have moved: the chains are rebuilt too)."""
+    cdef void _tag_resize(self, const uint32_t* moved) except *:
+        """Rebuild the tag table at load <= 0.5 of its live cells, dropping
+        deleted ones; with ``moved`` (old slot -> new slot + 1, after a
+        compaction) the heads are renumbered too.  Reads the old cells in
+        order; their homes in the new table come in the same cyclic order, so
+        the writes sweep it a few times instead of landing at random (a
+        compaction after a mass expiry does this with cold caches)."""
         cdef size_t size = MIN_INDEX_SIZE
-        cdef size_t i
+        cdef size_t i, j, mask
+        cdef uint32_t head
+        cdef vector[uint64_t] keys
+        cdef vector[uint32_t] heads
         while size < 2 * <size_t>self._tag_live + 2:
             size *= 2
-        self._tag_keys.assign(size, 0)
-        self._tag_heads.assign(size, EMPTY)
-        self._tag_used = 0
-        self._tag_live = 0
-        for i in range(self._slots.size()):
-            if self._slots[i].seq != 0 and self._slots[i].tagged:
-                self._tag_link(<uint32_t>i)
-        if self._tag_heads.capacity() > 2 * size:
-            self._tag_heads.shrink_to_fit()
-            self._tag_keys.shrink_to_fit()
+        keys.assign(size, 0)
+        heads.assign(size, EMPTY)
+        mask = size - 1
+        for i in range(self._tag_heads.size()):
+            head = self._tag_heads[i]
+            if head == EMPTY or head == DELETED:
+                continue
+            if moved != NULL:
+                head = moved[head - 1]
+            j = <size_t>self._tag_mix(self._tag_keys[i]) & mask
+            while heads[j] != EMPTY:
+                j = (j + 1) & mask
+            keys[j] = self._tag_keys[i]
+            heads[j] = head
+        self._tag_keys.swap(keys)
+        self._tag_heads.swap(heads)
+        self._tag_used = <size_t>self._tag_live
 
     cdef inline int64_t _bucket(self, double deadline) noexcept:
         cdef double k = floor(deadline / self._width)
@@ -1063,15 +1081,9 @@ cdef class LeaseTable:
         self._slots.swap(live)
         self._free = 0
         self._rehash()
-        # Tag chains name slots: rebuild the tag table at the live size, or,
-        # when it is not oversized, renumber in two sequential passes.
-        if self._tag_heads.size() > 4 * (2 * <size_t>self._tag_live + 2) and self._tag_heads.size() > MIN_INDEX_SIZE:
-            self._tag_rehash()
-            self._maybe_rebuild_heap(True)
-            return
-        for i in range(self._tag_heads.size()):
-            if self._tag_heads[i] != EMPTY and self._tag_heads[i] != DELETED:
-                self._tag_heads[i] = moved[self._tag_heads[i] - 1]
+        # Tag chains name slots: renumber them, the heads while the tag table
+        # is rebuilt at the live size.
+        self._tag_resize(moved.data())
         for i in range(self._slots.size()):
             if self._slots[i].tag_next:
                 self._slots[i].tag_next = moved[self._slots[i].tag_next - 1]
