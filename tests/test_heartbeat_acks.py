@@ -163,6 +163,7 @@ def test_tagged_heartbeat_renews_on_both_sides(clock: Clock) -> None:
     net.d_receive(answers)
     assert net.remaining("d1") == pytest.approx(EXT - 1) and net.remaining("d2") == pytest.approx(EXT - 1)
     assert net.p[0].count("num_heartbeat_ids_recv") == 2 and net.p[0].count("num_heartbeat_ids_unknown") == 0
+    assert net.p[0].count("num_tagged_heartbeats_recv") == 1
 
 
 def test_tagged_heartbeat_never_renews_a_freed_lease(clock: Clock) -> None:

@@ -21,6 +21,7 @@ from tools.pd.procs import busiest
 from vllm_nixl_lease._wire import default_heartbeat_interval, default_lease_extension
 
 EXPIRED = "vllm:nixl_num_kv_expired_reqs"
+TAGGED_HEARTBEATS = "vllm:nixl_lease_tagged_heartbeats_received"  # P (ours)
 NOTIF_AFTER_EXPIRY = "vllm:nixl_num_notifications_after_expiry"
 XFER_TIME_COUNT = "vllm:nixl_xfer_time_seconds_count"  # one sample per finished NIXL read on D
 LEASE_ACTIVE = "vllm:nixl_lease_active"  # ours only
@@ -216,6 +217,7 @@ class Overload:
     heartbeats: int  # P log lines where a heartbeat extended >= 1 lease
     max_hb_gap_s: float  # longest pause between those lines while the requests were queued
     min_latency_s: float
+    tagged_heartbeats: float  # P's LHBT: messages during the run (ours on both sides; else 0)
 
 
 def overload(pd: PDCluster, n: int, hold_s: float, max_tokens: int = 16, timeout: float = 120.0) -> Overload:
@@ -223,6 +225,7 @@ def overload(pd: PDCluster, n: int, hold_s: float, max_tokens: int = 16, timeout
     assert pd.prefill is not None
     exp0 = client.metric(pd.p_url, EXPIRED)
     nae0 = client.metric(pd.p_url, NOTIF_AFTER_EXPIRY)
+    tagged0 = client.metric(pd.p_url, TAGGED_HEARTBEATS)
     blocker, burst = block_and_queue(pd, n, "overload", max_tokens, timeout, max_s=hold_s + 60)
     try:
         time.sleep(max(0.0, burst.t_queued + hold_s - time.time()))
@@ -247,6 +250,7 @@ def overload(pd: PDCluster, n: int, hold_s: float, max_tokens: int = 16, timeout
         heartbeats=len(hbs),
         max_hb_gap_s=max(gaps),
         min_latency_s=min((r.elapsed for r in results), default=0.0),
+        tagged_heartbeats=client.metric(pd.p_url, TAGGED_HEARTBEATS) - tagged0,
     )
 
 

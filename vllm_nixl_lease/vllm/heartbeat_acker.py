@@ -134,6 +134,7 @@ class HeartbeatAcker:
             return
         seq, payload = parsed
         if is_tagged_heartbeat(msg):
+            self._upstream.xfer_stats.add("num_tagged_heartbeats_recv", 1)
             missing = self._keeper.extend_tagged(payload, now)
         else:
             missing = self._keeper.extend_acked(payload, now)

@@ -85,6 +85,11 @@ LEASE_COUNTERS: dict[str, tuple[str, str]] = {
         "Acknowledgements P could not send (no hello from that D yet, or the send raised); "
         "D's views then stay where they are.",
     ),
+    "num_tagged_heartbeats_recv": (
+        "vllm:nixl_lease_tagged_heartbeats_received",
+        "Acknowledged heartbeats on P that named leases by tag (LHBT), of those counted in "
+        "heartbeat_messages_received.",
+    ),
     "num_heartbeat_acks_recv": (
         "vllm:nixl_lease_heartbeat_acks_received",
         "Heartbeat acknowledgements D received from P.",
