@@ -484,14 +484,16 @@ cdef class LeaseTable:
     cdef vector[uint32_t] _tag_heads   # first slot + 1 per cell, or EMPTY / DELETED
     cdef size_t _tag_used              # live + deleted cells
     cdef Py_ssize_t _tag_live          # live cells
+    cdef bint _index_tags              # False: grants are not indexed by tag
 
-    def __cinit__(self, extension, *, int _hash_bits=64):
+    def __cinit__(self, extension, *, bint tags=True, int _hash_bits=64):
         extension = float(extension)
         if not (math.isfinite(extension) and extension > 0):
             raise ValueError(f"lease extension must be a finite number > 0, got {extension!r}")
         if not 1 <= _hash_bits <= 64:
             raise ValueError("_hash_bits must be in 1..64")
         self._extension = extension
+        self._index_tags = tags
         self._width = extension / WHEEL_BUCKETS_PER_EXTENSION
         self._lower = INFINITY
         self._entries = 0
@@ -853,7 +855,7 @@ cdef class LeaseTable:
             self._slots[idx].seq = 1  # live before it is indexed (rehash skips free slots)
             self._live += 1
             self._index_insert(<uint32_t>idx)
-            digest = _tag_digest(req_id)
+            digest = _tag_digest(req_id) if self._index_tags else None
             if digest is not None:
                 self._slots[idx].tag = digest
                 self._slots[idx].tagged = 1

@@ -51,6 +51,18 @@ def test_table_extends_by_tag_and_reports_unknown_tags(core) -> None:
     assert t.deadline("p1") == 21.5
 
 
+def test_table_without_tags_extends_by_id_only(core) -> None:
+    """Push mode's table (``tags=False``): a tag names nothing, ids work as ever."""
+    t = core.LeaseTable(20.0, tags=False)
+    for req_id in ("p1", "p2"):
+        t.grant(req_id, 10.0)
+    payload = f"{lease_tag('p1')},{lease_tag('p2')}".encode()
+    assert t.extend_tagged(payload, 1.0) == (0, 2, [lease_tag("p1"), lease_tag("p2")])
+    assert t.deadline("p1") == 10.0
+    assert t.extend(b"p1,p2", 1.0) == 2 and t.deadline("p1") == 21.0
+    assert t.pop_expired(30.0) == ["p1", "p2"]
+
+
 def test_expiry_and_compaction_keep_the_tag_index(core) -> None:
     t = core.LeaseTable(5.0)
     ids = [f"req-{i}" for i in range(2000)]

@@ -112,12 +112,14 @@ class LeaseTable:
     """Leases held by a prefill worker: request id -> deadline.
 
     Times are plain floats supplied by the caller; the table never reads a
-    clock, so behaviour is exact and testable.
+    clock, so behaviour is exact and testable.  ``tags=False``: leases are
+    not indexed by tag (push mode, whose D never names tags), and
+    ``extend_tagged`` finds none.
     """
 
-    __slots__ = ("_extension", "_leases", "_heap", "_seq", "_stale", "_peak", "_routed", "_by_tag")
+    __slots__ = ("_extension", "_leases", "_heap", "_seq", "_stale", "_peak", "_routed", "_by_tag", "_tags")
 
-    def __init__(self, extension: float, *, _hash_bits: int = 64) -> None:
+    def __init__(self, extension: float, *, tags: bool = True, _hash_bits: int = 64) -> None:
         # _hash_bits only exists for parity with the Cython table's test hook.
         if not 1 <= _hash_bits <= 64:
             raise ValueError("_hash_bits must be in 1..64")
@@ -134,6 +136,7 @@ class LeaseTable:
         # Tag digest -> the ids holding it (almost always one), for
         # ``extend_tagged``; ids with no tag (``tag_digest``) are left out.
         self._by_tag: dict[int, list[str]] = {}
+        self._tags = bool(tags)
 
     @property
     def extension(self) -> float:
@@ -277,11 +280,15 @@ class LeaseTable:
         return f"<LeaseTable leases={len(self._leases)} extension={self._extension}>"
 
     def _tag(self, req_id: str) -> None:
+        if not self._tags:
+            return
         digest = tag_digest(req_id)
         if digest is not None:
             self._by_tag.setdefault(digest, []).append(req_id)
 
     def _untag(self, req_id: str) -> None:
+        if not self._tags:
+            return
         digest = tag_digest(req_id)
         ids = self._by_tag.get(digest) if digest is not None else None
         if ids:

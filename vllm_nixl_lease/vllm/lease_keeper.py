@@ -41,8 +41,9 @@ class LeaseKeeper:
         self.extension = lease_config.lease_extension
         self.max_expiries_per_step = lease_config.max_expiries_per_step
         # Ack messages (ours) pass through the core to the ack components.
+        # Push's D never names leases by tag: its table skips the tag index (~1 us a grant).
         self.router = NotificationRouter(
-            LeaseTable(lease_config.lease_extension), (PUSH_REG_PREFIX, *ACK_PREFIXES)
+            LeaseTable(lease_config.lease_extension, tags=not push), (PUSH_REG_PREFIX, *ACK_PREFIXES)
         )
         # Push mode only: D names leases by the router's id (vLLM issue 53095).
         self.aliases: LeaseAliases | None = LeaseAliases() if push else None
