@@ -34,6 +34,7 @@ def test_burst_ours_keeps_every_lease_and_reads_right(tmp_path) -> None:
     assert out["wrong_reads"] == 0
     assert out["fenced_live"] == 0 and out["failed_loads"] == 0
     assert out["reads_carried"] > 0  # the burst did not fit one step's budget
+    assert out["max_lease_gap_s"] is not None  # P saw each lease's heartbeats by name (tag or id)
 
 
 @pytest.mark.xfail(

@@ -10,8 +10,13 @@ interval plus the burst after the last one.  What the scenario reports:
 - ``wrong_reads``: reads D completed whose data differs from what P wrote;
 - ``fenced_live``: reads D refused (failed loads) although P still held the
   lease (P freed it by the read's completion notification or never expired it);
-- ``max_hb_gap_s``: P's longest wait between two heartbeats, from the first
-  heartbeat to the moment the last lease was freed, against ``extension_s``;
+- ``max_hb_gap_s``: P's longest wait between two heartbeat messages, from the
+  first heartbeat to the moment the last lease was freed, against
+  ``extension_s``;
+- ``max_lease_gap_s``: the longest any one lease waited for a heartbeat naming
+  it (from its first heartbeat until it was freed).  Ours paces a round's
+  chunks over the interval, so P hears some heartbeat more often than any one
+  lease is renewed: this is the margin a lease really has;
 - ``max_d_step_s``: D's longest step; ``reads_carried``: READs our D spread
   over later steps (``read_pacer.py``; 0 for stock).
 """
@@ -86,6 +91,11 @@ def summarize(
     arrivals = sorted(t for t in p_rep["hb_arrivals"] if t <= last_free)
     marks = arrivals + [last_free]
     gaps = [later - earlier for earlier, later in zip(marks, marks[1:], strict=False)]
+    lease_gaps = [
+        max(rec.get("hb_max_gap", 0.0), rec["freed_t"] - rec["hb_last_t"])
+        for rec in (p_reqs[r] for r in ids)
+        if "hb_last_t" in rec
+    ]
     out = {
         "impl": "stock" if stock else "ours",
         "burst": b,
@@ -97,6 +107,7 @@ def summarize(
         "fenced_live": len(fenced_live),
         "failed_loads": len(failed),
         "max_hb_gap_s": round(max(gaps), 3) if gaps else None,
+        "max_lease_gap_s": round(max(lease_gaps), 3) if lease_gaps else None,
         "max_d_step_s": round(d_rep["max_step_s"], 3),
         "reads_carried": sum(s.get("num_reads_carried", 0) for s in d_stats),
         "drain_s": round(last_free - released, 2),

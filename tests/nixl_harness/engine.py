@@ -476,6 +476,9 @@ class Engine:
                     rec = self.reqs.get(names.get(name, "") if names is not None else name)
                     if rec is not None and "freed_t" not in rec:
                         rec["hb"] += 1
+                        last = rec.get("hb_last_t")
+                        if last is not None and t - last > rec.get("hb_max_gap", 0.0):
+                            rec["hb_max_gap"] = t - last  # this lease's longest wait for a heartbeat
                         rec["hb_last_t"] = t
                         rec.setdefault("hb_ranks", set()).add(res["rank"])
                         rec.setdefault("hb_agents", set()).add(agent)
