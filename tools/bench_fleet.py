@@ -721,7 +721,7 @@ def plot(rows: list[Row], path: Path, subtitle: str = "") -> bool:
         ax2.set_xlabel("burst size (requests admitted in one D step)")
         ax2.set_ylabel("a lease's longest heartbeat gap / extension")
         ax2.legend(fontsize=8)
-        ax2.set_title("bursts: a lease's longest heartbeat gap, leases lost while D was alive")
+        ax2.set_title("bursts: a lease's longest heartbeat gap; leases lost while D lived", fontsize=10)
     else:
         ax2.text(0.5, 0.5, "no burst scenario in this run", ha="center", va="center", transform=ax2.transAxes)
         ax2.set_axis_off()
