@@ -34,19 +34,14 @@ import heapq
 import math
 from collections.abc import Iterable
 
-from ._wire import HEARTBEAT_PREFIX
+from ._wire import HEARTBEAT_PREFIX, request_id_bytes
 
 DEFAULT_MAX_MESSAGE_BYTES = 8192
 
 
 def check_remote_id(remote_req_id: object, max_message_bytes: int) -> bytes:
     """Encode a P-side request id for a heartbeat, or raise ValueError."""
-    if isinstance(remote_req_id, str):
-        raw = remote_req_id.encode("utf-8")
-    elif isinstance(remote_req_id, bytes):
-        raw = remote_req_id
-    else:
-        raise TypeError(f"request id must be str or bytes, got {type(remote_req_id).__name__}")
+    raw = request_id_bytes(remote_req_id)
     if not raw:
         raise ValueError("empty request id cannot be heartbeated")
     if b"," in raw:

@@ -73,6 +73,17 @@ def heartbeat_ids(msg: bytes) -> list[str]:
     return heartbeat_payload(msg).decode("utf-8", "replace").split(",")
 
 
+def request_id_bytes(req_id: object) -> bytes:
+    """A request id as it goes on the wire: a str's UTF-8 bytes, bytes as
+    they are; TypeError for anything else (UnicodeEncodeError for a str
+    that is not UTF-8)."""
+    if isinstance(req_id, str):
+        return req_id.encode("utf-8")
+    if isinstance(req_id, bytes):
+        return req_id
+    raise TypeError(f"request id must be str or bytes, got {type(req_id).__name__}")
+
+
 # -- acknowledged heartbeats (ours only) ----------------------------------
 def acked_heartbeat_message(seq: int, heartbeat: bytes, tagged: bool = False) -> bytes:
     """The ``LHB:`` form of an ``HB:`` message, asking for acknowledgement

@@ -28,18 +28,14 @@ import binascii
 from base64 import urlsafe_b64decode, urlsafe_b64encode
 from hashlib import blake2b
 
+from ._wire import request_id_bytes
+
 TAG_DIGEST_BYTES = 8
 TAG_LENGTH = 11  # unpadded base64url of 8 bytes; no ',' or ':' in its alphabet
 
 
 def _digest(req_id: str | bytes) -> bytes:
-    if isinstance(req_id, str):
-        raw = req_id.encode("utf-8")
-    elif isinstance(req_id, bytes):
-        raw = req_id
-    else:
-        raise TypeError(f"request id must be str or bytes, got {type(req_id).__name__}")
-    return blake2b(raw, digest_size=TAG_DIGEST_BYTES).digest()
+    return blake2b(request_id_bytes(req_id), digest_size=TAG_DIGEST_BYTES).digest()
 
 
 def lease_tag(req_id: str | bytes) -> str:
