@@ -976,8 +976,9 @@ cdef class LeaseTable:
         the tags naming no lease)``; the last is None, and nothing is extended,
         when the payload is not ASCII.  An empty field names nothing."""
         cdef double new_deadline = check_now(now) + self._extension
-        cdef const unsigned char[::1] view = bytes(payload)
-        cdef Py_ssize_t n = view.shape[0], pos = 0, end, named = 0, extended = 0, j
+        cdef bytes data = bytes(payload)
+        cdef const unsigned char[::1] view = data
+        cdef Py_ssize_t n = view.shape[0], pos = 0, end, named = 0, extended = 0
         cdef const unsigned char* p = &view[0] if n else NULL
         cdef uint32_t c
         cdef list unknown = []
@@ -993,16 +994,14 @@ cdef class LeaseTable:
         cdef const uint32_t* heads = self._tag_heads.data()
         cdef const uint64_t* keys = self._tag_keys.data()
         cdef Slot* slots = self._slots.data()
-        for j in range(n):
-            if p[j] >= 0x80:
-                named = 0
-                while pos <= n:  # count as the twin does: non-empty fields
-                    end = pos
-                    while end < n and p[end] != 44:
-                        end += 1
-                    named += end > pos
-                    pos = end + 1
-                return 0, named, None
+        if not data.isascii():  # CPython checks a word at a time: ~2 us for 35 KB here
+            while pos <= n:  # count as the twin does: non-empty fields
+                end = pos
+                while end < n and p[end] != 44:
+                    end += 1
+                named += end > pos
+                pos = end + 1
+            return 0, named, None
         # Tags HB_GROUP at a time, as _extend_span does ids: parse them, then
         # prefetch their cells, then the slots those cells head, then extend,
         # so that a group's cache misses overlap.
