@@ -109,6 +109,37 @@ def test_colliding_tags_renew_every_id_they_name(core, monkeypatch: pytest.Monke
     assert t.extend_tagged(tag, 4.0) == (0, 1, [tag.decode()])
 
 
+def test_tag_chains_survive_compaction(core, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chains of colliding tags through a compaction: the Cython table renumbers
+    every chain link, which unique tags (chains of one) never exercise."""
+    import vllm_nixl_lease._lease_table_py as twin
+
+    def three_tags(req_id: str) -> int:  # every id collides with a third of the others
+        return tag_digest(f"g{int(req_id.split('-')[1]) % 3}")
+
+    monkeypatch.setattr(twin, "tag_digest", three_tags)
+    if core.name == "cython":
+        import vllm_nixl_lease._lease_c as cy
+
+        monkeypatch.setattr(cy, "_tag_digest", three_tags)
+    t = core.LeaseTable(5.0)
+    ids = [f"req-{i}" for i in range(2000)]
+    for i, req_id in enumerate(ids):
+        t.grant(req_id, float(i))
+    assert t.pop_expired(1899.0) == ids[:1900]  # past a quarter: the Cython table compacts
+    live = ids[1900:]
+    group = {k: [r for r in live if int(r.split("-")[1]) % 3 == k] for k in range(3)}
+    assert t.extend_tagged(lease_tag("g0").encode(), 3000.0) == (len(group[0]), 1, [])
+    assert all(t.deadline(r) == 3005.0 for r in group[0])
+    assert all(t.deadline(r) < 3000.0 for r in group[1] + group[2])
+    for r in group[1][::2]:  # unlink from the middle and the ends of a renumbered chain
+        assert t.release(r)
+    assert t.extend_tagged(lease_tag("g1").encode(), 3001.0) == (len(group[1][1::2]), 1, [])
+    # By deadline: group 2 never renewed, group 0 at 3005, what is left of group 1 at 3006.
+    assert t.pop_expired(3010.0) == group[2] + group[0] + group[1][1::2]
+    assert t.extend_tagged(lease_tag("g2").encode(), 3002.0) == (0, 1, [lease_tag("g2")])
+
+
 def test_parse_tag_takes_only_canonical_tags() -> None:
     tag = lease_tag("p1")
     assert parse_tag(tag) == tag_digest("p1")
