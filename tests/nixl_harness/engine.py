@@ -39,6 +39,7 @@ SLOW_KEEP = 2000
 # Per-step timings and heartbeat message records kept until drained
 # (``timings``): a few minutes of steps at 50 per second.
 TIMING_KEEP = 100_000
+HB_UNMATCHED_MAX = 4096  # heartbeat messages held for ``report`` (up to 32 KiB each)
 
 
 def _keep(log: list[tuple[float, float]], item: tuple[float, float]) -> None:
@@ -167,6 +168,12 @@ class Engine:
         self._hb_seen: dict[tuple[int, str], int] = {}
         self.hb_ids_sent: dict[str, tuple[int, float]] = {}  # D: id or tag -> (times sent, last send)
         self.by_tag: dict[str, str] = {}  # P: lease tag -> request id
+        # P: heartbeats (t, rank, agent, message) not yet matched to leases.
+        # Matching every id of every message in the step cost P ~1.5 us per
+        # id, more than the connector itself: at a heartbeat per step for
+        # thousands of leases it starved both engines on this machine's two
+        # cores.  ``report`` matches them, so the cost lands outside the steps.
+        self._hb_unmatched: list[tuple[float, int, str, bytes]] = []
         # Drained by ``timings``: per step (start, whole step s, connector s,
         # notifications drained, leases expired, of the connector s: in NIXL's
         # notification calls, in GC pauses; connector CPU s; GC pauses in the
@@ -468,20 +475,10 @@ class Engine:
                 self.hb_recv["bytes"] += len(msg)
                 self.hb_agents.add(agent)
                 self.hb_recv_log.append((t, agent, zlib.crc32(msg)))
-                if not observe_ids:
-                    continue
-                names = self.by_tag if is_tagged_heartbeat(msg) else None
-                for raw in heartbeat_ids_of(msg).split(b","):
-                    name = raw.decode("utf-8", "replace")
-                    rec = self.reqs.get(names.get(name, "") if names is not None else name)
-                    if rec is not None and "freed_t" not in rec:
-                        rec["hb"] += 1
-                        last = rec.get("hb_last_t")
-                        if last is not None and t - last > rec.get("hb_max_gap", 0.0):
-                            rec["hb_max_gap"] = t - last  # this lease's longest wait for a heartbeat
-                        rec["hb_last_t"] = t
-                        rec.setdefault("hb_ranks", set()).add(res["rank"])
-                        rec.setdefault("hb_agents", set()).add(agent)
+                if observe_ids:
+                    self._hb_unmatched.append((t, res["rank"], agent, msg))
+                    if len(self._hb_unmatched) >= HB_UNMATCHED_MAX:  # bound the memory held
+                        self._match_heartbeats()
             else:
                 req_id, _, count = msg.decode("utf-8", "replace").rpartition(":")
                 rec = self.reqs.get(req_id)
@@ -491,8 +488,30 @@ class Engine:
                     # (P) each consumer's completion "<id>:<consumers>", as received
                     rec.setdefault("completions", []).append((res["rank"], agent, count))
 
+    def _match_heartbeats(self) -> None:
+        """Credit each lease a heartbeat named (by id, or by tag) while P still
+        held it: ``hb`` count, first and last arrival, longest wait between two."""
+        pending, self._hb_unmatched = self._hb_unmatched, []
+        for t, rank, agent, msg in pending:
+            names = self.by_tag if is_tagged_heartbeat(msg) else None
+            for raw in heartbeat_ids_of(msg).split(b","):
+                name = raw.decode("utf-8", "replace")
+                rec = self.reqs.get(names.get(name, "") if names is not None else name)
+                if rec is None or t > rec.get("freed_t", t):
+                    continue
+                rec["hb"] += 1
+                last = rec.get("hb_last_t")
+                if last is None:
+                    rec["hb_first_t"] = t
+                elif t - last > rec.get("hb_max_gap", 0.0):
+                    rec["hb_max_gap"] = t - last  # this lease's longest wait for a heartbeat
+                rec["hb_last_t"] = t
+                rec.setdefault("hb_ranks", set()).add(rank)
+                rec.setdefault("hb_agents", set()).add(agent)
+
     # -- reports -------------------------------------------------------------
     def report(self) -> dict[str, Any]:
+        self._match_heartbeats()
         reqs = {r: {k: v for k, v in rec.items() if k not in ("req",)} for r, rec in self.reqs.items()}
         return {
             "engine_id": self.engine_id,
