@@ -303,9 +303,7 @@ class Rank:
 
 def is_any_heartbeat(msg: bytes) -> bool:
     """Upstream's ``HB:`` or our acknowledged ``LHB:`` / ``LHBT:``."""
-    return (
-        is_heartbeat(msg) or msg.startswith(ACKED_HEARTBEAT_PREFIX) or msg.startswith(TAGGED_HEARTBEAT_PREFIX)
-    )
+    return is_heartbeat(msg) or msg.startswith((ACKED_HEARTBEAT_PREFIX, TAGGED_HEARTBEAT_PREFIX))
 
 
 def preemptions() -> int:

@@ -111,7 +111,7 @@ class HeartbeatAcker:
             self._finish_loads()
         for agent, msgs in messages.items():
             for msg in msgs:
-                if msg.startswith(ACKED_HEARTBEAT_PREFIX) or msg.startswith(TAGGED_HEARTBEAT_PREFIX):
+                if msg.startswith((ACKED_HEARTBEAT_PREFIX, TAGGED_HEARTBEAT_PREFIX)):
                     self._heartbeat(agent, msg, now)
                 elif msg.startswith(ACK_HELLO_PREFIX):
                     self._hello(agent, msg[len(ACK_HELLO_PREFIX) :], now)
