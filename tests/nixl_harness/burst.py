@@ -112,14 +112,13 @@ def summarize(
     arrivals = sorted(t for t in p_rep["hb_arrivals"] if t <= last_free)
     marks = arrivals + [last_free]
     gaps = [later - earlier for earlier, later in zip(marks, marks[1:], strict=False)]
+    recs = [p_reqs[r] for r in ids]
     lease_gaps = [
         max(rec.get("hb_max_gap", 0.0), rec["freed_t"] - rec["hb_last_t"])
-        for rec in (p_reqs[r] for r in ids)
+        for rec in recs
         if "hb_last_t" in rec
     ]
-    first_hb = [
-        rec["hb_first_t"] - rec["granted_t"] for rec in (p_reqs[r] for r in ids) if "hb_first_t" in rec
-    ]
+    first_hb = [rec["hb_first_t"] - rec["granted_t"] for rec in recs if "hb_first_t" in rec]
     out = {
         "impl": "stock" if stock else "ours",
         "burst": b,
