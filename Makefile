@@ -10,7 +10,7 @@ PIP_QUIET := -q --disable-pip-version-check
 
 BUILD_DEPS := "setuptools>=68" wheel "Cython>=3.0"
 TEST_DEPS := "pytest>=8" "pytest-xdist>=3" "hypothesis>=6" ruff
-CORE_SOURCES := setup.py pyproject.toml $(wildcard csrc/*.pyx)
+CORE_SOURCES := setup.py pyproject.toml $(wildcard vllm_nixl_lease/*/*.pyx vllm_nixl_lease/*/*.pxd csrc/*.h)
 
 CPU_VENV := .venv-cpu
 CPU_VPY := $(CPU_VENV)/bin/python
@@ -35,7 +35,7 @@ $(VENV)/.deps: Makefile
 
 venv: $(VENV)/.deps
 
-# Editable install: compiles csrc/*.pyx next to the Python twins and
+# Editable install: compiles each .pyx in place, beside its Python twin, and
 # registers the vLLM plugin entry point.
 $(VENV)/.built: $(VENV)/.deps $(CORE_SOURCES)
 	$(VPY) -m pip install $(PIP_QUIET) --no-build-isolation --no-deps -e .
@@ -56,7 +56,7 @@ $(CPU_VENV)/.deps: Makefile
 
 venv-cpu: $(CPU_VENV)/.deps
 
-# After the main venv's build: both compile csrc/ in place, so they must not overlap.
+# After the main venv's build: both compile the .pyx files in place, so they must not overlap.
 $(CPU_VENV)/.built: $(CPU_VENV)/.deps $(VENV)/.built $(CORE_SOURCES)
 	$(CPU_VPY) -m pip install $(PIP_QUIET) --no-build-isolation --no-deps -e .
 	$(CPU_VPY) -c "import vllm_nixl_lease as m; assert m.IMPLEMENTATION == 'cython', m.IMPLEMENTATION"

@@ -1,4 +1,6 @@
-"""Build the Cython lease core (csrc/*.pyx) as extension modules of vllm_nixl_lease.
+"""Build the Cython lease core: each ``.pyx`` sits beside its pure-Python twin
+in the package and compiles to a module of the same package; the C helpers
+they include are headers under ``csrc/``.
 
 Set VLLM_NIXL_LEASE_NO_EXTENSIONS=1 at build time to skip compiling (the
 package then runs on its pure-Python twins).
@@ -8,7 +10,11 @@ import os
 
 from setuptools import Extension, setup
 
-MODULES = ["_lease_c", "_heartbeat_c"]
+# Dotted module names; each source is the module's path with ``.pyx``.
+MODULES = [
+    "vllm_nixl_lease.prefill._lease_c",
+    "vllm_nixl_lease.decode._heartbeat_tracker_c",
+]
 
 
 def extensions() -> list:
@@ -18,8 +24,9 @@ def extensions() -> list:
 
     exts = [
         Extension(
-            f"vllm_nixl_lease.{name}",
-            [f"csrc/{name}.pyx"],
+            name,
+            [name.replace(".", "/") + ".pyx"],
+            include_dirs=["csrc"],
             language="c++",
             extra_compile_args=["-O3", "-std=c++17"],
         )

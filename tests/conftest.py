@@ -17,9 +17,9 @@ IMPLEMENTATIONS = ("cython", "python")
 def load_core(name: str) -> types.SimpleNamespace:
     """The core classes of one implementation, imported directly (not via the chooser)."""
     if name == "python":
-        lease = importlib.import_module("vllm_nixl_lease._lease_table_py")
-        router = importlib.import_module("vllm_nixl_lease._router_py")
-        heartbeat = importlib.import_module("vllm_nixl_lease._heartbeat_py")
+        lease = importlib.import_module("vllm_nixl_lease.prefill._lease_table_py")
+        router = importlib.import_module("vllm_nixl_lease.prefill._notification_router_py")
+        heartbeat = importlib.import_module("vllm_nixl_lease.decode._heartbeat_tracker_py")
         return types.SimpleNamespace(
             name=name,
             LeaseTable=lease.LeaseTable,
@@ -28,8 +28,8 @@ def load_core(name: str) -> types.SimpleNamespace:
             encode_heartbeats=heartbeat.encode_heartbeats,
         )
     try:
-        lease = importlib.import_module("vllm_nixl_lease._lease_c")
-        heartbeat = importlib.import_module("vllm_nixl_lease._heartbeat_c")
+        lease = importlib.import_module("vllm_nixl_lease.prefill._lease_c")
+        heartbeat = importlib.import_module("vllm_nixl_lease.decode._heartbeat_tracker_c")
     except ImportError as exc:
         if os.environ.get("VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS") == "1":
             raise

@@ -11,16 +11,16 @@ from vllm_support import Clock
 
 from vllm_nixl_lease._wire import completion_message, heartbeat_message
 from vllm_nixl_lease.vllm.config import LeaseConfig
-from vllm_nixl_lease.vllm.heartbeat_sender import HeartbeatSender
-from vllm_nixl_lease.vllm.idle_pause import IdlePause
-from vllm_nixl_lease.vllm.lease_keeper import LeaseKeeper
+from vllm_nixl_lease.vllm.d_worker.heartbeat_sender import HeartbeatSender
+from vllm_nixl_lease.vllm.d_worker.read_fence import ReadFence
 from vllm_nixl_lease.vllm.metadata import (
     LEASE_HEARTBEATS_ATTR,
     LEASE_VIEWS_ATTR,
     EngineHeartbeats,
     LeaseViewUpdates,
 )
-from vllm_nixl_lease.vllm.read_fence import ReadFence
+from vllm_nixl_lease.vllm.p_worker.idle_pause import IdlePause
+from vllm_nixl_lease.vllm.p_worker.lease_keeper import LeaseKeeper
 
 CONFIG = LeaseConfig.from_extra_config({"kv_lease_duration": 12})  # extension 8, interval 2, margin 2
 

@@ -19,12 +19,12 @@ from vllm_support import (
     shared_vllm_config,
 )
 
-from vllm_nixl_lease._wire import heartbeat_message
-from vllm_nixl_lease.vllm.lease_views import (
+from vllm_nixl_lease._wire import (
     PARAM_LEASE_ACKS,
     PARAM_LEASE_DEADLINE,
     PARAM_LEASE_EXTENSION,
     PARAM_LEASE_TAGS,
+    heartbeat_message,
 )
 from vllm_nixl_lease.vllm.metadata import EngineHeartbeats, LeaseViewUpdates
 from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
@@ -230,7 +230,7 @@ def test_acked_views_move_only_on_p_workers_answers(d_worker, clock: Clock) -> N
             if agent == p.nixl_wrapper.name:
                 p.nixl_wrapper.deliver("d-agent", msg)
         p._get_new_notifs()  # extends p1 now, answer waits for the hello's load
-        concurrent.futures.wait(list(p.heartbeat_acker._loading.values()), timeout=5)
+        concurrent.futures.wait(list(p.ack_answerer._loading.values()), timeout=5)
         p._get_new_notifs()  # sends it
         assert p.lease_keeper.table.deadline("p1") == pytest.approx(clock.now + 8.0)
         (answer,) = p.nixl_wrapper.sent

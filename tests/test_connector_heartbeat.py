@@ -170,9 +170,9 @@ def test_acknowledged_chunk_renews_its_views_end_to_end(scheduler_factory, clock
     """Real scheduler and worker: P's answer to a chunk's LHB (LHBT: by tag, to
     a P that takes tags) renews the views of the requests in it when the
     message was built, and no later joiner."""
-    from vllm_nixl_lease._wire import heartbeat_ack_message
+    from vllm_nixl_lease._wire import PARAM_LEASE_TAGS, heartbeat_ack_message
     from vllm_nixl_lease.lease_tags import lease_tag
-    from vllm_nixl_lease.vllm.lease_views import PARAM_LEASE_TAGS, add_lease_params
+    from vllm_nixl_lease.vllm.p_scheduler.lease_params import add_lease_params
 
     # lease 12: extension 8, interval 2, margin 2
     sched = scheduler_factory({"heartbeat_tags": False} if mode == "tags-off-on-D" else None)
@@ -219,7 +219,7 @@ def test_tagged_engine_with_a_non_string_remote_id_is_skipped_not_raised(
     """P's kv_transfer_params are P's to write: a tagging P that sends an id
     of the wrong type costs that request its heartbeats (as by id), not the step."""
     from vllm_nixl_lease.lease_tags import lease_tag
-    from vllm_nixl_lease.vllm.lease_views import add_lease_params
+    from vllm_nixl_lease.vllm.p_scheduler.lease_params import add_lease_params
 
     sched = scheduler_factory()
     for local, remote in (("d1", 12345), ("d2", "p-2"), ("d3", None)):

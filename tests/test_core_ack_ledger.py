@@ -20,8 +20,8 @@ from vllm_nixl_lease._wire import (
     parse_acked_heartbeat,
     parse_heartbeat_ack,
 )
-from vllm_nixl_lease.ack_ledger import AckLedger, Proven
-from vllm_nixl_lease.holder_view import HolderLeaseViews
+from vllm_nixl_lease.decode.ack_ledger import AckLedger, Proven
+from vllm_nixl_lease.decode.lease_views import LeaseViews
 
 EXT = 8.0
 IDS = ["p0", "p1", "p2"]
@@ -92,7 +92,7 @@ def test_view_never_outlives_p_under_any_delivery(core, ranks, script, delays, d
             table.grant(p_id, EXT)  # granted at t=0, as reported to D
     ended: list[dict[str, float]] = [{} for _ in range(ranks)]  # rank -> id -> deadline P freed it at
     ledger = AckLedger()
-    views = HolderLeaseViews(margin=0.0)
+    views = LeaseViews(margin=0.0)
     for p_id in IDS:
         views.add(f"d-{p_id}", "P", p_id, EXT, EXT, acked=True)
     to_p: list[tuple[float, int, bytes]] = []  # (arrival, rank, message)
@@ -122,7 +122,7 @@ def test_view_never_outlives_p_under_any_delivery(core, ranks, script, delays, d
         else:
             now += arg
             # P: apply what arrived (in arrival order), answer once per
-            # rank listing every heartbeat (as HeartbeatAcker does), then sweep.
+            # rank listing every heartbeat (as AckAnswerer does), then sweep.
             arrived = sorted(m for m in to_p if m[0] <= now)
             to_p = [m for m in to_p if m[0] > now]
             answered: dict[int, tuple[list[int], set[str]]] = {}
@@ -169,7 +169,7 @@ def test_steady_answers_keep_the_view_alive(core, ranks: int) -> None:
     agents = [f"r{r}" for r in range(ranks)]
     for table in tables:
         table.grant("p0", EXT)
-    ledger, views = AckLedger(), HolderLeaseViews(margin=2.0)
+    ledger, views = AckLedger(), LeaseViews(margin=2.0)
     views.add("d0", "P", "p0", EXT, EXT, acked=True)
     now = 0.0
     for _ in range(100):
@@ -191,7 +191,7 @@ def test_renew_on_send_breaks_under_a_partition(core) -> None:
     that a P without acknowledgements still gets (holder_view.heartbeat_sent)."""
     table = core.LeaseTable(EXT)
     table.grant("p0", EXT)
-    on_send, on_ack = HolderLeaseViews(margin=2.0), HolderLeaseViews(margin=2.0)
+    on_send, on_ack = LeaseViews(margin=2.0), LeaseViews(margin=2.0)
     on_send.add("d0", "P", "p0", EXT, EXT)
     on_ack.add("d0", "P", "p0", EXT, EXT, acked=True)
     ledger = AckLedger()

@@ -10,11 +10,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vllm_nixl_lease._wire import heartbeat_payload
-from vllm_nixl_lease.holder_view import HolderLeaseViews
+from vllm_nixl_lease.decode.lease_views import LeaseViews
 
 
 def test_view_starts_at_the_reported_deadline_on_local_clock() -> None:
-    views = HolderLeaseViews(margin=2.0)
+    views = LeaseViews(margin=2.0)
     views.add("d1", "P", "p1", grantor_deadline=1030.0, extension=20.0)
     # P's clock runs 1000 s ahead of ours: its 1030 is our 30.
     assert views.remaining("d1", now=10.0, offset=1000.0) == pytest.approx(20.0)
@@ -24,7 +24,7 @@ def test_view_starts_at_the_reported_deadline_on_local_clock() -> None:
 
 
 def test_heartbeat_renews_only_while_the_view_has_more_than_the_margin() -> None:
-    views = HolderLeaseViews(margin=2.0)
+    views = LeaseViews(margin=2.0)
     views.add("d1", "P", "p1", 30.0, 20.0)
     views.add("d2", "P", "p2", 30.0, 20.0)
     assert views.heartbeat_sent("P", ["p1", "zzz"], offset=0.0, started=25.0, finished=25.5) == 1
@@ -38,14 +38,14 @@ def test_heartbeat_renews_only_while_the_view_has_more_than_the_margin() -> None
 
 
 def test_heartbeat_never_moves_a_view_backwards() -> None:
-    views = HolderLeaseViews(margin=1.0)
+    views = LeaseViews(margin=1.0)
     views.add("d1", "P", "p1", 100.0, 4.0)
     views.heartbeat_sent("P", ["p1"], 0.0, 10.0, 10.0)
     assert views.remaining("d1", 10.0, 0.0) == pytest.approx(90.0)
 
 
 def test_views_are_per_engine_and_dropped() -> None:
-    views = HolderLeaseViews(margin=1.0)
+    views = LeaseViews(margin=1.0)
     views.add("d1", "P1", "same", 10.0, 4.0)
     views.add("d2", "P2", "same", 10.0, 4.0)
     assert views.heartbeat_sent("P1", ["same"], 0.0, 8.0, 8.0) == 1
@@ -66,13 +66,13 @@ def test_views_are_per_engine_and_dropped() -> None:
 )
 def test_bad_lease_fields_raise(deadline: float, extension: float) -> None:
     with pytest.raises(ValueError):
-        HolderLeaseViews(1.0).add("d1", "P", "p1", deadline, extension)
+        LeaseViews(1.0).add("d1", "P", "p1", deadline, extension)
 
 
 @pytest.mark.parametrize("margin", [-1.0, math.nan, math.inf])
 def test_bad_margin_raises(margin: float) -> None:
     with pytest.raises(ValueError):
-        HolderLeaseViews(margin)
+        LeaseViews(margin)
 
 
 @st.composite
@@ -110,7 +110,7 @@ def test_view_never_outlives_the_grantors_lease(core, h: dict) -> None:
     ext, margin, offset, err = h["extension"], h["margin"], h["offset"], h["err"]
     p_table = core.LeaseTable(ext)
     p_table.grant("p1", offset + h["duration"])  # granted at D time 0, on P's clock
-    views = HolderLeaseViews(margin)
+    views = LeaseViews(margin)
     views.add("d1", "P", "p1", offset + h["duration"], ext)
     arrivals: list[float] = []  # D-clock arrival times of heartbeats still in flight
     for t, kind, send_time, delay in h["events"]:
@@ -148,7 +148,7 @@ def _chunk_renewal_run(core, seed: int, disown: bool) -> int:
     rng = random.Random(seed)
     ext = 20.0
     hb = core.HeartbeatTracker(1.0, max_message_bytes=60)
-    views = HolderLeaseViews(margin=0.0)
+    views = LeaseViews(margin=0.0)
     live: dict[str, tuple[str, str, int]] = {}  # local -> (engine, remote, generation)
     model: dict[str, float] = {}  # local -> deadline the model allows
     gen = 0
@@ -225,7 +225,7 @@ def test_chunk_answers_renew_only_what_they_prove(core, seed: int, disown: bool)
 
 
 def test_chunk_answer_guards() -> None:
-    views = HolderLeaseViews(margin=0.0)
+    views = LeaseViews(margin=0.0)
     views.add("a", "P", "ra", 10.0, 20.0, acked=True, chunk=(7, 3))
     views.add("b", "P", "rb", 10.0, 20.0, acked=True, chunk=(7, 5))  # joined after version 4
     views.chunk_acked("P", 7, 4, started=5.0)

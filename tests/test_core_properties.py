@@ -156,7 +156,7 @@ class CoreAgreement(RuleBasedStateMachine):
 
     @rule(rid=id_st, off=deadline_offset)
     def grant_on_table(self, rid, off):
-        """A lease granted past the router (as ``LeaseDeadlines`` does for an
+        """A lease granted past the router (as ``ReqsToSendDict`` does for an
         id in no batch), whatever the id's batch membership."""
         self.model.grant(rid, self.now + off)
         for r in self.routers:

@@ -1,7 +1,7 @@
 """Acknowledged heartbeats: D's views move only on P's answers (issue 12).
 
-D's components (HeartbeatSender, HeartbeatAcks, ReadFence) and P's
-(LeaseKeeper, HeartbeatAcker) run against two fakes of the upstream worker;
+D's components (HeartbeatSender, AckRequester, ReadFence) and P's
+(LeaseKeeper, AckAnswerer) run against two fakes of the upstream worker;
 the test carries messages between them by hand, so it decides what a
 partition holds back and when it is delivered.
 """
@@ -17,29 +17,27 @@ from vllm_support import Clock
 
 from vllm_nixl_lease._wire import (
     ACK_HELLO_PREFIX,
+    PARAM_LEASE_ACKS,
     acked_heartbeat_message,
     heartbeat_message,
     parse_heartbeat_ack,
+    takes_tags,
 )
 from vllm_nixl_lease.lease_tags import lease_tag
 from vllm_nixl_lease.vllm.config import LeaseConfig
-from vllm_nixl_lease.vllm.heartbeat_acker import (
+from vllm_nixl_lease.vllm.d_scheduler.lease_view_collector import LeaseViewCollector
+from vllm_nixl_lease.vllm.d_worker.ack_requester import AckRequester
+from vllm_nixl_lease.vllm.d_worker.heartbeat_sender import HeartbeatSender
+from vllm_nixl_lease.vllm.d_worker.read_fence import ReadFence
+from vllm_nixl_lease.vllm.metadata import LEASE_HEARTBEATS_ATTR, LEASE_VIEWS_ATTR, EngineHeartbeats
+from vllm_nixl_lease.vllm.p_scheduler.lease_params import add_lease_params
+from vllm_nixl_lease.vllm.p_worker.ack_answerer import (
     MAX_NOT_EXTENDED_BYTES,
     MAX_PACED_ANSWERS_PER_STEP,
     MAX_SEQS_PER_ANSWER,
-    HeartbeatAcker,
+    AckAnswerer,
 )
-from vllm_nixl_lease.vllm.heartbeat_acks import HeartbeatAcks
-from vllm_nixl_lease.vllm.heartbeat_sender import HeartbeatSender
-from vllm_nixl_lease.vllm.lease_keeper import LeaseKeeper
-from vllm_nixl_lease.vllm.lease_views import (
-    PARAM_LEASE_ACKS,
-    LeaseViewCollector,
-    add_lease_params,
-    takes_tags,
-)
-from vllm_nixl_lease.vllm.metadata import LEASE_HEARTBEATS_ATTR, LEASE_VIEWS_ATTR, EngineHeartbeats
-from vllm_nixl_lease.vllm.read_fence import ReadFence
+from vllm_nixl_lease.vllm.p_worker.lease_keeper import LeaseKeeper
 
 CONFIG = LeaseConfig.from_extra_config({"kv_lease_duration": 12})  # extension 8, interval 2, margin 2
 EXT = CONFIG.lease_extension
@@ -57,14 +55,14 @@ class Pair:
             up.nixl_wrapper.name = f"P-agent-{r}"
             keeper = LeaseKeeper(up, CONFIG)
             self.keepers.append(keeper)
-            self.ackers.append(HeartbeatAcker(up, keeper, forget_after_s=60))
+            self.ackers.append(AckAnswerer(up, keeper, forget_after_s=60))
         self.d = FakeUpstreamWorker()
         self.d.nixl_wrapper.name = "D-agent"
         self.d.connect("P", ranks=ranks)
         # As upstream keeps them: add_remote_agent's return value, bytes.
         self.d._remote_agents["P"] = {r: f"P-agent-{r}".encode() for r in range(ranks)}
         self.fence = ReadFence(self.d, CONFIG)
-        self.acks = HeartbeatAcks(self.d, self.fence.views, rehello_s=4)
+        self.acks = AckRequester(self.d, self.fence.views, rehello_s=4)
         self.sender = HeartbeatSender(self.d, 8192, self.fence.heartbeat_delivered, self.acks)
 
     def grant(self, p_id: str, d_id: str, acks: bool = True, tagged: bool = False) -> None:
@@ -119,7 +117,7 @@ class Pair:
         return left
 
 
-def settle(acker: HeartbeatAcker) -> None:
+def settle(acker: AckAnswerer) -> None:
     concurrent.futures.wait(list(acker._loading.values()), timeout=5)
 
 
@@ -375,10 +373,10 @@ def hello_from(agent: str) -> bytes:
     return ACK_HELLO_PREFIX + f"fake-md:{agent}".encode()
 
 
-def paced_acker(gap: float) -> tuple[LeaseKeeper, HeartbeatAcker, FakeUpstreamWorker]:
+def paced_acker(gap: float) -> tuple[LeaseKeeper, AckAnswerer, FakeUpstreamWorker]:
     p = FakeUpstreamWorker()
     keeper = LeaseKeeper(p, CONFIG)
-    acker = HeartbeatAcker(p, keeper, forget_after_s=60, answer_gap_s=gap)
+    acker = AckAnswerer(p, keeper, forget_after_s=60, answer_gap_s=gap)
     keeper.deadlines["p1"] = 100.0
     return keeper, acker, p
 
@@ -460,7 +458,7 @@ def test_delayed_answer_renews_from_the_send(clock: Clock) -> None:
     the gap proves as much as a prompt one."""
     net = Pair(clock)
     for r, up in enumerate(net.p):
-        net.ackers[r] = HeartbeatAcker(up, net.keepers[r], forget_after_s=60, answer_gap_s=1.0)
+        net.ackers[r] = AckAnswerer(up, net.keepers[r], forget_after_s=60, answer_gap_s=1.0)
     net.grant("p1", "d1")
     clock.advance(3)
     net.d_heartbeat("p1")

@@ -89,12 +89,12 @@ def test_ids_no_tag_may_renew_are_left_out(core) -> None:
 
 def test_colliding_tags_renew_every_id_they_name(core, monkeypatch: pytest.MonkeyPatch) -> None:
     # A collision can only keep a lease longer, never end one early.
-    import vllm_nixl_lease._lease_table_py as twin
+    import vllm_nixl_lease.prefill._lease_table_py as twin
 
     same = tag_digest("a")
     monkeypatch.setattr(twin, "tag_digest", lambda req_id: same)
     if core.name == "cython":
-        import vllm_nixl_lease._lease_c as cy
+        import vllm_nixl_lease.prefill._lease_c as cy
 
         monkeypatch.setattr(cy, "_tag_digest", lambda req_id: same)
     t = core.LeaseTable(5.0)
@@ -112,14 +112,14 @@ def test_colliding_tags_renew_every_id_they_name(core, monkeypatch: pytest.Monke
 def test_tag_chains_survive_compaction(core, monkeypatch: pytest.MonkeyPatch) -> None:
     """Chains of colliding tags through a compaction: the Cython table renumbers
     every chain link, which unique tags (chains of one) never exercise."""
-    import vllm_nixl_lease._lease_table_py as twin
+    import vllm_nixl_lease.prefill._lease_table_py as twin
 
     def three_tags(req_id: str) -> int:  # every id collides with a third of the others
         return tag_digest(f"g{int(req_id.split('-')[1]) % 3}")
 
     monkeypatch.setattr(twin, "tag_digest", three_tags)
     if core.name == "cython":
-        import vllm_nixl_lease._lease_c as cy
+        import vllm_nixl_lease.prefill._lease_c as cy
 
         monkeypatch.setattr(cy, "_tag_digest", three_tags)
     t = core.LeaseTable(5.0)

@@ -61,7 +61,7 @@ def p_round(leases: int) -> dict[str, float]:
     # D's hello, loaded once (as in a running fleet)
     ours.nixl_wrapper.deliver("D", b"LHELLO:fake-md:D")
     ours._get_new_notifs()
-    ours.heartbeat_acker._loading["D"].result()
+    ours.ack_answerer._loading["D"].result()
     ours._get_new_notifs()
 
     def routed(worker, msgs):
@@ -96,7 +96,7 @@ def d_round(leases: int) -> dict[str, float]:
             meta = SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": EngineHeartbeats(hb, "h", 1, 1)}})
             d._send_heartbeats(meta)
             if acked:  # P's answer to every message of the round, as P sends it
-                seqs = list(d.heartbeat_acks.ledger._sent)
+                seqs = list(d.ack_requester.ledger._sent)
                 d.nixl_wrapper.deliver("P", heartbeat_ack_message(seqs))
                 d._get_new_notifs()
 

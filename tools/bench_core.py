@@ -39,12 +39,12 @@ EXTENSION = 20
 
 def load_impl(name: str):
     if name == "cython":
-        lease = importlib.import_module("vllm_nixl_lease._lease_c")
-        hb = importlib.import_module("vllm_nixl_lease._heartbeat_c")
+        lease = importlib.import_module("vllm_nixl_lease.prefill._lease_c")
+        hb = importlib.import_module("vllm_nixl_lease.decode._heartbeat_tracker_c")
         return lease.LeaseTable, lease.NotificationRouter, hb.HeartbeatTracker
-    lease = importlib.import_module("vllm_nixl_lease._lease_table_py")
-    router = importlib.import_module("vllm_nixl_lease._router_py")
-    hb = importlib.import_module("vllm_nixl_lease._heartbeat_py")
+    lease = importlib.import_module("vllm_nixl_lease.prefill._lease_table_py")
+    router = importlib.import_module("vllm_nixl_lease.prefill._notification_router_py")
+    hb = importlib.import_module("vllm_nixl_lease.decode._heartbeat_tracker_py")
     return lease.LeaseTable, router.NotificationRouter, hb.HeartbeatTracker
 
 
@@ -244,7 +244,7 @@ def mixed_batch(n: int, quick: bool) -> dict[str, float]:
 def mass_expiry(n: int, quick: bool) -> dict[str, float]:
     """A D died: 1,000 of n leases are due in one step.  Logging included
     (WARNING level, a stream handler writing to memory, for both)."""
-    from vllm_nixl_lease.expiry_log import log_expired
+    from vllm_nixl_lease.prefill.expiry_log import log_expired
 
     ids = req_ids(n)
     deadlines = [1.0 if i % (n // 1000) == 0 else 1e6 for i in range(n)]

@@ -6,9 +6,15 @@ The lease core (``LeaseTable``, ``NotificationRouter``, ``HeartbeatTracker``,
 
 from __future__ import annotations
 
-from ._chooser import IMPLEMENTATION, HeartbeatTracker, LeaseTable, NotificationRouter, encode_heartbeats
-from ._route_result import RouteResult
+from ._implementation import implementation
+from .decode.heartbeat_tracker import HeartbeatTracker, encode_heartbeats
 from .hook import install, uninstall
+from .prefill.lease_table import LeaseTable
+from .prefill.notification_router import NotificationRouter
+from .prefill.route_result import RouteResult
+
+# "cython" when every core concept runs its Cython module, else "python".
+IMPLEMENTATION = implementation()
 
 __version__ = "0.1.0"
 

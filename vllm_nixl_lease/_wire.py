@@ -10,7 +10,7 @@ Messages (byte strings, as upstream vLLM sends them):
   passed through to its code untouched.
 
 Ours only, sent only to a peer that advertised it (a stock P never sees them;
-see ``vllm/heartbeat_acks.py``):
+see ``vllm/ack_requester.py``):
 - acknowledged heartbeat, D -> P: ``LHB:<seq>:<id>,<id>,...`` -- a heartbeat
   (same id list as ``HB:``) that P answers with an acknowledgement;
 - tagged heartbeat, D -> P: ``LHBT:<seq>:<tag>,<tag>,...`` -- the same, naming
@@ -28,7 +28,8 @@ Imports nothing from vLLM.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 HEARTBEAT_PREFIX = b"HB:"
 HEARTBEAT_SEPARATOR = b","
@@ -142,6 +143,20 @@ def _seq(digits: bytes) -> int | None:
     if not digits or len(digits) > 20 or not digits.isdigit():
         return None
     return int(digits)
+
+
+# -- lease fields P adds to kv_transfer_params (pull; stock D ignores them) --
+PARAM_LEASE_DEADLINE = "remote_lease_deadline"  # P's deadline, on P's scheduler clock
+PARAM_LEASE_EXTENSION = "remote_lease_extension"  # how far one heartbeat moves it
+# P answers acknowledged heartbeats (``LHB:``): D renews its views on answers.
+PARAM_LEASE_ACKS = "remote_lease_acks"
+# P also takes acknowledged heartbeats that name lease tags (``LHBT:``).
+PARAM_LEASE_TAGS = "remote_lease_tags"
+
+
+def takes_tags(params: Mapping[str, Any] | None) -> bool:
+    """D side: do these params come from a P that takes ``LHBT:`` heartbeats?"""
+    return bool(params) and params.get(PARAM_LEASE_ACKS) is True and params.get(PARAM_LEASE_TAGS) is True
 
 
 # -- completions ----------------------------------------------------------

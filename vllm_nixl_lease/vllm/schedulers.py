@@ -13,11 +13,13 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import NixlPullConnectorScheduler
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_scheduler import NixlPushConnectorScheduler
 
+from .._wire import takes_tags
 from .config import LeaseConfig
-from .heartbeat_scheduler import HeartbeatSchedule
-from .idle_pause import step_is_idle
-from .lease_views import LeaseViewCollector, add_lease_params, takes_tags
+from .d_scheduler.heartbeat_schedule import HeartbeatSchedule
+from .d_scheduler.lease_view_collector import LeaseViewCollector
 from .metadata import LEASE_IDLE_ATTR
+from .p_scheduler.idle_step import step_is_idle
+from .p_scheduler.lease_params import add_lease_params
 
 
 class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):

@@ -7,9 +7,9 @@ Components (one set per worker; a worker is P, D or both with ``kv_both``):
 - ``heartbeat_sender``: ``HeartbeatSender`` (D) -- sends, handshake wait, retry;
 - ``read_pacer``: ``ReadPacer`` (D, pull) -- bounds a step's READ posting, carries the rest;
 - ``read_fence``: ``ReadFence`` (D, pull) -- skips a READ whose lease may be gone;
-- ``heartbeat_acks``: ``HeartbeatAcks`` (D, pull) -- asks our P to acknowledge
+- ``ack_requester``: ``AckRequester`` (D, pull) -- asks our P to acknowledge
   heartbeats; only answers renew the fence's views;
-- ``heartbeat_acker``: ``HeartbeatAcker`` (P, pull) -- answers them;
+- ``ack_answerer``: ``AckAnswerer`` (P, pull) -- answers them;
 - ``idle_pause``: ``IdlePause`` (P) -- pauses an empty step while leases are held.
 They reach upstream only through ``upstream.UpstreamWorker``.
 """
@@ -24,13 +24,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPu
 
 from .._wire import is_heartbeat
 from .config import LeaseConfig
-from .heartbeat_acker import HeartbeatAcker
-from .heartbeat_acks import HeartbeatAcks
-from .heartbeat_sender import HeartbeatSender
-from .idle_pause import IdlePause
-from .lease_keeper import LeaseKeeper
-from .read_fence import ReadFence
-from .read_pacer import ReadPacer
+from .d_worker.ack_requester import AckRequester
+from .d_worker.heartbeat_sender import HeartbeatSender
+from .d_worker.read_fence import ReadFence
+from .d_worker.read_pacer import ReadPacer
+from .p_worker.ack_answerer import AckAnswerer
+from .p_worker.idle_pause import IdlePause
+from .p_worker.lease_keeper import LeaseKeeper
 from .stats import LeaseKVConnectorStats
 
 
@@ -49,13 +49,13 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         self.lease_keeper = LeaseKeeper(self, lease_config)
         self._reqs_to_send = self.lease_keeper.deadlines  # upstream grants leases through these
         self._reqs_to_process = self.lease_keeper.in_batch
-        self.heartbeat_acker = HeartbeatAcker(
+        self.ack_answerer = AckAnswerer(
             self, self.lease_keeper, forget_after_s(lease_config), answer_gap_s(lease_config)
         )
         self.read_fence = ReadFence(self, lease_config)
-        self.heartbeat_acks = HeartbeatAcks(self, self.read_fence.views, rehello_after_s(lease_config))
+        self.ack_requester = AckRequester(self, self.read_fence.views, rehello_after_s(lease_config))
         self.heartbeat_sender = HeartbeatSender(
-            self, lease_config.max_heartbeat_bytes, self.read_fence.heartbeat_delivered, self.heartbeat_acks
+            self, lease_config.max_heartbeat_bytes, self.read_fence.heartbeat_delivered, self.ack_requester
         )
         self.read_pacer = ReadPacer(lease_config.read_post_budget_s)
         self.idle_pause = IdlePause(lease_config.idle_step_sleep_s, self.lease_keeper.table)
@@ -103,8 +103,8 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         notifs = self.nixl_wrapper.get_new_notifs()
         self.idle_pause.saw_notifications(notifs)
         done, ack_messages = self.lease_keeper.route(notifs)  # HB:, completions
-        self.heartbeat_acker.handle(ack_messages)  # P: LHB: extended and answered (before the sweep)
-        self.heartbeat_acks.received(ack_messages)  # D: LACK: answers renew views
+        self.ack_answerer.handle(ack_messages)  # P: LHB: extended and answered (before the sweep)
+        self.ack_requester.received(ack_messages)  # D: LACK: answers renew views
         return done
 
     def _reap_expired_send_leases(self, done_sending: set[str]) -> None:
@@ -114,7 +114,7 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         self.lease_keeper.extend_payload(payload)
 
     def shutdown(self) -> None:
-        self.heartbeat_acker.shutdown()
+        self.ack_answerer.shutdown()
         super().shutdown()
 
 

@@ -15,7 +15,7 @@ forwards bytes.  Differences from upstream's ``_send_heartbeats``, both on purpo
   dead agent and every later heartbeat and READ to that P fails;
 - to a P that acknowledges heartbeats, messages go out as ``LHB:`` (``LHBT:``
   when they name lease tags) through
-  ``HeartbeatAcks`` (its answers renew D's views); to any other P as upstream's
+  ``AckRequester`` (its answers renew D's views); to any other P as upstream's
   ``HB:``, and a completed send is reported to ``on_delivered``.
 """
 
@@ -29,11 +29,11 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-from .. import encode_heartbeats
-from .._wire import ACK_HELLO_PREFIX
-from .heartbeat_acks import HeartbeatAcks
-from .metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
-from .upstream import UpstreamWorker
+from ..._wire import ACK_HELLO_PREFIX
+from ...decode.heartbeat_tracker import encode_heartbeats
+from ..metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
+from ..upstream import UpstreamWorker
+from .ack_requester import AckRequester
 
 logger = init_logger(__name__)
 
@@ -53,7 +53,7 @@ class HeartbeatSender:
         upstream: UpstreamWorker,
         max_heartbeat_bytes: int,
         on_delivered: OnDelivered | None = None,
-        acks: HeartbeatAcks | None = None,
+        acks: AckRequester | None = None,
     ) -> None:
         self._upstream = upstream
         self._max_bytes = max_heartbeat_bytes

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from .._wire import HEARTBEAT_PREFIX, PUSH_REG_PREFIX, heartbeat_payload, parse_completion
 from ._lease_table_py import LeaseTable, check_now
-from ._route_result import (
+from .route_result import (
     MALFORMED_SAMPLE_SIZE,
     UNKNOWN_SAMPLE_SIZE,
     Expiry,
@@ -26,7 +27,6 @@ from ._route_result import (
     malformed_sample,
     unknown_sample_id,
 )
-from ._wire import HEARTBEAT_PREFIX, PUSH_REG_PREFIX, heartbeat_payload, parse_completion
 
 DEFAULT_PASSTHROUGH_PREFIXES: tuple[bytes, ...] = (PUSH_REG_PREFIX,)
 # What an agent's messages may come as; anything else is one malformed entry.

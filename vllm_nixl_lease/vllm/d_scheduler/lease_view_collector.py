@@ -1,13 +1,8 @@
-"""Read fencing, scheduler side.
-
-P: ``request_finished`` adds the lease deadline (this scheduler process's
-``perf_counter``, the clock the handshake listener echoes for D's offset
-estimate) and the heartbeat extension to the ``kv_transfer_params`` it returns
-(``add_lease_params``).  Stock D ignores the extra keys.
-
-D: ``on_new_request`` turns those keys into a lease view for the workers
-(``read_fence.py``); the metadata of the next step carries the new views and
-the ids whose tracking ended, so the workers' tables stay bounded.
+"""D scheduler: the lease fields P put in a request's ``kv_transfer_params``
+(``p_scheduler/lease_params.py``) become a view of P's lease for the workers'
+read fence (``d_worker/read_fence.py``); the metadata of the next step carries
+the new views and the ids whose tracking ended, so the workers' tables stay
+bounded.
 """
 
 from __future__ import annotations
@@ -19,32 +14,11 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-from .config import LeaseConfig
-from .metadata import LEASE_VIEWS_ATTR, LeaseViewUpdates
+from ..._wire import PARAM_LEASE_ACKS, PARAM_LEASE_DEADLINE, PARAM_LEASE_EXTENSION
+from ..config import LeaseConfig
+from ..metadata import LEASE_VIEWS_ATTR, LeaseViewUpdates
 
 logger = init_logger(__name__)
-
-PARAM_LEASE_DEADLINE = "remote_lease_deadline"
-PARAM_LEASE_EXTENSION = "remote_lease_extension"
-# P answers acknowledged heartbeats (heartbeat_acker.py): D renews on answers.
-PARAM_LEASE_ACKS = "remote_lease_acks"
-# P takes acknowledged heartbeats that name lease tags (``LHBT:``, lease_tags.py).
-PARAM_LEASE_TAGS = "remote_lease_tags"
-
-
-def add_lease_params(params: dict[str, Any], deadline: float | None, extension: float) -> None:
-    """P side (pull): tell D when its lease ends, how far a heartbeat moves it,
-    and that this P acknowledges heartbeats, also by tag."""
-    if deadline is not None:
-        params[PARAM_LEASE_DEADLINE] = deadline
-        params[PARAM_LEASE_EXTENSION] = extension
-        params[PARAM_LEASE_ACKS] = True
-        params[PARAM_LEASE_TAGS] = True
-
-
-def takes_tags(params: dict[str, Any] | None) -> bool:
-    """D side: does the P that granted these params take ``LHBT:`` heartbeats?"""
-    return bool(params) and params.get(PARAM_LEASE_ACKS) is True and params.get(PARAM_LEASE_TAGS) is True
 
 
 class LeaseViewCollector:

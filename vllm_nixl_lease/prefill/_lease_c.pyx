@@ -2,7 +2,7 @@
 # distutils: language = c++
 """Cython lease table and notification router.
 
-Behaves exactly like ``vllm_nixl_lease/_lease_table_py.py`` and
+Behaves exactly like ``vllm_nixl_lease/prefill/_lease_table_py.py`` and
 ``_router_py.py`` (read those first: they are the reference).
 
 Layout, and why:
@@ -75,14 +75,14 @@ import math
 import os
 
 from ._lease_table_py import check_limit, check_now
-from ._route_result import (
+from .route_result import (
     MALFORMED_SAMPLE_BYTES, MALFORMED_SAMPLE_SIZE, UNKNOWN_SAMPLE_SIZE, Expiry, RouteResult,
     malformed_sample, unknown_sample_id,
 )
-from ._router_py import MESSAGES_TYPES
-from .lease_tags import tag_digest as _tag_digest
-from ._wire import HEARTBEAT_PREFIX, PUSH_REG_PREFIX
-from ._wire import MAX_EXPECTED_CONSUMERS as _MAX_CONSUMERS
+from ._notification_router_py import MESSAGES_TYPES
+from ..lease_tags import tag_digest as _tag_digest
+from .._wire import HEARTBEAT_PREFIX, PUSH_REG_PREFIX
+from .._wire import MAX_EXPECTED_CONSUMERS as _MAX_CONSUMERS
 
 # The heartbeat prefix, matched in place on each message (the wire format lives in _wire.py).
 cdef bytes _HB = HEARTBEAT_PREFIX

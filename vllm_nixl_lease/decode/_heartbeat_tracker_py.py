@@ -34,7 +34,7 @@ import heapq
 import math
 from collections.abc import Iterable
 
-from ._wire import HEARTBEAT_PREFIX, request_id_bytes
+from .._wire import HEARTBEAT_PREFIX, request_id_bytes
 
 DEFAULT_MAX_MESSAGE_BYTES = 8192
 

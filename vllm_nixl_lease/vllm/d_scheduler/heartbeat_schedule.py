@@ -20,12 +20,12 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-from .. import HeartbeatTracker
-from .._wire import ACKED_HEARTBEAT_OVERHEAD
-from ..lease_tags import lease_tag
-from .config import LeaseConfig
-from .metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
-from .upstream import HeartbeatTarget, UpstreamScheduler
+from ..._wire import ACKED_HEARTBEAT_OVERHEAD
+from ...decode.heartbeat_tracker import HeartbeatTracker
+from ...lease_tags import lease_tag
+from ..config import LeaseConfig
+from ..metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
+from ..upstream import HeartbeatTarget, UpstreamScheduler
 
 logger = init_logger(__name__)
 

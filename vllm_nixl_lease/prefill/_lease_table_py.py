@@ -31,7 +31,7 @@ import math
 import sys
 from collections.abc import Iterator
 
-from .lease_tags import parse_tag, tag_digest
+from ..lease_tags import parse_tag, tag_digest
 
 # Below this many stale entries the heap is never rebuilt: rebuilding a tiny
 # heap costs more than carrying a few dead entries.

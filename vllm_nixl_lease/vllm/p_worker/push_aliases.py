@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.utils import get_base_request_id
 
-from .. import LeaseTable
-from .._wire import HEARTBEAT_SEPARATOR
+from ..._wire import HEARTBEAT_SEPARATOR
+from ...prefill.lease_table import LeaseTable
 
 
 class LeaseAliases:

@@ -58,7 +58,7 @@ class _View:
     joined: int = 0  # that chunk's version when the view joined it
 
 
-class HolderLeaseViews:
+class LeaseViews:
     """Views of P's leases, keyed by D's request id and by (P engine, P's id)."""
 
     def __init__(self, margin: float) -> None:

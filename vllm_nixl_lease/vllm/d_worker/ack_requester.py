@@ -1,5 +1,5 @@
 """D worker: ask P to acknowledge heartbeats and renew lease views only on
-its answers (``ack_ledger.py`` has the argument; ``heartbeat_acker.py`` is P's side).
+its answers (``ack_ledger.py`` has the argument; ``ack_answerer.py`` is P's side).
 
 Only for P engines that advertised acknowledgements in ``kv_transfer_params``
 (their views are ``acked``); a stock P never receives ``LHB:``/``LHELLO:``.
@@ -15,17 +15,17 @@ from collections.abc import Mapping, Sequence
 
 from vllm.logger import init_logger
 
-from .._wire import (
+from ..._wire import (
     ACK_HELLO_PREFIX,
     HEARTBEAT_ACK_PREFIX,
     acked_heartbeat_message,
     heartbeat_payload,
     parse_heartbeat_ack,
 )
-from ..ack_ledger import AckLedger
-from ..holder_view import HolderLeaseViews
-from .ratelimit import RateLimitedLog
-from .upstream import UpstreamWorker
+from ...decode.ack_ledger import AckLedger
+from ...decode.lease_views import LeaseViews
+from ..ratelimit import RateLimitedLog
+from ..upstream import UpstreamWorker
 
 logger = init_logger(__name__)
 
@@ -37,10 +37,10 @@ def connection_metadata(wrapper: object) -> bytes:
     return wrapper.get_partial_agent_metadata(nixlRegDList(DRAM_SEG), True, ["UCX"])  # type: ignore[attr-defined]
 
 
-class HeartbeatAcks:
+class AckRequester:
     """D's acknowledged heartbeats: builds ``LHB:`` sends, takes ``LACK:`` answers."""
 
-    def __init__(self, upstream: UpstreamWorker, views: HolderLeaseViews, rehello_s: float) -> None:
+    def __init__(self, upstream: UpstreamWorker, views: LeaseViews, rehello_s: float) -> None:
         self._upstream = upstream
         self._views = views
         self._rehello_s = rehello_s

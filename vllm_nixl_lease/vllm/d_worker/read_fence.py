@@ -1,7 +1,7 @@
 """Read fencing, D worker side: never READ blocks P may already have freed.
 
 The scheduler ships a view of each P lease (``lease_views.py``); P's answers
-to heartbeats (``heartbeat_acks.py``), or for a P that does not answer the
+to heartbeats (``ack_requester.py``), or for a P that does not answer the
 heartbeats this worker delivers, move the views forward (``holder_view.py``
 says when that is safe); a READ whose view has ``lease_safety_margin`` or less left is
 not issued but reported as a failed load, so vLLM's ``kv_load_failure_policy``
@@ -21,12 +21,12 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-from .._wire import heartbeat_ids
-from ..holder_view import HolderLeaseViews
-from .config import LeaseConfig
-from .metadata import LEASE_VIEWS_ATTR
-from .ratelimit import RateLimitedLog
-from .upstream import UpstreamWorker
+from ..._wire import heartbeat_ids
+from ...decode.lease_views import LeaseViews
+from ..config import LeaseConfig
+from ..metadata import LEASE_VIEWS_ATTR
+from ..ratelimit import RateLimitedLog
+from ..upstream import UpstreamWorker
 
 logger = init_logger(__name__)
 
@@ -36,7 +36,7 @@ class ReadFence:
 
     def __init__(self, upstream: UpstreamWorker, lease_config: LeaseConfig) -> None:
         self._upstream = upstream
-        self.views = HolderLeaseViews(lease_config.lease_safety_margin)
+        self.views = LeaseViews(lease_config.lease_safety_margin)
         self._log = RateLimitedLog(logger)
         self._log_late = RateLimitedLog(logger)
 
@@ -128,7 +128,7 @@ class ReadFence:
         )
 
     # -- heartbeats this worker delivered to a P that does not answer ---------
-    # (HeartbeatSender's callback; answered heartbeats go through HeartbeatAcks)
+    # (HeartbeatSender's callback; answered heartbeats go through AckRequester)
     def heartbeat_delivered(
         self, engine_id: str, messages: list[bytes], started: float, finished: float
     ) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from ._route_result import Expiry
+from .route_result import Expiry
 
 SUMMARY_IDS = 5  # request ids quoted in the summary line
 

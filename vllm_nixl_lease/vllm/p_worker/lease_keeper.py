@@ -4,7 +4,7 @@ Everything P does with a lease happens here:
 - granted: upstream's ``start_load_kv`` assigns ``_reqs_to_send[req] = deadline``;
   that dict is ``deadlines`` (``views.py``), so the grant lands in the router;
 - extended: ``route`` (pull: every notification), ``extend_acked`` (pull:
-  an acknowledged ``LHB:`` heartbeat, for ``heartbeat_acker.py``),
+  an acknowledged ``LHB:`` heartbeat, for ``ack_answerer.py``),
   ``extend_tagged`` (pull: the same naming lease tags, ``LHBT:``) and
   ``extend_heartbeats`` (push: heartbeats taken off the writer thread's queue)
   -> ``LeaseTable``;
@@ -21,14 +21,15 @@ from collections.abc import Mapping
 
 from vllm.logger import init_logger
 
-from .. import LeaseTable, NotificationRouter
-from .._wire import ACK_PREFIXES, PUSH_REG_PREFIX, heartbeat_payload
-from ..expiry_log import log_expired
-from .config import LeaseConfig
+from ..._wire import ACK_PREFIXES, PUSH_REG_PREFIX, heartbeat_payload
+from ...prefill.expiry_log import log_expired
+from ...prefill.lease_table import LeaseTable
+from ...prefill.notification_router import NotificationRouter
+from ..config import LeaseConfig
+from ..ratelimit import RateLimitedLog
+from ..upstream import UpstreamWorker
 from .push_aliases import LeaseAliases
-from .ratelimit import RateLimitedLog
-from .upstream import UpstreamWorker
-from .views import InBatchSet, LeaseDeadlines
+from .upstream_state import ReqsToProcessSet, ReqsToSendDict
 
 logger = init_logger(__name__)
 
@@ -48,8 +49,8 @@ class LeaseKeeper:
         # Push mode only: D names leases by the router's id (vLLM issue 53095).
         self.aliases: LeaseAliases | None = LeaseAliases() if push else None
         # Stand-ins for upstream's _reqs_to_send / _reqs_to_process.
-        self.deadlines = LeaseDeadlines(self.router, self._granted, self._released)
-        self.in_batch = InBatchSet(self.router)
+        self.deadlines = ReqsToSendDict(self.router, self._granted, self._released)
+        self.in_batch = ReqsToProcessSet(self.router)
         self._active_reported = 0
         self._malformed_log = RateLimitedLog(logger)
         self._unknown_log = RateLimitedLog(logger)

@@ -2,7 +2,7 @@
 # distutils: language = c++
 """Cython D-side heartbeat tracker and encoder.
 
-Same algorithm and results as ``vllm_nixl_lease/_heartbeat_py.py`` (the
+Same algorithm and results as ``vllm_nixl_lease/decode/_heartbeat_tracker_py.py`` (the
 reference; read its docstring for the chunking scheme).  Messages are
 written with one allocation and memcpy per id instead of a join over a list.
 """
@@ -13,8 +13,8 @@ from libc.string cimport memchr, memcpy
 import heapq
 import math
 
-from ._heartbeat_py import DEFAULT_MAX_MESSAGE_BYTES, check_max_message_bytes, check_remote_id
-from ._wire import HEARTBEAT_PREFIX
+from ._heartbeat_tracker_py import DEFAULT_MAX_MESSAGE_BYTES, check_max_message_bytes, check_remote_id
+from .._wire import HEARTBEAT_PREFIX
 
 cdef bytes PREFIX = HEARTBEAT_PREFIX
 cdef Py_ssize_t PREFIX_LEN = len(PREFIX)

@@ -1,6 +1,6 @@
 """P worker: answer acknowledged heartbeats (``LHB:``) so D renews its lease
 views on evidence, not on the timing of its own sends (``ack_ledger.py`` has
-the argument; ``heartbeat_acks.py`` is D's side).
+the argument; ``ack_requester.py`` is D's side).
 
 - ``LHELLO:<metadata>``: D's NIXL connection info (no memory).  P loads it on
   a one-thread executor, like upstream's proactive handshake (loading the
@@ -40,7 +40,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 from vllm.logger import init_logger
 
-from .._wire import (
+from ..._wire import (
     ACK_HELLO_PREFIX,
     ACK_NONE,
     ACKED_HEARTBEAT_PREFIX,
@@ -49,10 +49,10 @@ from .._wire import (
     is_tagged_heartbeat,
     parse_acked_heartbeat,
 )
-from .heartbeat_sender import is_disconnect
+from ..d_worker.heartbeat_sender import is_disconnect
+from ..ratelimit import RateLimitedLog
+from ..upstream import UpstreamWorker
 from .lease_keeper import LeaseKeeper
-from .ratelimit import RateLimitedLog
-from .upstream import UpstreamWorker
 
 logger = init_logger(__name__)
 
@@ -83,7 +83,7 @@ class _Answer:
         self.none = False  # some id could not be read: none counts as extended
 
 
-class HeartbeatAcker:
+class AckAnswerer:
     """Answers ``LHB:`` heartbeats; loads and forgets the D agents it answers."""
 
     def __init__(

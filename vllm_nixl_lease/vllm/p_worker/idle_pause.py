@@ -18,14 +18,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .. import LeaseTable
-from .metadata import LEASE_IDLE_ATTR
-
-
-def step_is_idle(scheduler_output: Any, meta: Any) -> bool:
-    """Scheduler side: nothing to compute and nothing to read this step."""
-    tokens = getattr(scheduler_output, "total_num_scheduled_tokens", None)
-    return tokens == 0 and not getattr(meta, "reqs_to_recv", None) and not getattr(meta, "reqs_to_save", None)
+from ...prefill.lease_table import LeaseTable
+from ..metadata import LEASE_IDLE_ATTR
 
 
 class IdlePause:

@@ -17,7 +17,7 @@ from typing import Any
 _MISSING: Any = object()
 
 
-class LeaseDeadlines(MutableMapping[str, float]):
+class ReqsToSendDict(MutableMapping[str, float]):
     """``_reqs_to_send``: request id -> lease deadline, on the worker clock."""
 
     __slots__ = ("_router", "_on_grant", "_on_release")
@@ -71,10 +71,10 @@ class LeaseDeadlines(MutableMapping[str, float]):
         return len(self._router.table)
 
     def __repr__(self) -> str:
-        return f"<LeaseDeadlines leases={len(self)}>"
+        return f"<ReqsToSendDict leases={len(self)}>"
 
 
-class InBatchSet:
+class ReqsToProcessSet:
     """``_reqs_to_process``: requests that were part of a batch."""
 
     __slots__ = ("_router",)
@@ -103,4 +103,4 @@ class InBatchSet:
         return self._router.in_batch_count() > 0
 
     def __repr__(self) -> str:
-        return f"<InBatchSet requests={len(self)}>"
+        return f"<ReqsToProcessSet requests={len(self)}>"

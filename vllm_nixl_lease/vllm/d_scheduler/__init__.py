@@ -1,0 +1,1 @@
+"""Adapter components in D's scheduler process."""

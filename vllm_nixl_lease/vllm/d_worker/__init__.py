@@ -1,0 +1,1 @@
+"""Adapter components in D's worker processes (one per TP rank)."""

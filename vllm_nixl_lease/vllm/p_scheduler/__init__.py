@@ -1,0 +1,1 @@
+"""Adapter components in P's scheduler process."""
