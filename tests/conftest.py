@@ -6,10 +6,9 @@ import importlib
 import os
 import types
 
-# vLLM's CUDA wheel must see this before it is imported anywhere in the run.
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+import pytest
 
-import pytest  # noqa: E402
+import harness  # noqa: F401  (sets VLLM_TARGET_DEVICE before anything imports vLLM)
 
 IMPLEMENTATIONS = ("cython", "python")
 
@@ -53,7 +52,7 @@ def clock(monkeypatch: pytest.MonkeyPatch):
     """``time.perf_counter`` replaced by a hand-driven ``fake_clock.Clock``."""
     import time
 
-    from fake_clock import Clock
+    from harness.fake_clock import Clock
 
     c = Clock()
     monkeypatch.setattr(time, "perf_counter", c)

@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("nixl")
-from nixl_harness.burst import summarize  # noqa: E402
-from nixl_harness.scenarios import d_id  # noqa: E402
+from harness.nixl.burst import summarize
+from harness.nixl.scenarios import d_id
 
 
 def test_lease_gap_is_per_lease_and_runs_until_the_free() -> None:

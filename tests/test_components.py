@@ -6,9 +6,9 @@ from concurrent.futures import Future
 from types import SimpleNamespace
 
 import pytest
-from upstream_fake import FakeUpstreamWorker
 from vllm_support import Clock
 
+from harness.upstream_fake import FakeUpstreamWorker
 from vllm_nixl_lease._wire import completion_message, heartbeat_message
 from vllm_nixl_lease.vllm.config import LeaseConfig
 from vllm_nixl_lease.vllm.d_worker.heartbeat_sender import HeartbeatSender

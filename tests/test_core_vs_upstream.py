@@ -15,12 +15,10 @@ from unittest import mock
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl import pull_worker
 
+from harness.upstream_fake import make_upstream_worker
 from vllm_nixl_lease._wire import default_lease_extension, heartbeat_message
-
-pull_worker = pytest.importorskip("vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker")
-
-from tools.upstream_stub import make_upstream_worker  # noqa: E402
 
 EXTENSION = default_lease_extension(30)  # upstream's default lease
 IDS = [f"cmpl-{i}:0" for i in range(12)]

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tools import demo
-from tools.pd.story import Chapter
+from tools.demo_story import Chapter
 
 
 def _side(t0: float, ours: bool) -> list[Chapter]:

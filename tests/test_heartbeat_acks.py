@@ -12,9 +12,9 @@ import concurrent.futures
 from types import SimpleNamespace
 
 import pytest
-from upstream_fake import FakeUpstreamWorker
 from vllm_support import Clock
 
+from harness.upstream_fake import FakeUpstreamWorker
 from vllm_nixl_lease._wire import (
     ACK_HELLO_PREFIX,
     PARAM_LEASE_ACKS,

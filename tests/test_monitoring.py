@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from tools.pd import prom
+from harness.serve import prom
 
 PROMTOOL = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(

@@ -1,4 +1,4 @@
-"""tools.netns: two hosts on one machine, and the faults it makes (needs root)."""
+"""harness.netns: two hosts on one machine, and the faults it makes (needs root)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,8 @@ import time
 
 import pytest
 
-from tools import netns
-from tools.pd.procs import free_ports
+from harness import netns
+from harness.serve.procs import free_ports
 
 _reason = netns.unavailable_reason()
 pytestmark = pytest.mark.skipif(_reason is not None, reason=f"network namespaces unavailable: {_reason}")
@@ -156,9 +156,8 @@ def test_cleanup_leaves_nothing_even_after_an_exception() -> None:
 
 
 STALE = """
-import os, sys
-sys.path.insert(0, sys.argv[1])
-from tools.netns import TwoHosts
+import os
+from harness.netns import TwoHosts
 h = TwoHosts().__enter__()
 print(h.token, flush=True)
 os._exit(0)  # dies without cleaning up
@@ -167,7 +166,7 @@ os._exit(0)  # dies without cleaning up
 
 def test_sweep_stale_removes_what_a_dead_process_left() -> None:
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, "-c", STALE, repo], capture_output=True, text=True, timeout=60)
+    out = subprocess.run([sys.executable, "-c", STALE], cwd=repo, capture_output=True, text=True, timeout=60)
     token = out.stdout.strip()
     assert token, out.stderr
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout

@@ -18,8 +18,8 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("nixl")
-from nixl_harness import Fleet  # noqa: E402
-from nixl_harness.burst import burst  # noqa: E402
+from harness.nixl import Fleet
+from harness.nixl.burst import burst
 
 pytestmark = [pytest.mark.nixl, pytest.mark.serial]
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("nixl")
-from nixl_harness import Fleet, dfleet, pfleet  # noqa: E402
-from nixl_harness import scenarios as sc  # noqa: E402
-from nixl_harness.mesh import mesh  # noqa: E402
+from harness.nixl import Fleet, dfleet, pfleet
+from harness.nixl import scenarios as sc
+from harness.nixl.mesh import mesh
 
 pytestmark = [pytest.mark.nixl, pytest.mark.serial]
 

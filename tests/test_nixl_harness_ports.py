@@ -12,7 +12,7 @@ import time
 import pytest
 
 pytest.importorskip("nixl")
-from nixl_harness import Engine, EngineSpec, SidePortTaken  # noqa: E402
+from harness.nixl import Engine, EngineSpec, SidePortTaken
 
 pytestmark = pytest.mark.nixl
 

@@ -20,8 +20,8 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("nixl")
-from nixl_harness import Fleet, kill  # noqa: E402
-from nixl_harness import scenarios as sc  # noqa: E402
+from harness.nixl import Fleet, kill
+from harness.nixl import scenarios as sc
 
 pytestmark = pytest.mark.nixl
 

@@ -1,7 +1,7 @@
 """Network partitions between P and D on two hosts of one machine (issue 12).
 
 P and D run in their own network namespaces joined by a bridge
-(``tools.netns``); UCX uses TCP over the veths only, so a cut really stops
+(``harness.netns``); UCX uses TCP over the veths only, so a cut really stops
 heartbeats and READs.  Each scenario runs stock/stock and ours/ours.  Run with
 ``-s`` to see the numbers.  Needs root (skipped with the reason otherwise).
 """
@@ -14,11 +14,10 @@ import time
 import pytest
 
 pytest.importorskip("nixl")
-from nixl_harness import Fleet  # noqa: E402
-from nixl_harness import partition as pt  # noqa: E402
-from nixl_harness import scenarios as sc  # noqa: E402
-
-from tools import netns  # noqa: E402
+from harness import netns
+from harness.nixl import Fleet
+from harness.nixl import partition as pt
+from harness.nixl import scenarios as sc
 
 _reason = netns.unavailable_reason()
 pytestmark = [

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 
 pytest.importorskip("nixl")
-from nixl_harness import Fleet  # noqa: E402
-from nixl_harness import scenarios as sc  # noqa: E402
+from harness.nixl import Fleet
+from harness.nixl import scenarios as sc
 
 pytestmark = pytest.mark.nixl
 

@@ -1,4 +1,4 @@
-"""The P/D harness's own helpers (tools.pd): log parsing and process priority."""
+"""The P/D harness's own helpers (harness.serve): log parsing and process priority."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.pd import plog, procs
+from harness.serve import plog, procs
 
 ROOT = Path(__file__).resolve().parents[1]
 T = 1796000000.0  # log lines carry epoch seconds
@@ -48,7 +48,7 @@ def test_no_reclaim_yet_takes_heartbeats_up_to_a_second_after_the_kill(tmp_path:
 
 _PRIORITY_PROBE = """
 import os, subprocess, sys, threading
-from tools.pd.procs import raise_own_priority
+from harness.serve.procs import raise_own_priority
 start, want = int(sys.argv[1]), int(sys.argv[2])
 try:  # absolute, whatever nice the test run itself has (the threads below inherit it)
     os.setpriority(os.PRIO_PROCESS, 0, start)
@@ -126,7 +126,7 @@ class _StalledBurst:
 def test_a_stalled_set_up_is_tried_once_more_and_then_raised(
     monkeypatch: pytest.MonkeyPatch, stalls: int
 ) -> None:
-    from tools.pd import scenarios
+    from harness.serve import scenarios
 
     blockers: list[_FakeBlocker] = []
     stalled = [_StalledBurst() for _ in range(stalls)]

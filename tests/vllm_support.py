@@ -1,44 +1,34 @@
-"""Helpers for tests that use real vLLM classes on CPU.
-
-Import this before anything that imports vLLM: it sets VLLM_TARGET_DEVICE.
-Workers are built by ``tools.upstream_stub`` (shared with the benchmark), with
-a hand-driven ``time.perf_counter``.
+"""Helpers for tests that use real vLLM classes on CPU (``conftest.py`` has
+set VLLM_TARGET_DEVICE).  Workers are built by ``harness.upstream_fake``
+(shared with the benchmarks), with a hand-driven ``time.perf_counter``.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-
-import pytest  # noqa: E402
-from fake_clock import Clock  # noqa: E402,F401  (re-exported for the connector tests)
-
-vllm = pytest.importorskip("vllm")
-
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import (
     HeartbeatInfo,
     NixlConnectorMetadata,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPushConnectorWorker  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPushConnectorWorker
 
-from tools.tiny_model import tiny_model_dir  # noqa: E402
-from tools.upstream_stub import FakeNixlWrapper, make_upstream_worker  # noqa: E402,F401
-from vllm_nixl_lease._wire import default_lease_extension  # noqa: E402
-from vllm_nixl_lease.vllm.config import LeaseConfig  # noqa: E402
+from harness.fake_clock import Clock  # noqa: F401  (re-exported for the connector tests)
+from harness.tiny_model import tiny_model_dir
+from harness.upstream_fake import FakeNixlWrapper, make_upstream_worker  # noqa: F401
+from vllm_nixl_lease._wire import default_lease_extension
+from vllm_nixl_lease.vllm.config import LeaseConfig
 
-# Stock classes, re-exported so test modules never import vLLM before this
-# module has set VLLM_TARGET_DEVICE.
+# Stock classes, re-exported for the connector tests.
 STOCK_PULL_WORKER = NixlPullConnectorWorker
 STOCK_PUSH_WORKER = NixlPushConnectorWorker
 
 
 def make_worker(cls: type, lease_duration: int = 30, extra: dict[str, Any] | None = None) -> Any:
-    """A pull/push worker (stock or ours) with just the lease-path state (``tools.upstream_stub``),
+    """A pull/push worker (stock or ours) with just the lease-path state (``harness.upstream_fake``),
     and our lease components when ``cls`` is ours."""
     w = make_upstream_worker(cls, default_lease_extension(lease_duration))
     if hasattr(cls, "_setup_lease"):

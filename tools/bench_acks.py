@@ -15,15 +15,12 @@ which acks add one per D agent per P step.
 from __future__ import annotations
 
 import argparse
-import os
 from types import SimpleNamespace
 
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-
-from tools.bench_core import median_ns, req_ids  # noqa: E402
-from tools.upstream_stub import FakeNixlWrapper, make_upstream_worker, stock_worker_class  # noqa: E402
-from vllm_nixl_lease import encode_heartbeats  # noqa: E402
-from vllm_nixl_lease._wire import (  # noqa: E402
+from harness.upstream_fake import FakeNixlWrapper, make_upstream_worker, stock_worker_class
+from tools.bench_core import median_ns, req_ids
+from vllm_nixl_lease import encode_heartbeats
+from vllm_nixl_lease._wire import (
     ACKED_HEARTBEAT_OVERHEAD,
     acked_heartbeat_message,
     heartbeat_ack_message,

@@ -27,10 +27,8 @@ import time
 import warnings
 from unittest import mock
 
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-
-from tools.upstream_stub import FakeNixlWrapper, make_upstream_worker, stock_worker_class  # noqa: E402
-from vllm_nixl_lease._wire import heartbeat_message, heartbeat_payload  # noqa: E402
+from harness.upstream_fake import FakeNixlWrapper, make_upstream_worker, stock_worker_class
+from vllm_nixl_lease._wire import heartbeat_message, heartbeat_payload
 
 NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # `tools` is importable from here

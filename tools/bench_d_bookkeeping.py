@@ -16,7 +16,7 @@ as a whole with the real vLLM 0.33 classes:
   upstream's ``_send_heartbeats``, then ``_get_new_notifs`` (which for ours
   takes P's acknowledgements and renews the read fence's views).
 
-NIXL is a fake wrapper that records sends (``tools.upstream_stub``); against
+NIXL is a fake wrapper that records sends (``harness.upstream_fake``); against
 an acknowledging P, the bench answers every ``LHB:`` the way our P does
 (``LACK:<seqs>``) at the start of D's next step.  Add ~20-70 us per real
 ``send_notif`` (bench_acks measured it); the number of sends per step is
@@ -55,12 +55,10 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-
-from tools.bench_core import req_ids  # noqa: E402
-from tools.tiny_model import tiny_model_dir  # noqa: E402
-from tools.upstream_stub import FakeNixlWrapper, make_upstream_worker, stock_worker_class  # noqa: E402
-from vllm_nixl_lease.lease_tags import lease_tag  # noqa: E402
+from harness.tiny_model import tiny_model_dir
+from harness.upstream_fake import FakeNixlWrapper, make_upstream_worker, stock_worker_class
+from tools.bench_core import req_ids
+from vllm_nixl_lease.lease_tags import lease_tag
 
 LEASE = 30  # s: heartbeat interval 5 s, extension 20 s (upstream's defaults)
 HOST = "10.0.0.1"

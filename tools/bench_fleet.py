@@ -1,6 +1,6 @@
 """`make bench-fleet`: what lease bookkeeping costs P at fleet scale, stock vs ours over real NIXL.
 
-Real engine processes (``tests/nixl_harness``), stock upstream connector and
+Real engine processes (``harness/nixl``), stock upstream connector and
 ours in the same run, one fleet after the other:
 
 - ``p_fleet``: 1 P against N D engines (default 8).  P holds L leases (10k,
@@ -23,7 +23,7 @@ ours in the same run, one fleet after the other:
   scheduler's ``build_connector_meta`` and the worker's calls), over ``--d-hold``
   seconds (30).  Once per bench.
 - ``burst``: 1 P x 1 D; one D step admits 2000, then 5000 requests of 16
-  blocks while 500 more wait for D's blocks (``nixl_harness/burst.py``), then
+  blocks while 500 more wait for D's blocks (``harness/nixl/burst.py``), then
   5000 again with the lease scaled down to 2 s (extension 1 s):
   leases expired while D was alive, wrong reads, reads fenced while P held
   the lease, P's longest heartbeat gap against the extension.  Once per
@@ -54,20 +54,17 @@ import json
 import math
 import os
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))  # the harness lives with the tests
+from harness.nixl import Fleet, dfleet, pfleet
+from harness.nixl.burst import burst
+from harness.nixl.scenarios import EXTENSION, LEASE
 
-from nixl_harness import Fleet, dfleet, pfleet  # noqa: E402
-from nixl_harness.burst import burst  # noqa: E402
-from nixl_harness.scenarios import EXTENSION, LEASE  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 BUILD = ROOT / ".build"
 T0 = time.monotonic()
@@ -303,7 +300,7 @@ def p_fleet(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
 
 def d_fleet(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
     """1 D x M P: D keeps ``--d-leases`` requests queued, spread over ``--p``
-    P engines, and heartbeats them (``nixl_harness/dfleet.py``).  Per D step:
+    P engines, and heartbeats them (``harness/nixl/dfleet.py``).  Per D step:
     the scheduler's ``build_connector_meta`` plus the worker's two connector
     calls, wall and thread CPU; with every request held that is all heartbeat
     bookkeeping (sends, acknowledgements, views) and NIXL's calls.  Once per
@@ -355,7 +352,7 @@ def d_row(h: dict[str, Any], impl: str, p_engines: int) -> Row:
 def bursts(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
     """1 P x 1 D: one D step admits B requests (each size in ``--bursts``) of
     BURST_TOKENS tokens, BURST_QUEUED more wait for D's blocks, all queued a
-    whole lease first (``nixl_harness.burst``).  Once per bench, not per
+    whole lease first (``harness.nixl.burst``).  Once per bench, not per
     ``--repeat``: a burst is 20-40 s and its figures are counts."""
     if args.run:
         return []

@@ -25,12 +25,14 @@ import sys
 import time
 from pathlib import Path
 
-from tools.pd import client, prom, story, timeline
-from tools.pd.launcher import BUILD, PDCluster, PDConfig
-from tools.pd.procs import install_signal_handlers
+from harness.serve import client, prom
+from harness.serve.launcher import BUILD, PDCluster, PDConfig
+from harness.serve.procs import install_signal_handlers
+from tools import demo_story as story
+from tools import demo_timeline as timeline
 
 T0 = time.time()
-SIDES = {"stock": "stock", "ours": "hook"}  # side -> tools.pd.launcher connector
+SIDES = {"stock": "stock", "ours": "hook"}  # side -> harness.serve.launcher connector
 FLEET = BUILD / "bench-fleet.json"
 
 

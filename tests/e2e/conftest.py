@@ -14,7 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from tools.pd.launcher import BUILD, VENV_CPU, VENV_ROUTER, PDCluster, PDConfig
+from harness.serve.launcher import BUILD, VENV_CPU, VENV_ROUTER, PDCluster, PDConfig
 
 LEASE_S = 15  # >= 15 s: stock P spins a core with an unread lease, stalling other processes for seconds
 D_MAX_SEQS = 1  # D runs one request at a time: behind a blocker the rest queue on D, heartbeating P

@@ -11,8 +11,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from tools.pd import fencing
-from tools.pd.launcher import BUILD, VENV_CPU, VENV_ROUTER, PDCluster, PDConfig
+from harness.serve import fencing
+from harness.serve.launcher import BUILD, VENV_CPU, VENV_ROUTER, PDCluster, PDConfig
 
 from .conftest import D_MAX_SEQS, LEASE_S, RESULTS, _dump
 
@@ -56,7 +56,7 @@ def test_every_metric_in_rules_and_dashboard_is_exposed(pd_fence: PDCluster) -> 
     """Each `vllm:` name a shipped alert rule or dashboard panel queries is on P's or D's live
     scrape; and, where Debian's prometheus is installed, a real Prometheus scraping both sees
     them too and evaluates every rule without error."""
-    from tools.pd import client, prom
+    from harness.serve import client, prom
 
     wanted = prom.metric_names()
     scrapes = [client.metrics_text(pd_fence.p_url), client.metrics_text(pd_fence.d_url)]

@@ -1,7 +1,7 @@
 """End-to-end network partition between P and D (issue 12), with real `vllm serve` servers on two
-hosts: network namespaces on a bridge (tools/netns.py), NIXL over UCX tcp on the hosts' veths.
+hosts: network namespaces on a bridge (harness/netns.py), NIXL over UCX tcp on the hosts' veths.
 
-D's link goes down while routed requests wait in D's queue (tools/pd/partition.py). During the
+D's link goes down while routed requests wait in D's queue (harness/serve/partition.py). During the
 cut D's heartbeat sends still succeed (UCX queues them and delivers them after the heal), so a D
 that renews its view of a lease when a send returns reads blocks P freed and reused, and answers
 with HTTP 200. Ours renews only on P's acknowledgements: its views lapse, it fences the reads and
@@ -20,10 +20,10 @@ from contextlib import contextmanager
 
 import pytest
 
-from tools import netns
-from tools.pd import partition
-from tools.pd.launcher import BUILD, VENV_CPU, VENV_ROUTER, PDCluster, PDConfig
-from tools.pd.scenarios import lease_extension, lease_interval
+from harness import netns
+from harness.serve import partition
+from harness.serve.launcher import BUILD, VENV_CPU, VENV_ROUTER, PDCluster, PDConfig
+from harness.serve.scenarios import lease_extension, lease_interval
 
 from .conftest import CONNECTORS, D_MAX_SEQS, RESULTS, _dump
 

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
-from tools.pd import scenarios
-from tools.pd.launcher import PDCluster
+from harness.serve import scenarios
+from harness.serve.launcher import PDCluster
 
 from .conftest import CONNECTORS, LEASE_S, RESULTS
 

@@ -4,7 +4,7 @@ Components never subclass or reach into vLLM classes directly: they take the
 upstream object typed as one of these protocols.  This file is the whole
 contract with vLLM's internals (checked against 0.32 and 0.33, ``compat.py``);
 the unit tests build components against one small fake of it
-(``tests/upstream_fake.py``).
+(``harness/upstream_fake.py``).
 """
 
 from __future__ import annotations

@@ -12,11 +12,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+import torch
 
-import torch  # noqa: E402
-
-from .spec import EngineSpec  # noqa: E402
+from .spec import EngineSpec
 
 BLOCK_SIZE = 32  # the CPU attention backend needs a multiple of 32
 LAYER = "model.layers.0.self_attn.attn"

@@ -1,11 +1,15 @@
-"""One stand-in for the state of vLLM's NIXL worker, shared by the differential
-tests, the connector tests and the benchmark.
+"""The one fake of vLLM's NIXL worker, shared by the unit tests and the benchmarks.
 
-Workers are built the way vLLM's own unit tests build them: ``object.__new__``
-plus the attributes the lease path reads, with a fake NIXL wrapper.  Upstream's
-real methods (``_get_new_notifs``, ``_reap_expired_send_leases``,
-``_send_heartbeats``, ``start_load_kv``, ...) then run unchanged on them.
-Set ``VLLM_TARGET_DEVICE=cpu`` before calling (vLLM's CUDA wheel needs it).
+- ``FakeNixlWrapper``: NIXL's agent (notifications, agent metadata), in memory.
+- ``FakeUpstreamWorker``: exactly what ``vllm_nixl_lease.vllm.upstream.UpstreamWorker``
+  names, for unit tests of one adapter component with no vLLM worker at all.
+- ``make_upstream_worker``: a real vLLM worker class (stock or ours) built the
+  way vLLM's own unit tests build them, ``object.__new__`` plus the attributes
+  the lease path and shutdown read, around a ``FakeNixlWrapper``.  Upstream's
+  real methods (``_get_new_notifs``, ``_reap_expired_send_leases``,
+  ``_send_heartbeats``, ``start_load_kv``, shutdown, ...) then run unchanged.
+
+Import ``harness`` (which sets ``VLLM_TARGET_DEVICE=cpu``) before vLLM.
 """
 
 from __future__ import annotations
@@ -14,8 +18,10 @@ import importlib
 import queue
 import threading
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
+
+from vllm_nixl_lease.vllm.stats import LeaseKVConnectorStats
 
 NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 
@@ -62,7 +68,14 @@ class FakeNixlWrapper:
         return name
 
     def remove_remote_agent(self, agent: str) -> None:
-        self.loaded.remove(agent)
+        # Agents a test connected by hand (``_remote_agents``) were never added here.
+        self.loaded.discard(agent)
+
+    def release_dlist_handle(self, handle: Any) -> None:
+        pass
+
+    def release_xfer_handle(self, handle: Any) -> None:
+        pass
 
 
 def stock_worker_class(name: str = "NixlPullConnectorWorker") -> type:
@@ -86,7 +99,7 @@ def make_upstream_worker(
     w.world_size = 1
     w.pcp_rank = 0
     w.pcp_dcp_sharded = False
-    w.transfer_topo = object()
+    w.transfer_topo = _FakeTopology()
     w._ready_requests = queue.Queue()
     w._reqs_to_send = {}
     w._reqs_to_process = set()
@@ -115,4 +128,67 @@ def make_upstream_worker(
     w._dram_src_handles_by_block_size = {}
     w._kv_unregistered = True
     w._registered_descs = []
+    # Read by _cleanup_remote_engine (shutdown, eviction, invalid engines).
+    w.dst_xfer_side_handles = {}
+    w._failed_remote_engines = set()
+    w._invalid_remote_engines = set()
+    w._invalid_engine_backoff = {}
+    for per_engine in (
+        "kv_caches_base_addr",
+        "dst_num_blocks",
+        "dst_region_num_blocks",
+        "dst_region_group_ids",
+        "dst_uses_region_group_mapping",
+        "dst_region_mem_types",
+        "tp_mappings",
+        "draft_tp_mappings",
+    ):
+        setattr(w, per_engine, {})
     return w
+
+
+class _FakeTopology:
+    """The slice of upstream's ``TransferTopology`` that engine clean-up calls."""
+
+    def unregister_remote_engine(self, engine_id: str) -> None:
+        pass
+
+
+class FakeUpstreamWorker:
+    """Exactly the attributes and methods the protocol names."""
+
+    def __init__(self) -> None:
+        self.nixl_wrapper = FakeNixlWrapper()
+        self.xfer_stats = LeaseKVConnectorStats()
+        self.tp_rank = 0
+        self._remote_agents: dict[str, dict[int, str]] = defaultdict(dict)
+        self._engine_clock_offset: dict[str, float] = {}
+        self._engine_last_active: dict[str, float] = {}
+        self._recving_transfers: dict[str, Any] = {}
+        self._recv_failures: set[str] = set()
+        self._hb_handshake_notif_only = False
+        self._invalid_remote_engines: set[str] = set()
+        self._pending_completion_notifs: queue.Queue[bytes] = queue.Queue()
+        # engine id -> future returned by _ensure_handshake (None: connected)
+        self.handshakes: dict[str, Future[Any] | None] = {}
+        self.failed_transfers: list[tuple[str, bool]] = []
+
+    def connect(self, engine_id: str, ranks: int = 1, offset: float = 0.0) -> None:
+        self._remote_agents[engine_id] = {r: f"{engine_id}-agent-{r}" for r in range(ranks)}
+        self._engine_clock_offset[engine_id] = offset
+
+    def _ensure_handshake(self, engine_id: str, *args: Any) -> Future[Any] | None:
+        return self.handshakes.get(engine_id)
+
+    def _mark_remote_engine_invalid(self, engine_id: str, now: float) -> None:
+        self._invalid_remote_engines.add(engine_id)
+
+    def _handle_failed_transfer(
+        self, req_id: str, handle: Any, failures: Any, record_failed_transfer: bool = True
+    ) -> Any:
+        failures.add(req_id)
+        self.failed_transfers.append((req_id, record_failed_transfer))
+        return True
+
+    def count(self, key: str) -> int:
+        return sum(self.xfer_stats.data.get(key, []))

@@ -184,12 +184,14 @@ def unavailable_reason() -> str | None:
                 return f"`ip netns exec` does not work: {probe.stderr.strip()}"
             # enter_netns in a child: setns + a private /sys must both work.
             code = (
-                "import sys, os; sys.path.insert(0, sys.argv[1]); from tools.netns import enter_netns; "
-                "enter_netns(sys.argv[2]); print(' '.join(sorted(os.listdir('/sys/class/net'))))"
+                "import sys, os; from harness.netns import enter_netns; "
+                "enter_netns(sys.argv[1]); print(' '.join(sorted(os.listdir('/sys/class/net'))))"
             )
+            # ``python -c`` imports from its working directory: the repository root.
             repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
             child = subprocess.run(
-                [sys.executable, "-c", code, repo, hosts.netns("p")],
+                [sys.executable, "-c", code, hosts.netns("p")],
+                cwd=repo,
                 capture_output=True,
                 text=True,
                 timeout=30,

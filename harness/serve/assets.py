@@ -1,6 +1,6 @@
 """Tiny random-weight Llama + locally trained byte-level BPE tokenizer, made offline and cached.
 
-Run inside the serving virtualenv (`python -m tools.pd.assets DIR`) so that the saved config matches
+Run inside the serving virtualenv (`python -m harness.serve.assets DIR`) so that the saved config matches
 the transformers version that `vllm serve` will read it with.
 """
 
@@ -109,7 +109,7 @@ def ensure_assets(python: str | os.PathLike[str], build_dir: Path) -> Path:
         return out
     build_dir.mkdir(parents=True, exist_ok=True)
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", PYTHONPATH=str(_repo_root()))
-    subprocess.run([str(python), "-m", "tools.pd.assets", str(out)], check=True, env=env, timeout=300)
+    subprocess.run([str(python), "-m", "harness.serve.assets", str(out)], check=True, env=env, timeout=300)
     return out
 
 

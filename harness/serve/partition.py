@@ -1,6 +1,6 @@
 """A network partition between P and D with real servers on two hosts (issue 12).
 
-P and D run on two `tools.netns` hosts (`PDConfig(two_hosts=True)`). Routed requests queue on D
+P and D run on two `harness.netns` hosts (`PDConfig(two_hosts=True)`). Routed requests queue on D
 behind a blocker (`scenarios.block_and_queue`); then D's link goes down while they wait. P stays
 reachable from the driver (only D's veth is cut). Two shapes:
 
@@ -19,10 +19,10 @@ The cut starts `phase_s` after D's heartbeat counter (D's /metrics) was seen to 
 falls relative to D's heartbeat is chosen, not left to chance; `Partition.cut_after_hb_s` is the
 phase measured on P (the cut's time minus the last heartbeat P logged before it).
 
-python -m tools.pd.partition --runs 5                      # ours/ours, a phase sweep
-python -m tools.pd.partition --connector stock             # stock/stock
-python -m tools.pd.partition --d-connector lease --connector stock   # our D with a stock P
-python -m tools.pd.partition --short                       # a cut shorter than extension - interval
+python -m harness.serve.partition --runs 5                      # ours/ours, a phase sweep
+python -m harness.serve.partition --connector stock             # stock/stock
+python -m harness.serve.partition --d-connector lease --connector stock   # our D with a stock P
+python -m harness.serve.partition --short                       # a cut shorter than extension - interval
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from tools.pd import client, plog
-from tools.pd.fencing import CHURN_PROMPT, FENCED
-from tools.pd.launcher import PDCluster
-from tools.pd.scenarios import (
+from harness.serve import client, plog
+from harness.serve.fencing import CHURN_PROMPT, FENCED
+from harness.serve.launcher import PDCluster
+from harness.serve.scenarios import (
     EXPIRED,
     NOTIF_AFTER_EXPIRY,
     block_and_queue,
@@ -300,8 +300,8 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
 
-    from tools.pd.launcher import BUILD, PDConfig
-    from tools.pd.procs import install_signal_handlers
+    from harness.serve.launcher import BUILD, PDConfig
+    from harness.serve.procs import install_signal_handlers
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--connector", default="lease", help="P's (and D's unless --d-connector)")

@@ -11,10 +11,10 @@ import signal
 import time
 from dataclasses import dataclass
 
-from tools.pd import client
-from tools.pd.launcher import PDCluster
-from tools.pd.procs import signal_tree
-from tools.pd.scenarios import (
+from harness.serve import client
+from harness.serve.launcher import PDCluster
+from harness.serve.procs import signal_tree
+from harness.serve.scenarios import (
     EXPIRED,
     NOTIF_AFTER_EXPIRY,
     block_and_queue,
@@ -91,11 +91,11 @@ def frozen_decode(pd: PDCluster, n: int = 4, max_tokens: int = 16, timeout: floa
 
 
 def main(argv: list[str] | None = None) -> int:
-    """python -m tools.pd.fencing [--no-fence]: run the scenario once and print what D served."""
+    """python -m harness.serve.fencing [--no-fence]: run the scenario once and print what D served."""
     import argparse
 
-    from tools.pd.launcher import BUILD, PDConfig
-    from tools.pd.procs import install_signal_handlers
+    from harness.serve.launcher import BUILD, PDConfig
+    from harness.serve.procs import install_signal_handlers
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--no-fence", action="store_true", help="lease_fencing=false on D: show the hazard")

@@ -1,4 +1,4 @@
-"""Network partitions between a P and a D on two hosts (``tools.netns``).
+"""Network partitions between a P and a D on two hosts (``harness.netns``).
 
 P runs on host "p", D on host "d"; UCX talks TCP over their veths only, so
 ``hosts.cut("d")`` really stops heartbeats, completions and READs (the driver

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tools.pd.prom import Prometheus
-from tools.pd.story import CHAPTERS, Chapter
+from harness.serve.prom import Prometheus
+from tools.demo_story import CHAPTERS, Chapter
 
 # (label, PromQL with {job} = the side's job prefix, cumulative since the chapter start?, axis)
 _WAITING = ("queued on D", 'sum(vllm:num_requests_waiting{{job="{job}-D"}})', False, "left")

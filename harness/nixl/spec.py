@@ -28,7 +28,7 @@ class EngineSpec:
     name: str = ""
     # Seconds added to this engine's time.perf_counter (P and D clocks skewed).
     clock_skew: float = 0.0
-    # A host of tools.netns.TwoHosts: the engine (and its TP ranks, forked
+    # A host of harness.netns.TwoHosts: the engine (and its TP ranks, forked
     # after it moved) runs in network namespace ``netns``, publishes its side
     # channel on ``host_ip`` and lets UCX use TCP on ``net_device`` only.
     netns: str = ""

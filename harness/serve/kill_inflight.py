@@ -5,7 +5,7 @@ and whether P's engine stalls meanwhile (stack samples of P's engine process wit
 Historically (loopback) in 4 of 11 e2e runs the in-flight requests took 8.5-12.4 s to fail instead
 of 0.35-1.0 s, each time within ~1 s of P expiring the dead D's leases.
 
-python -m tools.pd.kill_inflight --kills 3 [--pyspy /path/to/py-spy]
+python -m harness.serve.kill_inflight --kills 3 [--pyspy /path/to/py-spy]
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.pd import client, plog
-from tools.pd.launcher import PDCluster
-from tools.pd.procs import descendants
-from tools.pd.scenarios import EXPIRED, block_and_queue, lease_extension, lease_interval
+from harness.serve import client, plog
+from harness.serve.launcher import PDCluster
+from harness.serve.procs import descendants
+from harness.serve.scenarios import EXPIRED, block_and_queue, lease_extension, lease_interval
 
 
 def _comm(pid: int) -> str:
@@ -207,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     import json
     from dataclasses import asdict
 
-    from tools.pd.launcher import BUILD, PDConfig
-    from tools.pd.procs import install_signal_handlers
+    from harness.serve.launcher import BUILD, PDConfig
+    from harness.serve.procs import install_signal_handlers
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--connector", default="lease")

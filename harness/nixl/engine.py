@@ -660,7 +660,7 @@ def publish_handshakes(sched: Any, handshakes: dict[tuple[int, int], Any], port:
 
 
 def join_host(spec: EngineSpec) -> None:
-    """Move this process onto its host (see ``tools.netns``) and make UCX use
+    """Move this process onto its host (see ``harness.netns``) and make UCX use
     TCP over that host's interface only.
 
     Called first thing, while the process has one thread: setns(2) moves only
@@ -670,7 +670,7 @@ def join_host(spec: EngineSpec) -> None:
     processes of one machine, which no network partition can cut.
     """
     if spec.netns:
-        from tools.netns import enter_netns
+        from harness.netns import enter_netns
 
         enter_netns(spec.netns)
         os.environ["UCX_TLS"] = "tcp"
@@ -691,7 +691,7 @@ def engine_main(spec: EngineSpec, conn: Any) -> None:
 
         sleep_between_events(spec.progress_delay_us)
     redirect_output(spec, "engine")
-    log(f"engine {spec.name} forked (vLLM preloaded: {'nixl_harness.preload' in sys.modules})")
+    log(f"engine {spec.name} forked (vLLM preloaded: {'harness.nixl.preload' in sys.modules})")
     if spec.netns:
         log(f"on host {spec.netns} ({spec.host_ip}, {spec.net_device}): {net_namespace()}")
     # A start-up that hangs leaves every thread's Python stack in the log.

@@ -10,8 +10,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from tools.pd import fencing, scenarios
-from tools.pd.launcher import PDCluster
+from harness.serve import fencing, scenarios
+from harness.serve.launcher import PDCluster
 
 N_QUEUED = 4
 CHAPTERS = {

@@ -14,7 +14,7 @@ import signal
 import time
 from typing import Any
 
-from tools.pd.procs import free_ports, signal_tree
+from harness.serve.procs import free_ports, signal_tree
 
 from .spec import EngineSpec
 
@@ -30,13 +30,13 @@ def context() -> Any:
 
         ctx = mp.get_context("forkserver")
         # Preloaded in the fork server, so engines start without importing vLLM.
-        ctx.set_forkserver_preload(["nixl_harness.preload"])
-        # Python 3.11's fork server does not apply the parent's sys.path
-        # before preloading (and swallows the ImportError): hand it ours.
-        tests_dir = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        repo_dir = os.path.dirname(tests_dir)  # for tools.pd.procs
+        ctx.set_forkserver_preload(["harness.nixl.preload"])
+        # Python 3.11's fork server does not inherit the parent's import path
+        # before preloading (and swallows the ImportError): put the repository
+        # root, which holds ``harness``, on the fork server's PYTHONPATH.
+        repo_dir = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         old = os.environ.get("PYTHONPATH")
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (tests_dir, repo_dir, old) if p)
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (repo_dir, old) if p)
         try:
             forkserver.ensure_running()
         finally:
@@ -184,7 +184,7 @@ class Engine:
 class Fleet:
     """Engines of one scenario; ``with Fleet(tmp_path) as fleet:``.
 
-    With ``hosts`` (a ``tools.netns.TwoHosts``, entered by the caller and
+    With ``hosts`` (a ``harness.netns.TwoHosts``, entered by the caller and
     closed after the fleet), ``start(..., host="p")`` runs an engine on that
     host: in its network namespace, reachable only over its veth.  The
     driver still talks to every engine over a pipe, which no partition cuts.

