@@ -13,8 +13,11 @@ rules (monitoring/alerts.yml). Chapters, each on both pairs:
   4. D killed: P reclaims its leases; in-flight requests fail fast;
   5. P's connector time per step at scale, when .build/bench-fleet.json exists.
 
-Writes .build/demo/timeline.png (one panel per chapter, stock and ours side by side, series read
-back from Prometheus) and .build/demo/summary.json. Exits 1 if any claim does not hold.
+Writes .build/demo/summary.json (every number), .build/demo/series.json (every series the figure
+draws, as Prometheus scraped it) and .build/demo/timeline.png (wrong answers, stock against ours, on
+top; then one row per chapter, stock and ours side by side). Exits 1 if any claim does not hold,
+including "the figure's series end at the summary's numbers". `--replot` redraws the figure from
+the saved summary and series, without servers.
 """
 
 from __future__ import annotations
@@ -38,6 +41,20 @@ FLEET = BUILD / "bench-fleet.json"
 
 def say(msg: str) -> None:
     print(f"[{time.time() - T0:6.1f}s] {msg}", flush=True)
+
+
+def _await_scrape(server: prom.Prometheus, side: str, timeout: float = 10.0) -> None:
+    """Return once Prometheus has scraped every target of `side` after this call (the scrape of a
+    dead or frozen target counts: it records `up` 0), so the state read so far is in its data."""
+    after = time.time()
+    deadline = after + timeout
+    jobs = {f"{side}-P", f"{side}-D", f"{side}-router"}
+    while time.time() < deadline:
+        res = server.query(f'timestamp(up{{job=~"{side}-.*"}})')
+        if jobs <= {r["metric"]["job"] for r in res if float(r["value"][1]) > after}:
+            return
+        time.sleep(0.2)
+    say(f"   Prometheus did not scrape {sorted(jobs)} within {timeout:.0f}s: the figure may lag")
 
 
 def _metric_check(pd: PDCluster) -> list[str]:
@@ -100,6 +117,8 @@ def _table(sides: dict[str, list[story.Chapter]], alerts: dict, startup: dict[st
         row("3. wrong answers, HTTP 200", lambda s: f"{num(s, 3, 'wrong_with_http_200')}/{story.N_QUEUED}"),
         row("3. reads fenced on D", lambda s: f"{num(s, 3, 'fenced_on_d'):.0f}"),
         row("3. reads after expiry (P)", lambda s: f"{num(s, 3, 'reads_after_expiry_on_p'):.0f}"),
+        row("4. leases reclaimed, held after", lambda s: f"{num(s, 4, 'reclaimed'):.0f}/{story.N_QUEUED}, "
+            f"{timeline._f(num(s, 4, 'leases_held_after'))}"),
         row("4. reclaim after last HB", lambda s: f"{num(s, 4, 'reclaim_after_last_heartbeat_s')}s "
             f"(ext {num(s, 4, 'extension_s')}s)"),
         row("4. in-flight failed within", lambda s: f"{num(s, 4, 'inflight_failed_within_s')}s"),
@@ -111,12 +130,49 @@ def _table(sides: dict[str, list[story.Chapter]], alerts: dict, startup: dict[st
     return "\n".join("  " + "  ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip() for r in rows)
 
 
+def _check_series(sides: dict[str, list[story.Chapter]], series: dict) -> dict[str, dict[int, list[str]]]:
+    """Adds the claim "the figure's series end at these numbers" to every chapter; returns the
+    mismatches, side -> chapter -> [what disagrees]."""
+    out: dict[str, dict[int, list[str]]] = {}
+    for s, chs in sides.items():
+        for ch in chs:
+            found = timeline.disagreements(ch.n, ch.numbers, series.get(s, {}).get(str(ch.n), {}))
+            ch.claims["the figure's series end at these numbers"] = not found
+            if found:
+                out.setdefault(s, {})[ch.n] = found
+    return out
+
+
+def _summary_chapters(sides: dict[str, list[story.Chapter]], alerts: dict) -> dict[str, list[dict]]:
+    return {s: [{"n": ch.n, "title": story.CHAPTERS[ch.n], "t0": ch.t0, "t1": ch.t1,
+                 "seconds": round(ch.t1 - ch.t0, 1), "numbers": ch.numbers, "claims": ch.claims,
+                 "alerts": alerts[s][ch.n], "events": ch.events}
+                for ch in chs] for s, chs in sides.items()}  # fmt: skip
+
+
+def replot(out: Path) -> int:
+    """Redraw the figure from the summary and series a previous run saved in `out`."""
+    summary = json.loads((out / "summary.json").read_text())
+    series_path = out / "series.json"
+    series = json.loads(series_path.read_text()) if series_path.exists() else None
+    png = timeline.plot(summary, series, out / "timeline.png")
+    print(f"  figure:  {png}")
+    return 0 if png else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lease", type=int, default=15)
     ap.add_argument("--out", type=Path, default=BUILD / "demo")
     ap.add_argument("--sides", default="stock,ours", help="comma list of stock,ours (default both)")
+    ap.add_argument(
+        "--replot",
+        action="store_true",
+        help="redraw timeline.png from OUT's summary.json and series.json, start nothing",
+    )
     args = ap.parse_args(argv)
+    if args.replot:
+        return replot(args.out)
     install_signal_handlers()
     args.out.mkdir(parents=True, exist_ok=True)
     names = [s for s in args.sides.split(",") if s]
@@ -154,16 +210,18 @@ def main(argv: list[str] | None = None) -> int:
                 if s == "ours":
                     missing = _metric_check(pd)
                     say(f"   metric names in monitoring/ missing from P/D scrapes: {missing or 'none'}")
-                sides[s] = story.run_side(pd, ours=s == "ours", say=say)
+                scraped = (lambda s=s: _await_scrape(server, s)) if server is not None else (lambda: None)
+                sides[s] = story.run_side(pd, ours=s == "ours", say=say, scraped=scraped)
             say(f"== {s}: stopped")
         time.sleep(3)  # the last evaluations
         fleet, why = _fleet()
         say(f"5. P's connector time per step at scale: {why or f'{len(fleet or [])} rows from {FLEET}'}")
         alerts = _alerts(server, sides)
-        png = timeline.plot(sides, server, args.out / "timeline.png", fleet)
+        series = timeline.collect(server, sides) if server is not None else None
     finally:
         if server is not None:
             server.close()
+    disagree = _check_series(sides, series) if series is not None else {}
     if "ours" in sides:
         fenced_alert = any(a.startswith("NixlLeaseReadsFenced") for a in alerts["ours"][3])
         quiet = not (alerts["ours"][1] or alerts["ours"][2])
@@ -179,17 +237,21 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": round(wall, 1),
         "lease_s": args.lease,
         "startup_s": {s: round(v, 1) for s, v in startup.items()},
-        "chapters": {s: [{"n": ch.n, "title": story.CHAPTERS[ch.n], "seconds": round(ch.t1 - ch.t0, 1),
-                          "numbers": ch.numbers, "claims": ch.claims, "alerts": alerts[s][ch.n]}
-                         for ch in chs] for s, chs in sides.items()},
+        "chapters": _summary_chapters(sides, alerts),
         "fleet": fleet,
         "fleet_skipped": why,
         "prometheus": server is not None,
+        "series_disagree": disagree,
         "claims_failed": failed,
-        "png": str(png) if png else None,
-    }  # fmt: skip
+    }
+    if series is not None:
+        (args.out / "series.json").write_text(json.dumps(series))
+    else:
+        (args.out / "series.json").unlink(missing_ok=True)
+    png = timeline.plot(summary, series, args.out / "timeline.png")
+    summary["png"] = str(png) if png else None
     (args.out / "summary.json").write_text(json.dumps(summary, indent=2, default=str))
-    print(f"  summary: {args.out / 'summary.json'}\n  figure:  {png}")
+    print(f"  summary: {args.out / 'summary.json'}\n  series:  {args.out / 'series.json'}\n  figure:  {png}")
     if failed:
         print("\n  claims that did not hold:\n    " + "\n    ".join(failed))
         print(f"  logs: {args.out / 'logs'}")
