@@ -24,14 +24,15 @@ DEFAULT_LEASE_DURATION = 30
 DEFAULT_MAX_HEARTBEAT_BYTES = 8192
 UCX_MAX_HEARTBEAT_BYTES = 32768
 # Off: with vLLM's multiprocess executor a pause in the worker is spent spinning in the
-# engine core (its shared-memory queue readers busy-wait after each read).
+# engine core (its shared-memory queue readers busy-wait after each read; see docs/BENCHMARKS.md).
 DEFAULT_IDLE_STEP_SLEEP_MS = 0.0
 MAX_IDLE_STEP_SLEEP_MS = 100.0
 # Leases one P step may expire; the rest wait for the next steps, so a D that dies
 # with a deep queue cannot stall one P step (see docs/BENCHMARKS.md for the per-lease cost).
 DEFAULT_MAX_EXPIRIES_PER_STEP = 2000
 # Time one D step may spend posting READs before it carries the rest to the next step
-# (read_pacer.py): short next to any lease, so a burst cannot delay heartbeats by much.
+# (read_pacer.py): short next to any lease, so a burst cannot delay heartbeats by much
+# (see docs/BENCHMARKS.md).
 DEFAULT_READ_POST_BUDGET_MS = 100.0
 # Smallest heartbeat message accepted: the HB prefix plus room for one long request id
 # (vLLM ids with router prefixes and random suffixes run to ~100 bytes).

@@ -5,7 +5,7 @@ In push mode D never learns P's request id: its ``remote_request_id`` is the
 router's, while P keys the lease by its internal id, which vLLM suffixes with
 ``-<8 hex>``.  Upstream already matches D's PUSH_REG registrations to P's
 finished blocks by that base id (``get_base_request_id``); heartbeat ids get
-the same lookup here, on P, so stock D engines are fixed too.
+the same lookup here, on P, so it works for stock D engines too.
 """
 
 from __future__ import annotations
