@@ -6,7 +6,7 @@ from concurrent.futures import Future
 from types import SimpleNamespace
 
 import pytest
-from vllm_support import Clock
+from vllm_support import Clock, make_worker, p_meta, p_step
 
 from harness.upstream_fake import FakeUpstreamWorker
 from vllm_nixl_lease._wire import completion_message, heartbeat_message, heartbeat_payload
@@ -82,6 +82,22 @@ def test_keeper_extend_answers_by_heartbeat_form(clock: Clock) -> None:
     assert keeper.extend(HeartbeatForm.TAGS, [b"\xff" + tags]) is None
     assert (up.count("num_heartbeat_msgs_recv"), up.count("num_tagged_heartbeats_recv")) == (5, 2)
     assert (up.count("num_heartbeat_ids_recv"), up.count("num_heartbeat_ids_unknown")) == (9, 5)
+
+
+@pytest.mark.parametrize("role", ["pull", "push"])
+def test_upstreams_handle_heartbeat_extends_by_p_id(role: str, clock: Clock) -> None:
+    """Upstream's ``_handle_heartbeat`` entry (our ``_get_new_notifs`` never
+    calls it) extends by P's id through ``LeaseKeeper.extend``, counted."""
+    from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker, LeaseNixlPushConnectorWorker
+
+    cls = LeaseNixlPullConnectorWorker if role == "pull" else LeaseNixlPushConnectorWorker
+    worker = make_worker(cls, 12)
+    p_step(worker, p_meta(clock, in_batch=("p-1",), to_send={"p-1": 12}))
+    clock.advance(6)
+    worker._handle_heartbeat("p-1,someone-else")
+    assert worker.lease_keeper.table.deadline("p-1") == pytest.approx(clock.now + 8)
+    stats = worker.xfer_stats.data
+    assert (sum(stats["num_heartbeat_ids_recv"]), sum(stats["num_heartbeat_ids_unknown"])) == (2, 1)
 
 
 def test_keeper_push_aliases_renew_by_router_id(clock: Clock) -> None:
