@@ -17,7 +17,10 @@ from vllm_support import Clock
 from harness.upstream_fake import FakeUpstreamWorker
 from vllm_nixl_lease._wire import (
     ACK_HELLO_PREFIX,
+    ACKED_HEARTBEAT_PREFIX,
+    HEARTBEAT_ACK_PREFIX,
     PARAM_LEASE_ACKS,
+    TAGGED_HEARTBEAT_PREFIX,
     acked_heartbeat_message,
     heartbeat_message,
     parse_heartbeat_ack,
@@ -127,7 +130,7 @@ def test_view_moves_only_when_p_answers(clock: Clock) -> None:
     clock.advance(3)
     net.d_heartbeat("p1")
     sent = net.take_d_sends()
-    assert sent[0][1].startswith(ACK_HELLO_PREFIX) and sent[1][1].startswith(b"LHB:")
+    assert sent[0][1].startswith(ACK_HELLO_PREFIX) and sent[1][1].startswith(ACKED_HEARTBEAT_PREFIX)
     assert net.remaining("d1") == pytest.approx(EXT - 3)  # the send alone proves nothing
     clock.advance(1)
     net.p_step(sent)
@@ -149,8 +152,8 @@ def test_tagged_heartbeat_renews_on_both_sides(clock: Clock) -> None:
     net.d_heartbeat("p1", "p2", tagged=True)
     sent = net.take_d_sends()
     beats = [m for _, m in sent if not m.startswith(ACK_HELLO_PREFIX)]
-    tags = f"{lease_tag('p1')},{lease_tag('p2')}".encode()
-    assert beats == [b"LHBT:1:" + tags] * 2  # one per P rank, 11 bytes a lease
+    tagged = heartbeat_message([lease_tag("p1"), lease_tag("p2")])
+    assert beats == [acked_heartbeat_message(1, tagged, tagged=True)] * 2  # one per P rank, 11 bytes a lease
     clock.advance(1)
     net.p_step(sent)
     for keeper in net.keepers:
@@ -222,8 +225,9 @@ def test_hostile_tagged_heartbeats_are_counted_not_applied(clock: Clock) -> None
     before = keeper.table.deadline("p1")
     clock.advance(1)
     hello = ACK_HELLO_PREFIX + b"fake-md:D-agent"
-    crafted = [b"LHBT:", b"LHBT:x:" + lease_tag("p1").encode(), b"LHBT:2:\xff\xfe"]
-    crafted.append(b"LHBT:3:p1,,zz," + b"A" * 5000)
+    lhbt = TAGGED_HEARTBEAT_PREFIX
+    crafted = [lhbt, lhbt + b"x:" + lease_tag("p1").encode(), lhbt + b"2:\xff\xfe"]
+    crafted.append(lhbt + b"3:p1,,zz," + b"A" * 5000)
     _, msgs = keeper.route({"D-agent": [hello, *crafted]})
     acker.handle(msgs)
     settle(acker)
@@ -324,7 +328,8 @@ def test_hostile_acked_heartbeats_are_bounded(clock: Clock) -> None:
     keeper, acker, p = net.keepers[0], net.ackers[0], net.p[0]
     many = heartbeat_message([f"x{i:06d}" for i in range(2000)])
     hello = ACK_HELLO_PREFIX + b"fake-md:D-agent"
-    batch = [hello, b"LHB:", b"LHB:x:p1", acked_heartbeat_message(3, many), b"LHB:4:\xff\xfe"]
+    lhb = ACKED_HEARTBEAT_PREFIX
+    batch = [hello, lhb, lhb + b"x:p1", acked_heartbeat_message(3, many), lhb + b"4:\xff\xfe"]
     _, msgs = keeper.route({"D-agent": batch})
     acker.handle(msgs)
     settle(acker)
@@ -334,7 +339,7 @@ def test_hostile_acked_heartbeats_are_bounded(clock: Clock) -> None:
     assert all(len(m) < MAX_NOT_EXTENDED_BYTES + 64 for _, m in p.nixl_wrapper.sent)
     assert p.count("num_malformed_notifs") == 2
     # D ignores malformed answers and answers to heartbeats it never sent.
-    net.d_receive([("P-agent-0", b"LACK:zz"), ("P-agent-0", b"LACK:99")])
+    net.d_receive([("P-agent-0", HEARTBEAT_ACK_PREFIX + b"zz"), ("P-agent-0", HEARTBEAT_ACK_PREFIX + b"99")])
     assert net.d.count("num_malformed_notifs") == 1
 
 

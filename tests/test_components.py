@@ -6,10 +6,11 @@ from concurrent.futures import Future
 from types import SimpleNamespace
 
 import pytest
-from vllm_support import Clock
+from vllm_support import Clock, make_worker, p_meta, p_step
 
 from harness.upstream_fake import FakeUpstreamWorker
-from vllm_nixl_lease._wire import completion_message, heartbeat_message
+from vllm_nixl_lease._wire import completion_message, heartbeat_message, heartbeat_payload
+from vllm_nixl_lease.lease_tags import lease_tag
 from vllm_nixl_lease.vllm.config import LeaseConfig
 from vllm_nixl_lease.vllm.d_worker.heartbeat_sender import HeartbeatSender
 from vllm_nixl_lease.vllm.d_worker.read_fence import ReadFence
@@ -20,7 +21,7 @@ from vllm_nixl_lease.vllm.metadata import (
     LeaseViewUpdates,
 )
 from vllm_nixl_lease.vllm.p_worker.idle_pause import IdlePause
-from vllm_nixl_lease.vllm.p_worker.lease_keeper import LeaseKeeper
+from vllm_nixl_lease.vllm.p_worker.lease_keeper import HeartbeatForm, LeaseKeeper
 
 CONFIG = LeaseConfig.from_extra_config({"kv_lease_duration": 12})  # extension 8, interval 2, margin 2
 
@@ -63,12 +64,48 @@ def test_keeper_spreads_a_mass_expiry_over_steps(clock: Clock) -> None:
     assert len(up.xfer_stats.data["num_kv_expired_reqs"]) == 100
 
 
+def test_keeper_extend_answers_by_heartbeat_form(clock: Clock) -> None:
+    """IDS and TAGS (acknowledged heartbeats) return the names to report as
+    not held; None when the payload cannot be read."""
+    up = FakeUpstreamWorker()
+    keeper = LeaseKeeper(up, CONFIG)
+    keeper.deadlines["a"] = clock.now + 8
+    clock.advance(5)
+    assert keeper.extend(HeartbeatForm.IDS, [b"a,zz"]) == ["zz"]
+    assert keeper.table.deadline("a") == pytest.approx(clock.now + 8)
+    assert keeper.extend(HeartbeatForm.IDS, [b"a"]) == []
+    assert keeper.extend(HeartbeatForm.IDS, [b"a,\xff"]) is None
+    clock.advance(1)
+    tags = f"{lease_tag('a')},{lease_tag('b')}".encode()
+    assert keeper.extend(HeartbeatForm.TAGS, [tags]) == [lease_tag("b")]
+    assert keeper.table.deadline("a") == pytest.approx(clock.now + 8)
+    assert keeper.extend(HeartbeatForm.TAGS, [b"\xff" + tags]) is None
+    assert (up.count("num_heartbeat_msgs_recv"), up.count("num_tagged_heartbeats_recv")) == (5, 2)
+    assert (up.count("num_heartbeat_ids_recv"), up.count("num_heartbeat_ids_unknown")) == (9, 5)
+
+
+@pytest.mark.parametrize("role", ["pull", "push"])
+def test_upstreams_handle_heartbeat_extends_by_p_id(role: str, clock: Clock) -> None:
+    """Upstream's ``_handle_heartbeat`` entry (our ``_get_new_notifs`` never
+    calls it) extends by P's id through ``LeaseKeeper.extend``, counted."""
+    from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker, LeaseNixlPushConnectorWorker
+
+    cls = LeaseNixlPullConnectorWorker if role == "pull" else LeaseNixlPushConnectorWorker
+    worker = make_worker(cls, 12)
+    p_step(worker, p_meta(clock, in_batch=("p-1",), to_send={"p-1": 12}))
+    clock.advance(6)
+    worker._handle_heartbeat("p-1,someone-else")
+    assert worker.lease_keeper.table.deadline("p-1") == pytest.approx(clock.now + 8)
+    stats = worker.xfer_stats.data
+    assert (sum(stats["num_heartbeat_ids_recv"]), sum(stats["num_heartbeat_ids_unknown"])) == (2, 1)
+
+
 def test_keeper_push_aliases_renew_by_router_id(clock: Clock) -> None:
     up = FakeUpstreamWorker()
     keeper = LeaseKeeper(up, CONFIG, push=True)
     keeper.deadlines["cmpl-1-0badf00d"] = clock.now + 8
     clock.advance(5)
-    keeper.extend_heartbeats([heartbeat_message(["cmpl-1"])])
+    keeper.extend(HeartbeatForm.PUSH, [heartbeat_payload(heartbeat_message(["cmpl-1"]))])
     assert keeper.table.deadline("cmpl-1-0badf00d") == pytest.approx(clock.now + 8)
     del keeper.deadlines["cmpl-1-0badf00d"]
     assert keeper.aliases is not None and not keeper.aliases

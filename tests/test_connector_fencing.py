@@ -20,10 +20,12 @@ from vllm_support import (
 )
 
 from vllm_nixl_lease._wire import (
+    HEARTBEAT_ACK_PREFIX,
     PARAM_LEASE_ACKS,
     PARAM_LEASE_DEADLINE,
     PARAM_LEASE_EXTENSION,
     PARAM_LEASE_TAGS,
+    default_lease_extension,
     heartbeat_message,
 )
 from vllm_nixl_lease.vllm.metadata import EngineHeartbeats, LeaseViewUpdates
@@ -63,7 +65,7 @@ def test_p_reports_its_lease_deadline_and_extension(scheduler_factory, clock: Cl
     delay, params = sched.request_finished(_finished_prefill("p-1"), ([3, 4],))
     assert delay and params["do_remote_prefill"]
     assert params[PARAM_LEASE_DEADLINE] == sched._reqs_need_send["p-1"] == clock.now + LEASE
-    assert params[PARAM_LEASE_EXTENSION] == LEASE * 2 // 3
+    assert params[PARAM_LEASE_EXTENSION] == default_lease_extension(LEASE)
     assert params[PARAM_LEASE_ACKS] is True and params[PARAM_LEASE_TAGS] is True
     # Nothing to hold (no blocks): no lease, no deadline.
     delay, params = sched.request_finished(_finished_prefill("p-2"), ([],))
@@ -234,7 +236,7 @@ def test_acked_views_move_only_on_p_workers_answers(d_worker, clock: Clock) -> N
         p._get_new_notifs()  # sends it
         assert p.lease_keeper.table.deadline("p1") == pytest.approx(clock.now + 8.0)
         (answer,) = p.nixl_wrapper.sent
-        assert answer[0] == "d-agent" and answer[1].startswith(b"LACK:")
+        assert answer[0] == "d-agent" and answer[1].startswith(HEARTBEAT_ACK_PREFIX)
         d_worker.nixl_wrapper.deliver(p.nixl_wrapper.name, answer[1])
         if p is p_workers[0]:
             d_worker._get_new_notifs()

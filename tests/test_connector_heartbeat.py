@@ -17,7 +17,13 @@ from vllm_support import (
     shared_vllm_config,
 )
 
-from vllm_nixl_lease._wire import heartbeat_message, heartbeat_payload
+from vllm_nixl_lease._wire import (
+    ACKED_HEARTBEAT_PREFIX,
+    TAGGED_HEARTBEAT_PREFIX,
+    acked_heartbeat_message,
+    heartbeat_message,
+    heartbeat_payload,
+)
 from vllm_nixl_lease.vllm.metadata import EngineHeartbeats
 from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
 from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
@@ -193,15 +199,16 @@ def test_acknowledged_chunk_renews_its_views_end_to_end(scheduler_factory, clock
         worker.read_fence.add_views(meta)
         worker.heartbeat_sender.send(meta)
         sent, worker.nixl_wrapper.sent = worker.nixl_wrapper.sent, []
-        return [m for _, m in sent if m.startswith((b"LHB:", b"LHBT:"))]
+        return [m for _, m in sent if m.startswith((ACKED_HEARTBEAT_PREFIX, TAGGED_HEARTBEAT_PREFIX))]
 
     new("d1", "p-1")
     new("d2", "p-2")
     started = clock.now
     if mode == "tags":
-        assert step() == [f"LHBT:1:{lease_tag('p-1')},{lease_tag('p-2')}".encode()]
+        tags = heartbeat_message([lease_tag("p-1"), lease_tag("p-2")])
+        assert step() == [acked_heartbeat_message(1, tags, tagged=True)]
     else:
-        assert step() == [b"LHB:1:p-1,p-2"]
+        assert step() == [acked_heartbeat_message(1, heartbeat_message(["p-1", "p-2"]))]
     new("d3", "p-3")  # joins the chunk after the message was built
     assert step() == []
     clock.advance(1)
@@ -228,5 +235,5 @@ def test_tagged_engine_with_a_non_string_remote_id_is_skipped_not_raised(
         sched.on_new_request(fake_request(local, **params))
     meta = sched.build_connector_meta(None)
     hb = meta.lease_heartbeats["P1"]
-    assert hb.tagged and hb.messages == [b"HB:" + lease_tag("p-2").encode()]
+    assert hb.tagged and hb.messages == [heartbeat_message([lease_tag("p-2")])]
     assert "d1" not in sched.heartbeats.tracker and "d3" not in sched.heartbeats.tracker

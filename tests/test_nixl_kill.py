@@ -37,7 +37,7 @@ PHASES = [
 def _no_storm(out: dict) -> None:
     # One heartbeat message per interval (plus a hello) to one P agent: a few
     # failed sends per interval at most, not one per 20 ms step.
-    ticks = out["watched_s"] / kill.INTERVAL + 1
+    ticks = out["watched_s"] / sc.INTERVAL + 1
     assert out["send_failures"] <= 3 * ticks, (out["send_failures"], out["watched_s"])
 
 

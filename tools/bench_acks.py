@@ -21,24 +21,24 @@ from harness.upstream_fake import FakeNixlWrapper, make_upstream_worker, stock_w
 from tools.bench_core import median_ns, req_ids
 from vllm_nixl_lease import encode_heartbeats
 from vllm_nixl_lease._wire import (
+    ACK_HELLO_PREFIX,
     ACKED_HEARTBEAT_OVERHEAD,
     acked_heartbeat_message,
+    default_lease_extension,
     heartbeat_ack_message,
 )
 
 LEASE = 30
+EXTENSION = default_lease_extension(LEASE)
 MAX_BYTES = 8192
 
 
 def our_worker(name: str):
-    from vllm_nixl_lease._wire import default_lease_extension
     from vllm_nixl_lease.vllm.config import LeaseConfig
     from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
 
     w = make_upstream_worker(
-        LeaseNixlPullConnectorWorker,
-        default_lease_extension(LEASE),
-        FakeNixlWrapper(keep_sent=False, name=name),
+        LeaseNixlPullConnectorWorker, EXTENSION, FakeNixlWrapper(keep_sent=False, name=name)
     )
     w._setup_lease(LeaseConfig.from_extra_config({"kv_lease_duration": LEASE}))
     w.shutdown = lambda: None  # a stub: nothing of upstream's to tear down
@@ -49,14 +49,15 @@ def p_round(leases: int) -> dict[str, float]:
     ids = req_ids(leases)
     hb = encode_heartbeats(ids, MAX_BYTES - ACKED_HEARTBEAT_OVERHEAD)
     lhb = [acked_heartbeat_message(seq, m) for seq, m in enumerate(hb, 1)]
-    stock = make_upstream_worker(stock_worker_class(), LEASE * 2 // 3, FakeNixlWrapper(keep_sent=False))
+    stock = make_upstream_worker(stock_worker_class(), EXTENSION, FakeNixlWrapper(keep_sent=False))
     ours = our_worker("P")
     for rid in ids:
         stock._reqs_to_send[rid] = 1e12
         ours._reqs_to_process.add(rid)
         ours._reqs_to_send[rid] = 1e12
     # D's hello, loaded once (as in a running fleet)
-    ours.nixl_wrapper.deliver("D", b"LHELLO:fake-md:D")
+    d_metadata = FakeNixlWrapper(name="D").get_partial_agent_metadata(None)
+    ours.nixl_wrapper.deliver("D", ACK_HELLO_PREFIX + d_metadata)
     ours._get_new_notifs()
     ours.ack_answerer._loading["D"].result()
     ours._get_new_notifs()
@@ -98,7 +99,7 @@ def d_round(leases: int) -> dict[str, float]:
                 d._get_new_notifs()
 
         out[label] = median_ns(send, 9) / 1e3
-    stock = make_upstream_worker(stock_worker_class(), LEASE * 2 // 3, FakeNixlWrapper(keep_sent=False))
+    stock = make_upstream_worker(stock_worker_class(), EXTENSION, FakeNixlWrapper(keep_sent=False))
     stock._remote_agents["P"] = {(0, 0): "P"}
     stock._ensure_handshake = lambda *a, **k: None
     info = SimpleNamespace(req_ids=set(ids), host="h", port=1, tp_size=1, dcp_size=1, pp_size=1)

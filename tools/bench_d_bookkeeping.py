@@ -58,9 +58,12 @@ from typing import Any
 from harness.tiny_model import tiny_model_dir
 from harness.upstream_fake import FakeNixlWrapper, make_upstream_worker, stock_worker_class
 from tools.bench_core import req_ids
+from vllm_nixl_lease._wire import default_heartbeat_interval, default_lease_extension, heartbeat_payload
 from vllm_nixl_lease.lease_tags import lease_tag
 
-LEASE = 30  # s: heartbeat interval 5 s, extension 20 s (upstream's defaults)
+LEASE = 30  # s: upstream's default
+EXTENSION = default_lease_extension(LEASE)
+INTERVAL = default_heartbeat_interval(LEASE)
 HOST = "10.0.0.1"
 CASES = ("ours, acknowledging P (LHB/LACK)", "ours, stock P (HB)", "upstream, stock P (HB)")
 
@@ -115,14 +118,13 @@ class D:
         self.acked = "LHB" in case
         self.clock = clock
         if self.ours:
-            from vllm_nixl_lease._wire import default_lease_extension
             from vllm_nixl_lease.vllm.config import LeaseConfig
             from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
             from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
 
             sched_cls: type = LeaseNixlPullConnectorScheduler
             self.worker = make_upstream_worker(
-                LeaseNixlPullConnectorWorker, default_lease_extension(LEASE), FakeNixlWrapper(name="D")
+                LeaseNixlPullConnectorWorker, EXTENSION, FakeNixlWrapper(name="D")
             )
             self.worker._setup_lease(LeaseConfig.from_extra_config({"kv_lease_duration": LEASE}))
         else:
@@ -131,9 +133,7 @@ class D:
             )
 
             sched_cls = NixlPullConnectorScheduler
-            self.worker = make_upstream_worker(
-                stock_worker_class(), LEASE * 2 // 3, FakeNixlWrapper(name="D")
-            )
+            self.worker = make_upstream_worker(stock_worker_class(), EXTENSION, FakeNixlWrapper(name="D"))
         with set_current_vllm_config(config):
             self.sched = sched_cls(config, "d-engine", kv_cache_config())
         self.worker.shutdown = lambda: None  # a stub: nothing of upstream's to tear down
@@ -155,13 +155,10 @@ class D:
             remote_port=5600,
             tp_size=1,
         )
-        if self.acked:  # what our P adds in request_finished (lease_views.add_lease_params)
-            params.update(
-                remote_lease_deadline=self.clock.now + LEASE,
-                remote_lease_extension=float(LEASE * 2 // 3),
-                remote_lease_acks=True,
-                remote_lease_tags=True,
-            )
+        if self.acked:  # what our P adds in request_finished
+            from vllm_nixl_lease.vllm.p_scheduler.lease_params import add_lease_params
+
+            add_lease_params(params, self.clock.now + LEASE, float(EXTENSION))
             self.by_tag[lease_tag(remote_id)] = remote_id
         return SimpleNamespace(request_id=local_id, kv_transfer_params=params)
 
@@ -216,7 +213,7 @@ class D:
                 seqs.setdefault(agent, []).append(parsed[0])
                 payload = parsed[1]
             else:
-                payload = msg[len(b"HB:") :]
+                payload = heartbeat_payload(msg)
             named = payload.decode().split(",")
             if msg.startswith(TAGGED_HEARTBEAT_PREFIX):
                 named = [self.by_tag[tag] for tag in named]
@@ -321,7 +318,7 @@ def run_case(case: str, config: Any, args: argparse.Namespace) -> dict[str, Any]
         exact = 0
         for local in live:
             remote_id = remote[int(local[2:])]
-            expected = max(created[local] + LEASE, heartbeated.get(remote_id, -1e9) + LEASE * 2 // 3)
+            expected = max(created[local] + LEASE, heartbeated.get(remote_id, -1e9) + EXTENSION)
             got = views.remaining(local, clock.now, 0.0)
             exact += got is not None and abs(got + clock.now - expected) < 1e-6
         renewed = (exact, len(live))
@@ -364,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
-    interval = LEASE // 6
+    interval = INTERVAL
     args.interval_s = interval
     args.steps_per_interval = round(interval * 1000 / args.step_ms)
     args.warmup_steps = round(args.warmup * args.steps_per_interval)

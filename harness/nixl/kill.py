@@ -27,7 +27,6 @@ from .scenarios import LEASE, d_id, data_mismatches, hand_to_d, prefill, wait_fr
 TCP = {"UCX_TLS": "tcp"}
 SAMPLE_S = 0.25
 BASELINE_S = 10.0
-INTERVAL = LEASE // 6  # D's heartbeat interval for LEASE (upstream's d // 6)
 
 
 def _warm_up(p: Engine, d: Engine) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 from .fleet import Engine, Fleet, wait_for
 from .scenarios import (
     EXTENSION,
+    INTERVAL,
     LEASE,
     TOKENS,
     d_id,
@@ -29,7 +30,6 @@ from .scenarios import (
     wrong_by_rank,
 )
 
-INTERVAL = LEASE // 6  # D's heartbeat interval for LEASE (upstream's d // 6)
 BLOCKS_PER_REQ = -(-TOKENS // 32)
 
 

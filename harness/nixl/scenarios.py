@@ -11,12 +11,13 @@ import time
 import uuid
 from typing import Any
 
-from vllm_nixl_lease._wire import default_lease_extension
+from vllm_nixl_lease._wire import default_heartbeat_interval, default_lease_extension
 
 from .fleet import Engine, Fleet, wait_for
 
 LEASE = 6
 EXTENSION = default_lease_extension(LEASE)  # upstream's derivation; ours uses the same default
+INTERVAL = default_heartbeat_interval(LEASE)  # D's heartbeat interval for LEASE
 TOKENS = 64  # two 32-token blocks per request
 # One P step is 20 ms; the rest absorbs scheduling delays on a busy 2-core box.
 STEP_SLACK = 1.5

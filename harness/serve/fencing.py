@@ -19,6 +19,7 @@ from harness.serve.scenarios import (
     NOTIF_AFTER_EXPIRY,
     block_and_queue,
     burst_prompts,
+    lease_interval,
     p_alone_references,
 )
 
@@ -52,7 +53,7 @@ def frozen_decode(pd: PDCluster, n: int = 4, max_tokens: int = 16, timeout: floa
     fenced0 = client.metric(pd.d_url, FENCED)
     blocker, burst = block_and_queue(pd, n, "frozen", max_tokens, timeout, max_s=timeout)
     # A couple of heartbeats first, so the leases on P are heartbeat-driven when D stops.
-    time.sleep(2 * max(1, pd.cfg.lease_s // 6) + 1)
+    time.sleep(2 * max(1, lease_interval(pd.cfg.lease_s)) + 1)
     d_pid = pd.decode.pid
     signal_tree(d_pid, signal.SIGSTOP)
     t_freeze = time.time()

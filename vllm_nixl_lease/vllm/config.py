@@ -1,14 +1,17 @@
-"""Lease settings from ``kv_connector_extra_config``.
+"""Lease settings from ``kv_connector_extra_config``, and every time derived from them.
 
 Defaults derive from ``kv_lease_duration`` exactly like upstream (integer
 arithmetic: interval ``d // 6``, extension ``d * 2 // 3``) so a fleet mixing
 stock and lease-core engines agrees on timing.
+
+``CONFIG_KEYS`` is the table of keys: each one's type, default and bounds;
+``LeaseConfig.from_extra_config`` reads them through one validator.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,22 +19,20 @@ from .._wire import default_heartbeat_interval, default_lease_extension
 
 DEFAULT_LEASE_DURATION = 30
 # Heartbeat message size: 8 KiB fits every NIXL backend (some cap a notification there).
-# UCX takes larger ones (upstream sends each P all its ids in one message); with only UCX,
-# 32 KiB cut D's heartbeat CPU at p99 by a third with 100k requests queued over 8 P
-# (four alternating runs, README "Fleet scale"): a quarter of the NIXL calls and chunks.
+# UCX takes larger ones (upstream sends each P all its ids in one message), and larger
+# messages cut D's heartbeat CPU with many requests queued (see docs/BENCHMARKS.md).
 DEFAULT_MAX_HEARTBEAT_BYTES = 8192
 UCX_MAX_HEARTBEAT_BYTES = 32768
-# Off: measured with vLLM's multiprocess executor, a pause in the worker is spent spinning in the
-# engine core (shm queue readers busy-wait 1 s after each read); see README "Idle P".
+# Off: with vLLM's multiprocess executor a pause in the worker is spent spinning in the
+# engine core (its shared-memory queue readers busy-wait after each read; see docs/BENCHMARKS.md).
 DEFAULT_IDLE_STEP_SLEEP_MS = 0.0
 MAX_IDLE_STEP_SLEEP_MS = 100.0
-# Leases one P step may expire; the rest wait for the next steps.  A D that dies
-# with 100k requests queued would otherwise cost one step ~100 ms (``make bench-fleet``
-# measures the per-lease cost this bounds: 2000 keeps a step's sweep near 1 ms).
+# Leases one P step may expire; the rest wait for the next steps, so a D that dies
+# with a deep queue cannot stall one P step (see docs/BENCHMARKS.md for the per-lease cost).
 DEFAULT_MAX_EXPIRIES_PER_STEP = 2000
 # Time one D step may spend posting READs before it carries the rest to the next step
-# (read_pacer.py).  A 2000-request burst posted in one step took 1.6-1.8 s and
-# delayed heartbeats by as much; 100 ms keeps a step short next to any lease.
+# (read_pacer.py): short next to any lease, so a burst cannot delay heartbeats by much
+# (see docs/BENCHMARKS.md).
 DEFAULT_READ_POST_BUDGET_MS = 100.0
 # Smallest heartbeat message accepted: the HB prefix plus room for one long request id
 # (vLLM ids with router prefixes and random suffixes run to ~100 bytes).
@@ -40,19 +41,6 @@ MIN_HEARTBEAT_BYTES = 256
 
 class LeaseConfigError(ValueError):
     """A lease setting in ``kv_connector_extra_config`` is invalid."""
-
-
-def _number(key: str, value: Any) -> float:
-    # bool is an int subclass; "true" as a duration is a typo, not a number.
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise LeaseConfigError(
-            f"kv_connector_extra_config[{key!r}] must be a number, got {value!r} ({type(value).__name__})"
-        )
-    if not math.isfinite(value) or value <= 0:
-        raise LeaseConfigError(
-            f"kv_connector_extra_config[{key!r}] must be a finite number > 0, got {value!r}"
-        )
-    return value
 
 
 def default_max_heartbeat_bytes(backends: object) -> int:
@@ -64,13 +52,172 @@ def default_max_heartbeat_bytes(backends: object) -> int:
     return DEFAULT_MAX_HEARTBEAT_BYTES
 
 
+# -- the table of keys ---------------------------------------------------------
+# A default may be a function of (extra config, values read so far, by key name).
+Values = dict[str, Any]
+Default = Callable[[Mapping[str, Any], Values], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigKey:
+    """One ``kv_connector_extra_config`` key.
+
+    ``kind``: ``bool``; ``int`` (not a bool); or ``float``, meaning any finite
+    int or float (not a bool).  Bounds apply to a value the user set; a
+    default is valid by construction.  ``check`` relates the value (set or
+    default) to the keys read before it.
+    """
+
+    name: str
+    kind: type
+    default: Any  # a value, or a Default
+    hint: str  # what a valid value is: "<key> must be <hint>"
+    low: float | None = None
+    low_open: bool = False  # the low bound itself is rejected
+    high: float | Callable[[Values], float] | None = None  # a function of the values read before
+    high_open: bool = False
+    # Out-of-bounds text when the hint alone would not say why: "<key>=<value> <too_far>",
+    # formatted with the key's ``high`` bound.
+    too_far: str | None = None
+    check: Callable[[Any, Values], None] | None = None
+    field: str | None = None  # LeaseConfig's field, when not the key's name
+    convert: Callable[[Any], Any] | None = None  # key's unit -> field's
+
+    def where(self) -> str:
+        return f"kv_connector_extra_config[{self.name!r}]"
+
+    def high_bound(self, values: Values) -> float | None:
+        return self.high(values) if callable(self.high) else self.high
+
+    def read(self, extra: Mapping[str, Any], values: Values) -> Any:
+        """The key's value (validated) or its default."""
+        if self.name not in extra:
+            value = self.default(extra, values) if callable(self.default) else self.default
+        else:
+            value = extra[self.name]
+            if not _is_kind(value, self.kind):
+                raise LeaseConfigError(
+                    f"{self.where()} must be {self.hint}, got {value!r} ({type(value).__name__})"
+                )
+            high = self.high_bound(values)
+            if not _within(value, self.low, self.low_open, high, self.high_open):
+                if self.too_far is not None:
+                    raise LeaseConfigError(f"{self.where()}={value!r} {self.too_far.format(high=high)}")
+                raise LeaseConfigError(f"{self.where()} must be {self.hint}, got {value!r}")
+        if self.check is not None:
+            self.check(value, values)
+        return value
+
+
+def _is_kind(value: Any, kind: type) -> bool:
+    # bool is an int subclass; "true" as a duration is a typo, not a number.
+    if kind is bool or isinstance(value, bool):
+        return kind is bool and isinstance(value, bool)
+    if kind is int:
+        return isinstance(value, int)
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _within(value: float, low: float | None, low_open: bool, high: float | None, high_open: bool) -> bool:
+    if low is not None and (value <= low if low_open else value < low):
+        return False
+    return high is None or (value < high if high_open else value <= high)
+
+
+def _default_interval(extra: Mapping[str, Any], values: Values) -> float:
+    return default_heartbeat_interval(values["kv_lease_duration"])  # 0 (every step) for d < 6, as upstream
+
+
+def _default_extension(extra: Mapping[str, Any], values: Values) -> float:
+    duration = values["kv_lease_duration"]
+    extension = default_lease_extension(duration)
+    if extension <= 0:
+        raise LeaseConfigError(
+            f"kv_connector_extra_config['kv_lease_duration']={duration!r} gives a lease extension "
+            "of 0 s (d * 2 // 3), so heartbeats could never renew a lease; use >= 2 or set "
+            "'lease_extension'"
+        )
+    return extension
+
+
+def _extension_outlasts_interval(extension: float, values: Values) -> None:
+    interval = values["heartbeat_interval"]
+    if extension <= interval:
+        raise LeaseConfigError(
+            f"lease_extension ({extension!r}) must be greater than heartbeat_interval ({interval!r}): "
+            "otherwise a lease can lapse between two heartbeats"
+        )
+
+
+def _default_heartbeat_bytes(extra: Mapping[str, Any], values: Values) -> int:
+    return default_max_heartbeat_bytes(extra.get("backends"))
+
+
+def _margin_room(values: Values) -> float:
+    # Steady heartbeats keep a view at least this far ahead of its lease end.
+    return values["lease_extension"] - values["heartbeat_interval"]
+
+
+def _default_margin(extra: Mapping[str, Any], values: Values) -> float:
+    # A quarter of the extension (upstream's margin for its turn-2 readback at the
+    # default lease), and below half the room so steady heartbeats never break a view.
+    return min(values["lease_extension"] / 4, _margin_room(values) / 2)
+
+
+def _ms_to_s(ms: float) -> float:
+    return ms / 1000
+
+
+POSITIVE = "a finite number > 0"
+TRUE_OR_FALSE = "true or false"
+
+CONFIG_KEYS: tuple[ConfigKey, ...] = (
+    ConfigKey(
+        "kv_lease_duration", float, DEFAULT_LEASE_DURATION, POSITIVE, low=0, low_open=True,
+        field="lease_duration",
+    ),
+    ConfigKey("heartbeat_interval", float, _default_interval, POSITIVE, low=0, low_open=True),
+    ConfigKey(
+        "lease_extension", float, _default_extension, POSITIVE, low=0, low_open=True,
+        check=_extension_outlasts_interval,
+    ),
+    ConfigKey(
+        "max_heartbeat_bytes", int, _default_heartbeat_bytes,
+        f"an int >= {MIN_HEARTBEAT_BYTES}", low=MIN_HEARTBEAT_BYTES,
+        too_far=f"is too small for one request id; use >= {MIN_HEARTBEAT_BYTES}",
+    ),
+    ConfigKey(
+        "lease_safety_margin", float, _default_margin,
+        "a number >= 0 and below lease_extension - heartbeat_interval",
+        low=0, high=_margin_room, high_open=True,
+        too_far=(
+            "must be >= 0 and below lease_extension - heartbeat_interval ({high!r}): with a larger margin "
+            "a queued request's view would lapse between two heartbeats and every such read be fenced"
+        ),
+        convert=float,
+    ),
+    ConfigKey("lease_fencing", bool, True, TRUE_OR_FALSE),
+    ConfigKey(
+        "idle_step_sleep_ms", float, DEFAULT_IDLE_STEP_SLEEP_MS,
+        f"a number from 0 (off) to {MAX_IDLE_STEP_SLEEP_MS:g}", low=0, high=MAX_IDLE_STEP_SLEEP_MS,
+        field="idle_step_sleep_s", convert=_ms_to_s,
+    ),
+    ConfigKey("max_expiries_per_step", int, DEFAULT_MAX_EXPIRIES_PER_STEP, "an int >= 1", low=1),
+    ConfigKey("heartbeat_tags", bool, True, TRUE_OR_FALSE),
+    ConfigKey(
+        "read_post_budget_ms", float, DEFAULT_READ_POST_BUDGET_MS, "a number >= 0 (0: no bound)", low=0,
+        field="read_post_budget_s", convert=_ms_to_s,
+    ),
+)  # fmt: skip
+
+
 @dataclass(frozen=True, slots=True)
 class LeaseConfig:
     lease_duration: float
     heartbeat_interval: float
     lease_extension: float
     max_heartbeat_bytes: int
-    # D fences a READ when its view of P's lease has this little left (holder_view.py).
+    # D fences a READ when its view of P's lease has this little left (lease_views.py).
     lease_safety_margin: float = 0.0
     # False: D reads whatever its view says (upstream behaviour).
     lease_fencing: bool = True
@@ -83,106 +230,41 @@ class LeaseConfig:
     # D names leases by tag (lease_tags.py) to a P that takes them; False: by id.
     heartbeat_tags: bool = True
 
+    # -- times derived from the settings -------------------------------------
+    @property
+    def forget_after_s(self) -> float:
+        """P unloads a D agent silent this long: well past any lease it could still renew."""
+        return max(60.0, 4 * self.lease_extension)
+
+    @property
+    def forget_sweep_s(self) -> float:
+        """How often P looks for silent D agents: often next to ``forget_after_s``."""
+        return min(self.forget_after_s, 10.0)
+
+    @property
+    def answer_gap_s(self) -> float:
+        """P answers one D agent at most this often (always once a heartbeat waits twice
+        this): a quarter of D's interval, far inside the extension D's views renew by
+        (0: every step, as D then heartbeats every step)."""
+        return self.heartbeat_interval / 4
+
+    @property
+    def rehello_after_s(self) -> float:
+        """D repeats its hello to a P rank silent two intervals: P restarted, forgot it,
+        or lost the hello."""
+        return max(1.0, 2 * self.heartbeat_interval)
+
+    # -- reading kv_connector_extra_config -------------------------------------
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> LeaseConfig:
+        """Read every key of ``CONFIG_KEYS``, in order; ``LeaseConfigError`` names the bad one."""
         extra = extra or {}
-        duration = _number("kv_lease_duration", extra.get("kv_lease_duration", DEFAULT_LEASE_DURATION))
-        if "heartbeat_interval" in extra:
-            interval = _number("heartbeat_interval", extra["heartbeat_interval"])
-        else:
-            interval = default_heartbeat_interval(duration)  # 0 (every step) for d < 6, as upstream
-        if "lease_extension" in extra:
-            extension = _number("lease_extension", extra["lease_extension"])
-        else:
-            extension = default_lease_extension(duration)
-            if extension <= 0:
-                raise LeaseConfigError(
-                    f"kv_connector_extra_config['kv_lease_duration']={duration!r} gives a lease extension "
-                    "of 0 s (d * 2 // 3), so heartbeats could never renew a lease; use >= 2 or set "
-                    "'lease_extension'"
-                )
-        if extension <= interval:
-            raise LeaseConfigError(
-                f"lease_extension ({extension!r}) must be greater than heartbeat_interval ({interval!r}): "
-                "otherwise a lease can lapse between two heartbeats"
-            )
-        raw_max = extra.get("max_heartbeat_bytes", default_max_heartbeat_bytes(extra.get("backends")))
-        if isinstance(raw_max, bool) or not isinstance(raw_max, int):
-            raise LeaseConfigError(
-                f"kv_connector_extra_config['max_heartbeat_bytes'] must be an int, got {raw_max!r}"
-            )
-        if raw_max < MIN_HEARTBEAT_BYTES:
-            raise LeaseConfigError(
-                f"kv_connector_extra_config['max_heartbeat_bytes']={raw_max!r} is too small for one "
-                f"request id; use >= {MIN_HEARTBEAT_BYTES}"
-            )
-        # Default: a quarter of the extension (5 s for the default 30 s lease,
-        # upstream's margin for its turn-2 readback), and always below
-        # extension - interval so steady heartbeats never break the view.
-        room = extension - interval
-        if "lease_safety_margin" in extra:
-            margin = extra["lease_safety_margin"]
-            if isinstance(margin, bool) or not isinstance(margin, (int, float)) or not math.isfinite(margin):
-                raise LeaseConfigError(
-                    f"kv_connector_extra_config['lease_safety_margin'] must be a number, got {margin!r}"
-                )
-            if not 0 <= margin < room:
-                raise LeaseConfigError(
-                    f"kv_connector_extra_config['lease_safety_margin']={margin!r} must be >= 0 and below "
-                    f"lease_extension - heartbeat_interval ({room!r}): with a larger margin a queued "
-                    "request's view would lapse between two heartbeats and every such read be fenced"
-                )
-        else:
-            margin = min(extension / 4, room / 2)
-        fencing = extra.get("lease_fencing", True)
-        if not isinstance(fencing, bool):
-            raise LeaseConfigError(
-                f"kv_connector_extra_config['lease_fencing'] must be true or false, got {fencing!r}"
-            )
-        idle_ms = extra.get("idle_step_sleep_ms", DEFAULT_IDLE_STEP_SLEEP_MS)
-        if (
-            isinstance(idle_ms, bool)
-            or not isinstance(idle_ms, (int, float))
-            or not 0 <= idle_ms <= MAX_IDLE_STEP_SLEEP_MS
-        ):
-            raise LeaseConfigError(
-                f"kv_connector_extra_config['idle_step_sleep_ms'] must be a number from 0 (off) to "
-                f"{MAX_IDLE_STEP_SLEEP_MS:g}, got {idle_ms!r}"
-            )
-        max_expiries = extra.get("max_expiries_per_step", DEFAULT_MAX_EXPIRIES_PER_STEP)
-        if isinstance(max_expiries, bool) or not isinstance(max_expiries, int) or max_expiries < 1:
-            raise LeaseConfigError(
-                "kv_connector_extra_config['max_expiries_per_step'] must be an int >= 1, "
-                f"got {max_expiries!r}"
-            )
-        tags = extra.get("heartbeat_tags", True)
-        if not isinstance(tags, bool):
-            raise LeaseConfigError(
-                f"kv_connector_extra_config['heartbeat_tags'] must be true or false, got {tags!r}"
-            )
-        budget_ms = extra.get("read_post_budget_ms", DEFAULT_READ_POST_BUDGET_MS)
-        if (
-            isinstance(budget_ms, bool)
-            or not isinstance(budget_ms, (int, float))
-            or not math.isfinite(budget_ms)
-            or budget_ms < 0
-        ):
-            raise LeaseConfigError(
-                "kv_connector_extra_config['read_post_budget_ms'] must be a number >= 0 (0: no bound), "
-                f"got {budget_ms!r}"
-            )
-        return cls(
-            duration,
-            interval,
-            extension,
-            raw_max,
-            float(margin),
-            fencing,
-            idle_ms / 1000,
-            max_expiries,
-            budget_ms / 1000,
-            tags,
-        )
+        values: Values = {}
+        fields: dict[str, Any] = {}
+        for key in CONFIG_KEYS:
+            value = values[key.name] = key.read(extra, values)
+            fields[key.field or key.name] = key.convert(value) if key.convert is not None else value
+        return cls(**fields)
 
     @classmethod
     def from_vllm_config(cls, vllm_config: Any) -> LeaseConfig:

@@ -67,7 +67,8 @@ class LeaseNixlPullConnector(_LeaseConnectorMixin, NixlPullConnector):
 
 class LeaseNixlPushConnector(_LeaseConnectorMixin, NixlPushConnector):
     """Push (WRITE) connector with lease bookkeeping on the lease core and
-    heartbeats that renew P's leases (vLLM issue 53095)."""
+    heartbeats that renew P's leases even when D names the router's request
+    id (``p_worker/push_aliases.py``)."""
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any) -> None:
         _base_init(self, vllm_config, role, kv_cache_config)

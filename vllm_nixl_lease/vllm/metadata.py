@@ -17,7 +17,7 @@ class EngineHeartbeats:
     Messages are built and chunked once on the scheduler (``max_heartbeat_bytes``
     each), so workers only forward bytes.  ``chunks``: for each message, the
     tracker chunk ``(key, version)`` it encodes (None from other sources), so
-    P's answer renews that chunk's views at once (``holder_view.py``).
+    P's answer renews that chunk's views at once (``decode/lease_views.py``).
     ``tagged``: the messages name lease tags (``lease_tags.py``), to go out as
     ``LHBT:``.
     """
@@ -33,7 +33,7 @@ class EngineHeartbeats:
 
     def __reduce__(self) -> tuple[type, tuple]:
         # The metadata is pickled every step (multiprocess executor): a plain
-        # constructor call is several times cheaper than dataclass slot state.
+        # constructor call unpickles faster than dataclass slot state.
         return EngineHeartbeats, (
             self.messages,
             self.host,
@@ -48,7 +48,7 @@ class EngineHeartbeats:
 
 @dataclass(slots=True)
 class LeaseViewUpdates:
-    """Lease views that start and end this step (see ``holder_view.py``)."""
+    """Lease views that start and end this step (see ``decode/lease_views.py``)."""
 
     # local request id -> (P engine id, P's request id, P's deadline on P's clock,
     # extension, P acknowledges heartbeats)

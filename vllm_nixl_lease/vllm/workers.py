@@ -22,7 +22,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPushConnectorWorker
 
-from .._wire import is_heartbeat
+from .._wire import heartbeat_payload, is_heartbeat
 from .config import LeaseConfig
 from .d_worker.ack_requester import AckRequester
 from .d_worker.heartbeat_sender import HeartbeatSender
@@ -30,7 +30,7 @@ from .d_worker.read_fence import ReadFence
 from .d_worker.read_pacer import ReadPacer
 from .p_worker.ack_answerer import AckAnswerer
 from .p_worker.idle_pause import IdlePause
-from .p_worker.lease_keeper import LeaseKeeper
+from .p_worker.lease_keeper import HeartbeatForm, LeaseKeeper
 from .stats import LeaseKVConnectorStats
 
 
@@ -50,10 +50,14 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         self._reqs_to_send = self.lease_keeper.deadlines  # upstream grants leases through these
         self._reqs_to_process = self.lease_keeper.in_batch
         self.ack_answerer = AckAnswerer(
-            self, self.lease_keeper, forget_after_s(lease_config), answer_gap_s(lease_config)
+            self,
+            self.lease_keeper,
+            lease_config.forget_after_s,
+            lease_config.answer_gap_s,
+            lease_config.forget_sweep_s,
         )
         self.read_fence = ReadFence(self, lease_config)
-        self.ack_requester = AckRequester(self, self.read_fence.views, rehello_after_s(lease_config))
+        self.ack_requester = AckRequester(self, self.read_fence.views, lease_config.rehello_after_s)
         self.heartbeat_sender = HeartbeatSender(
             self, lease_config.max_heartbeat_bytes, self.read_fence.heartbeat_delivered, self.ack_requester
         )
@@ -93,46 +97,30 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         self.idle_pause.end_step(results, len(self._recving_transfers) + len(self.read_pacer))
         return results
 
+    def _get_new_notifs(self) -> set[str]:
+        notifs = self.nixl_wrapper.get_new_notifs()
+        self.idle_pause.saw_notifications(notifs)
+        done, ack_messages = self.lease_keeper.route(notifs)  # HB: extended, completions released
+        self.ack_answerer.handle(ack_messages)  # P: LHB:/LHBT: extended and answered (before the sweep)
+        self.ack_requester.received(ack_messages)  # D: LACK: answers renew views
+        return done
+
+    def _handle_heartbeat(self, payload: str) -> None:
+        # Upstream's _get_new_notifs calls this; ours above routes HB: itself.
+        self.lease_keeper.extend(HeartbeatForm.IDS, (payload.encode(),))
+
     def _pop_done_transfers(self, transfers: dict[str, list[int]]) -> tuple[set[str], set[str]]:
         done, failed = super()._pop_done_transfers(transfers)
         if transfers is self._recving_transfers:
             self.read_fence.discard_late(done, failed)  # READs that outlived the lease view
         return done, failed
 
-    def _get_new_notifs(self) -> set[str]:
-        notifs = self.nixl_wrapper.get_new_notifs()
-        self.idle_pause.saw_notifications(notifs)
-        done, ack_messages = self.lease_keeper.route(notifs)  # HB:, completions
-        self.ack_answerer.handle(ack_messages)  # P: LHB: extended and answered (before the sweep)
-        self.ack_requester.received(ack_messages)  # D: LACK: answers renew views
-        return done
-
     def _reap_expired_send_leases(self, done_sending: set[str]) -> None:
         self.lease_keeper.expire(done_sending)
-
-    def _handle_heartbeat(self, payload: str) -> None:
-        self.lease_keeper.extend_payload(payload)
 
     def shutdown(self) -> None:
         self.ack_answerer.shutdown()
         super().shutdown()
-
-
-def forget_after_s(lease_config: LeaseConfig) -> float:
-    # P unloads a D agent silent this long: well past any lease it could hold.
-    return max(60.0, 4 * lease_config.lease_extension)
-
-
-def answer_gap_s(lease_config: LeaseConfig) -> float:
-    # P answers one D agent at most this often (overdue at twice it): a
-    # quarter of D's heartbeat interval, far inside the extension D's views
-    # renew by (0: every step, as D then heartbeats every step).
-    return lease_config.heartbeat_interval / 4
-
-
-def rehello_after_s(lease_config: LeaseConfig) -> float:
-    # D repeats its hello to a P rank that has not answered for two intervals.
-    return max(1.0, 2 * lease_config.heartbeat_interval)
 
 
 class LeaseNixlPushConnectorWorker(NixlPushConnectorWorker):
@@ -180,11 +168,12 @@ class LeaseNixlPushConnectorWorker(NixlPushConnectorWorker):
             pending.put(notif)
         self.idle_pause.saw_notifications(heartbeats or others)
         if heartbeats:
-            self.lease_keeper.extend_heartbeats(heartbeats)
+            self.lease_keeper.extend(HeartbeatForm.PUSH, map(heartbeat_payload, heartbeats))
         return super()._get_new_notifs()
+
+    def _handle_heartbeat(self, payload: str) -> None:
+        # Upstream's _get_new_notifs calls this; ours above takes every HB: first.
+        self.lease_keeper.extend(HeartbeatForm.IDS, (payload.encode(),))
 
     def _reap_expired_send_leases(self, done_sending: set[str]) -> None:
         self.lease_keeper.expire(done_sending)
-
-    def _handle_heartbeat(self, payload: str) -> None:
-        self.lease_keeper.extend_payload(payload)

@@ -6,10 +6,11 @@ engine every tick.  Here the core's ``HeartbeatTracker`` keeps per-engine
 chunks whose encoded bytes are cached, and the metadata carries those bytes
 (``EngineHeartbeats``) to ``heartbeat_sender.py``.
 
-A P engine that takes lease tags (``lease_views.takes_tags``, decided by the
+A P engine that takes lease tags (``_wire.takes_tags``, decided by the
 engine's first request) is heartbeated by tag: the tracker holds each
-request's tag (``lease_tags.py``) in place of P's request id, ~11 bytes
-instead of ~27-110, so the same requests fit in fewer messages.
+request's tag (``lease_tags.py``) in place of P's request id, a fixed 11
+bytes instead of an id that is often several times longer, so the same
+requests fit in fewer messages.
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ logger = init_logger(__name__)
 
 
 def connection_metadata(wrapper: object) -> bytes:
-    """This agent's NIXL metadata without memory registrations (~330 bytes over UCX)."""
+    """This agent's NIXL metadata without memory registrations: connection info only,
+    small enough for one notification."""
     from nixl._bindings import DRAM_SEG, nixlRegDList
 
     return wrapper.get_partial_agent_metadata(nixlRegDList(DRAM_SEG), True, ["UCX"])  # type: ignore[attr-defined]

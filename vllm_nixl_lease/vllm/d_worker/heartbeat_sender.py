@@ -1,7 +1,7 @@
 """D worker: send the scheduler's pre-encoded heartbeats to every P rank.
 
-The scheduler builds the messages (``heartbeat_scheduler.py``); this only
-forwards bytes.  Differences from upstream's ``_send_heartbeats``, both on purpose:
+The scheduler builds the messages (``d_scheduler/heartbeat_schedule.py``); this
+only forwards bytes.  Differences from upstream's ``_send_heartbeats``, all on purpose:
 - an engine whose proactive handshake is still running is remembered and
   heartbeated on the first step after it completes, not one interval later;
 - a failed ``send_notif`` is counted and retried on the next step (until a
@@ -132,8 +132,8 @@ class HeartbeatSender:
         up._engine_last_active[engine_id] = time.perf_counter()
         fresh = pairs is None
         acked = False
-        # Ids per message, counted once here for the ledger and the stats (a
-        # 32 KiB message takes ~19 us to count); None: retried pairs, counted as sent.
+        # Ids per message, counted once here for the ledger and the stats
+        # (counting scans the whole message); None: retried pairs, counted as sent.
         counts: list[int] | None = None
         if pairs is None:
             agents = list(up._remote_agents[engine_id].values())

@@ -1,12 +1,12 @@
 """Read fencing, D worker side: never READ blocks P may already have freed.
 
-The scheduler ships a view of each P lease (``lease_views.py``); P's answers
-to heartbeats (``ack_requester.py``), or for a P that does not answer the
-heartbeats this worker delivers, move the views forward (``holder_view.py``
-says when that is safe); a READ whose view has ``lease_safety_margin`` or less left is
-not issued but reported as a failed load, so vLLM's ``kv_load_failure_policy``
-applies (``recompute`` or ``fail``), the same path upstream takes for an
-expired turn-2 readback.
+The scheduler ships a view of each P lease (``d_scheduler/lease_view_collector.py``);
+P's answers to heartbeats (``ack_requester.py``), or for a P that does not
+answer the heartbeats this worker delivers, move the views forward
+(``decode/lease_views.py`` says when that is safe).  A READ whose view has
+``lease_safety_margin`` or less left is not issued but reported as a failed
+load, so vLLM's ``kv_load_failure_policy`` applies (``recompute`` or
+``fail``), the same path upstream takes for an expired turn-2 readback.
 
 A READ that was issued but whose completion D sees only after the view ended
 (it stalled: a partition, a congested link) is discarded the same way

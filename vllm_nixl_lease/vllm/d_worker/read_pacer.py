@@ -1,12 +1,11 @@
 """D worker: bound the time one step spends posting READs; carry the rest over.
 
 A step that admits a burst of requests posts all their READs at once, as
-upstream does (about 1 ms each over UCX on the 2-core test machine: 2000 took
-1.6-1.8 s).  Everything else in the worker waits behind them: the next step's
-heartbeats, and the acknowledgements that renew D's lease views.  P then sees
-a heartbeat gap of one interval plus the whole burst; in the issue-11 run
-that was 3.5-3.94 s against a 4 s extension, and 500 leases expired while D
-was alive and about to read them.
+upstream does, and posting a READ is not free.  Everything else in the worker
+waits behind them: the next step's heartbeats, and the acknowledgements that
+renew D's lease views.  P then sees a heartbeat gap of one interval plus the
+whole burst, which can outlast a short extension: leases expire while D is
+alive and about to read them (see docs/BENCHMARKS.md).
 
 Here a step posts READs until ``read_post_budget_ms`` has passed, then queues
 the rest in arrival order.  Next step posts the queue first, after that

@@ -3,32 +3,30 @@ views on evidence, not on the timing of its own sends (``ack_ledger.py`` has
 the argument; ``ack_requester.py`` is D's side).
 
 - ``LHELLO:<metadata>``: D's NIXL connection info (no memory).  P loads it on
-  a one-thread executor, like upstream's proactive handshake (loading the
-  first remote agent takes ~60 ms of UCX set-up here; later ones 1-6 ms), and
-  checks that the metadata names the agent that sent it.
-- ``LHB:<seq>:<ids>``: extended in the table by ``LeaseKeeper.extend_acked``
-  in this step (before the sweep), then answered with
-  ``LACK:<seq>,<seq>,...[:<ids not held>]``; ``LHBT:<seq>:<tags>`` the same
-  through ``extend_tagged``, the answer naming tags.  Answers to one agent are
+  a one-thread executor, like upstream's proactive handshake (loading a remote
+  agent can take far longer than a step), and checks that the metadata names
+  the agent that sent it.
+- ``LHB:<seq>:<ids>`` / ``LHBT:<seq>:<tags>``: extended in this step, before
+  the sweep (``LeaseKeeper.extend``), then answered with
+  ``LACK:<seq>,<seq>,...[:<names not held>]``.  Answers to one agent are
   gathered over steps: an agent is answered once its last answer is
   ``answer_gap_s`` old, at most ``MAX_PACED_ANSWERS_PER_STEP`` agents a step,
   and always once its oldest unanswered heartbeat is ``answer_gap_s * 2`` old.
-  A NIXL ``send_notif`` costs P 20-70 us; D paces its heartbeats over the
-  interval, so answering every agent in the step its heartbeats arrive made
-  a P with 8 D engines send ~7 answers every step, most of its connector
-  time.  Delay is safe: D renews a view from the time it *sent* the
-  heartbeat, so a later answer proves the same (``ack_ledger.py``); the gap
-  is a quarter of D's heartbeat interval, far inside the extension.  Seqs
-  whose ids were all held share one answer; the rest share a second one
-  naming the ids not held (an id missing from one counts as missing from all
-  of those: conservative).  An answer for an agent still loading waits
-  (bounded); for an agent that never said hello it is dropped and counted:
-  D says hello again.
+  Each answer is a NIXL send, and D paces its heartbeats over the interval:
+  answering every agent in the step its heartbeats arrive would make a P with
+  many D engines send answers nearly every step.  Delay is safe: D renews a
+  view from the time it *sent* the heartbeat, so a later answer proves the
+  same (``ack_ledger.py``); the gap is far inside the extension.  Seqs whose
+  names were all held share one answer; the rest share a second one naming
+  those not held (a name missing from one counts as missing from all of
+  them: conservative).  An answer for an agent still loading waits (bounded);
+  for an agent that never said hello it is dropped and counted: D says hello
+  again.
 - Agents not heard from for ``forget_after_s`` are unloaded, unless upstream
   uses them too.
 
 Only our D sends these, and only to a P that advertised acknowledgements
-(``lease_views.add_lease_params``).  Nothing here can raise into the step.
+(``p_scheduler/lease_params.py``).  Nothing here can raise into the step.
 """
 
 from __future__ import annotations
@@ -52,7 +50,7 @@ from ..._wire import (
 from ..d_worker.heartbeat_sender import is_disconnect
 from ..ratelimit import RateLimitedLog
 from ..upstream import UpstreamWorker
-from .lease_keeper import LeaseKeeper
+from .lease_keeper import HeartbeatForm, LeaseKeeper
 
 logger = init_logger(__name__)
 
@@ -68,6 +66,7 @@ MAX_SEQS_PER_ANSWER = 256
 MAX_NOT_EXTENDED_BYTES = 4096
 # Agents answered in one step because their gap is over (overdue ones on top).
 MAX_PACED_ANSWERS_PER_STEP = 2
+_IDS, _TAGS = HeartbeatForm.IDS, HeartbeatForm.TAGS  # module globals: cheaper than class lookups
 
 
 class _Answer:
@@ -84,14 +83,23 @@ class _Answer:
 
 
 class AckAnswerer:
-    """Answers ``LHB:`` heartbeats; loads and forgets the D agents it answers."""
+    """Answers ``LHB:`` heartbeats; loads and forgets the D agents it answers.
+
+    The times come from ``LeaseConfig`` (``forget_after_s``, ``answer_gap_s``,
+    ``forget_sweep_s``)."""
 
     def __init__(
-        self, upstream: UpstreamWorker, keeper: LeaseKeeper, forget_after_s: float, answer_gap_s: float = 0.0
+        self,
+        upstream: UpstreamWorker,
+        keeper: LeaseKeeper,
+        forget_after_s: float,
+        answer_gap_s: float = 0.0,
+        forget_sweep_s: float = 10.0,
     ) -> None:
         self._upstream = upstream
         self._keeper = keeper
         self._forget_after = forget_after_s
+        self._forget_sweep = forget_sweep_s
         self._answer_gap = answer_gap_s  # 0: every agent answered in the step its heartbeats arrive
         self._pending: dict[str, _Answer] = {}  # oldest first
         self._answered: dict[str, float] = {}  # agent -> last answer sent
@@ -118,7 +126,7 @@ class AckAnswerer:
         if self._pending:
             self._answer_due(now)
         if now >= self._next_sweep:
-            self._next_sweep = now + min(self._forget_after, 10.0)
+            self._next_sweep = now + self._forget_sweep
             self._forget_idle(now)
 
     def shutdown(self) -> None:
@@ -133,11 +141,7 @@ class AckAnswerer:
             self._log.warning(1, "Skipped a malformed acknowledged heartbeat from %s: %r", agent, msg[:64])
             return
         seq, payload = parsed
-        if is_tagged_heartbeat(msg):
-            self._upstream.xfer_stats.add("num_tagged_heartbeats_recv", 1)
-            missing = self._keeper.extend_tagged(payload, now)
-        else:
-            missing = self._keeper.extend_acked(payload, now)
+        missing = self._keeper.extend(_TAGS if is_tagged_heartbeat(msg) else _IDS, (payload,), now)
         if not self._answerable(agent):
             # No hello yet (or forgotten): D says hello again when answers stop.
             self._upstream.xfer_stats.add("num_heartbeat_acks_dropped", 1)

@@ -9,8 +9,8 @@ no notification and has no read in flight, the worker pauses for
 arrives meanwhile waits at most that long.
 
 Off by default: with vLLM's multiprocess executor the process waiting on the
-other end of the shared-memory queue busy-waits (sched_yield) for a second
-after each message, so the pause only moves the spinning (README "Idle P").
+other end of the shared-memory queue busy-waits (sched_yield) after each
+message, so the pause only moves the spinning (see docs/BENCHMARKS.md).
 """
 
 from __future__ import annotations

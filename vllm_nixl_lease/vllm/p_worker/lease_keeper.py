@@ -2,26 +2,23 @@
 
 Everything P does with a lease happens here:
 - granted: upstream's ``start_load_kv`` assigns ``_reqs_to_send[req] = deadline``;
-  that dict is ``deadlines`` (``views.py``), so the grant lands in the router;
-- extended: ``route`` (pull: every notification), ``extend_acked`` (pull:
-  an acknowledged ``LHB:`` heartbeat, for ``ack_answerer.py``),
-  ``extend_tagged`` (pull: the same naming lease tags, ``LHBT:``) and
-  ``extend_heartbeats`` (push: heartbeats taken off the writer thread's queue)
-  -> ``LeaseTable``;
+  that dict is ``deadlines`` (``upstream_state.py``), so the grant lands in the router;
+- extended: ``route`` for pull's ``HB:`` (in the core, with the step's other
+  notifications), ``extend`` for every other heartbeat form (see its table);
 - released on read: ``route`` returns the requests every consumer has read;
 - expired: ``expire`` sweeps the table once per step, at most
-  ``max_expiries_per_step`` leases, and logs through ``expiry_log.log_expired``
-  (the code ``make bench`` times).
+  ``max_expiries_per_step`` leases, and logs through ``expiry_log.log_expired``.
 """
 
 from __future__ import annotations
 
+import enum
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from vllm.logger import init_logger
 
-from ..._wire import ACK_PREFIXES, PUSH_REG_PREFIX, heartbeat_payload
+from ..._wire import ACK_PREFIXES, PUSH_REG_PREFIX
 from ...prefill.expiry_log import log_expired
 from ...prefill.lease_table import LeaseTable
 from ...prefill.notification_router import NotificationRouter
@@ -34,6 +31,19 @@ from .upstream_state import ReqsToProcessSet, ReqsToSendDict
 logger = init_logger(__name__)
 
 
+class HeartbeatForm(enum.Enum):
+    """How a heartbeat names the leases it renews (``LeaseKeeper.extend``)."""
+
+    IDS = "ids"  # P's request ids
+    TAGS = "tags"  # lease tags (lease_tags.py), one per lease
+    PUSH = "push"  # push mode: P's request ids, or the router's ids P's are suffixed from
+
+
+# The members as module globals: an Enum member looked up through its class
+# costs more than the rest of a small heartbeat's dispatch.
+_TAGS, _PUSH = HeartbeatForm.TAGS, HeartbeatForm.PUSH
+
+
 class LeaseKeeper:
     """Grants, extends, releases and expires P's leases for one worker."""
 
@@ -42,11 +52,11 @@ class LeaseKeeper:
         self.extension = lease_config.lease_extension
         self.max_expiries_per_step = lease_config.max_expiries_per_step
         # Ack messages (ours) pass through the core to the ack components.
-        # Push's D never names leases by tag: its table skips the tag index (~1 us a grant).
+        # Push's D never names leases by tag: its table skips the tag index (a cost per grant).
         self.router = NotificationRouter(
             LeaseTable(lease_config.lease_extension, tags=not push), (PUSH_REG_PREFIX, *ACK_PREFIXES)
         )
-        # Push mode only: D names leases by the router's id (vLLM issue 53095).
+        # Push mode only: D names leases by the router's id, not P's (push_aliases.py).
         self.aliases: LeaseAliases | None = LeaseAliases() if push else None
         # Stand-ins for upstream's _reqs_to_send / _reqs_to_process.
         self.deadlines = ReqsToSendDict(self.router, self._granted, self._released)
@@ -71,8 +81,10 @@ class LeaseKeeper:
 
     # -- pull: one step's notifications -------------------------------------
     def route(self, notifs: Mapping[str, list[bytes]]) -> tuple[set[str], dict[str, list[bytes]]]:
-        """Route one step's notifications; return the requests read by all
-        consumers, and the heartbeat-ack messages (per agent) for the ack components."""
+        """Route one step's notifications (pull): ``HB:`` heartbeats extend and
+        completions release, in the core; return the requests read by all
+        consumers, and the heartbeat-ack messages (per agent) for the ack
+        components, whose heartbeats come back through ``extend``."""
         if not notifs:
             return set(), {}
         start = time.perf_counter_ns()
@@ -113,48 +125,92 @@ class LeaseKeeper:
             self._released(req_id)
         return set(result.completed), ack_messages
 
-    def extend_acked(self, payload: bytes, now: float) -> list[str] | None:
-        """Extend the leases an ``LHB:`` heartbeat names; return the ids it
-        named that hold no lease here (None: cannot tell, count none extended)."""
+    # -- every other heartbeat -----------------------------------------------
+    def extend(
+        self, form: HeartbeatForm, payloads: Iterable[bytes], now: float | None = None
+    ) -> list[str] | None:
+        """Extend the leases heartbeats name: every way in but pull's ``HB:``.
+
+        ``payloads``: the heartbeats' name lists (no prefix, no seq); ``now``:
+        P's clock when they arrived (None: now).  Which message takes which path:
+
+        ===========================  =====  ==============================  ===========================
+        message                      form   path                            returns
+        ===========================  =====  ==============================  ===========================
+        ``HB:<ids>``, pull           --     ``route``, not here: the core   (``route``'s result)
+                                            router applies a step's ``HB:``
+                                            in one pass, with completions
+        ``LHB:<seq>:<ids>``          IDS    ``LeaseTable.extend_counted``   ids not leased here, for
+                                                                            the answer (None: not UTF-8)
+        ``LHBT:<seq>:<tags>``        TAGS   ``LeaseTable.extend_tagged``    tags naming no lease
+                                                                            (None: not ASCII)
+        ``HB:<ids>``, push           PUSH   by id, then the ids left over   None
+        (the writer thread's queue)         by the router's id
+                                            (``LeaseAliases.extend``)
+        upstream's                   IDS    ``LeaseTable.extend_counted``   as ``LHB:`` (ignored)
+        ``_handle_heartbeat``
+        ===========================  =====  ==============================  ===========================
+
+        Every form counts the messages, ids and unknown ids it saw; PUSH also
+        times itself as ``lease_route_time``, as ``route`` is timed for pull.
+        """
+        if now is None:
+            now = time.perf_counter()
+        if form is _PUSH:
+            self._extend_push(payloads, now)
+            return None
         table = self.router.table
-        extended, ids = table.extend_counted(payload, now)
-        self._account_heartbeats(1, ids, extended)
-        if extended >= ids:
-            return []
+        messages = named = matched = 0
+        unknown: list[str] | None = []
+        if form is _TAGS:
+            for payload in payloads:
+                _, count, missing = table.extend_tagged(payload, now)
+                messages += 1
+                named += count
+                if missing is None:
+                    unknown = None  # not ASCII: nothing applied
+                else:
+                    matched += count - len(missing)  # tags, as ids are counted (a tag may name several)
+                    if missing and unknown is not None:
+                        unknown += missing
+            self._upstream.xfer_stats.add("num_tagged_heartbeats_recv", messages)
+        else:
+            for payload in payloads:
+                hit, count = table.extend_counted(payload, now)
+                messages += 1
+                named += count
+                matched += hit
+                if hit < count:
+                    missing = self._not_leased(payload)
+                    if missing is None:
+                        unknown = None
+                    elif unknown is not None:
+                        unknown += missing
+        self._account_heartbeats(messages, named, matched)
+        return unknown
+
+    def _not_leased(self, payload: bytes) -> list[str] | None:
+        """The ids ``payload`` names that hold no lease here (None: not UTF-8)."""
         try:
             names = payload.decode("utf-8").split(",")
         except UnicodeDecodeError:
             return None
+        table = self.router.table
         return [n for n in names if n not in table]
 
-    def extend_tagged(self, payload: bytes, now: float) -> list[str] | None:
-        """``extend_acked`` for an ``LHBT:`` heartbeat: extend the leases its
-        tags name (the table indexes them by tag); return the tags that name
-        no lease here (None: cannot tell)."""
-        extended, named, unknown = self.router.table.extend_tagged(payload, now)
-        self._account_heartbeats(1, named, named - len(unknown) if unknown is not None else 0)
-        return unknown
-
-    # -- push: heartbeats taken off the writer thread's queue ----------------
-    def extend_heartbeats(self, heartbeats: list[bytes]) -> None:
+    def _extend_push(self, payloads: Iterable[bytes], now: float) -> None:
         start = time.perf_counter_ns()
-        now = time.perf_counter()
         table = self.router.table
-        ids_total = extended_total = 0
-        for msg in heartbeats:
-            payload = heartbeat_payload(msg)
+        messages = ids_total = extended_total = 0
+        for payload in payloads:
             extended, ids = table.extend_counted(payload, now)
             if extended < ids and self.aliases:
                 extended += self.aliases.extend(table, payload, now)
+            messages += 1
             ids_total += ids
             extended_total += extended
         self._upstream.xfer_stats.observe_time("lease_route_time", (time.perf_counter_ns() - start) / 1e9)
-        self._account_heartbeats(len(heartbeats), ids_total, extended_total)
-
-    def extend_payload(self, payload: str) -> None:
-        """Upstream's ``_handle_heartbeat`` entry point: one heartbeat's id list."""
-        extended, ids = self.router.table.extend_counted(payload, time.perf_counter())
-        self._account_heartbeats(1, ids, extended)
+        self._account_heartbeats(messages, ids_total, extended_total)
 
     def _account_heartbeats(self, messages: int, ids: int, extended: int) -> None:
         stats = self._upstream.xfer_stats

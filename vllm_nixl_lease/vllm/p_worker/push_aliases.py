@@ -1,11 +1,11 @@
 """Push mode P side: heartbeats that name the router's request id renew the
-lease P holds under its own id (fixes vLLM issue 53095).
+lease P holds under its own id (upstream's push P renews nothing for them).
 
 In push mode D never learns P's request id: its ``remote_request_id`` is the
 router's, while P keys the lease by its internal id, which vLLM suffixes with
 ``-<8 hex>``.  Upstream already matches D's PUSH_REG registrations to P's
 finished blocks by that base id (``get_base_request_id``); heartbeat ids get
-the same lookup here, on P, so stock D engines are fixed too.
+the same lookup here, on P, so it works for stock D engines too.
 """
 
 from __future__ import annotations
@@ -45,7 +45,9 @@ class LeaseAliases:
                 del self._by_base[base]
 
     def extend(self, table: LeaseTable, payload: bytes, now: float) -> int:
-        """Extend leases named by base id; return how many ids matched."""
+        """Extend leases named by base id; return how many ids matched.  The
+        ids the table extended directly are skipped; only ``LeaseKeeper.extend``
+        (push) calls this, after that direct pass."""
         matched = 0
         for raw in payload.split(HEARTBEAT_SEPARATOR):
             try:
