@@ -37,9 +37,10 @@ EXTENSION = 20
 
 def load_impl(name: str):
     if name == "cython":
-        lease = importlib.import_module("vllm_nixl_lease.prefill._lease_c")
+        lease = importlib.import_module("vllm_nixl_lease.prefill._lease_table_c")
+        router = importlib.import_module("vllm_nixl_lease.prefill._notification_router_c")
         hb = importlib.import_module("vllm_nixl_lease.decode._heartbeat_tracker_c")
-        return lease.LeaseTable, lease.NotificationRouter, hb.HeartbeatTracker
+        return lease.LeaseTable, router.NotificationRouter, hb.HeartbeatTracker
     lease = importlib.import_module("vllm_nixl_lease.prefill._lease_table_py")
     router = importlib.import_module("vllm_nixl_lease.prefill._notification_router_py")
     hb = importlib.import_module("vllm_nixl_lease.decode._heartbeat_tracker_py")
