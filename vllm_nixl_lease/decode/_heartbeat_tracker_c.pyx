@@ -13,7 +13,7 @@ from libc.string cimport memchr, memcpy
 import heapq
 import math
 
-from ._heartbeat_tracker_py import DEFAULT_MAX_MESSAGE_BYTES, check_max_message_bytes, check_remote_id
+from .._checks import DEFAULT_MAX_MESSAGE_BYTES, check_interval, check_max_message_bytes, check_remote_id
 from .._wire import HEARTBEAT_PREFIX
 
 cdef bytes PREFIX = HEARTBEAT_PREFIX
@@ -41,8 +41,8 @@ cdef bytes _encode(object ids, Py_ssize_t size):
 
 
 cdef inline bytes _checked_id(object remote_req_id, Py_ssize_t limit):
-    """``check_remote_id`` (the twin's), with the common case (a valid str)
-    checked here; anything else goes to the twin, which raises its errors."""
+    """``check_remote_id``, with the common case (a valid str) checked here;
+    anything else goes to ``check_remote_id``, which raises its errors."""
     cdef bytes raw
     cdef Py_ssize_t n
     if type(remote_req_id) is str:
@@ -136,10 +136,7 @@ cdef class HeartbeatTracker:
     cdef Py_ssize_t _repacks
 
     def __init__(self, interval, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES):
-        interval = float(interval)
-        if not (math.isfinite(interval) and interval >= 0):
-            raise ValueError(f"heartbeat interval must be a finite number >= 0, got {interval!r}")
-        self._interval = interval
+        self._interval = check_interval(interval)
         self._max = check_max_message_bytes(max_message_bytes)
         self._engines = {}
         self._local = {}

@@ -34,32 +34,8 @@ import heapq
 import math
 from collections.abc import Iterable
 
-from .._wire import HEARTBEAT_PREFIX, request_id_bytes
-
-DEFAULT_MAX_MESSAGE_BYTES = 8192
-
-
-def check_remote_id(remote_req_id: object, max_message_bytes: int) -> bytes:
-    """Encode a P-side request id for a heartbeat, or raise ValueError."""
-    raw = request_id_bytes(remote_req_id)
-    if not raw:
-        raise ValueError("empty request id cannot be heartbeated")
-    if b"," in raw:
-        raise ValueError(f"request id {remote_req_id!r} contains ',' (the heartbeat separator)")
-    if len(HEARTBEAT_PREFIX) + len(raw) > max_message_bytes:
-        raise ValueError(
-            f"request id of {len(raw)} bytes does not fit a heartbeat message "
-            f"of at most {max_message_bytes} bytes"
-        )
-    return raw
-
-
-def check_max_message_bytes(max_message_bytes: int) -> int:
-    if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int):
-        raise TypeError("max_message_bytes must be an int")
-    if max_message_bytes <= len(HEARTBEAT_PREFIX):
-        raise ValueError(f"max_message_bytes must exceed {len(HEARTBEAT_PREFIX)}, got {max_message_bytes}")
-    return max_message_bytes
+from .._checks import DEFAULT_MAX_MESSAGE_BYTES, check_interval, check_max_message_bytes, check_remote_id
+from .._wire import HEARTBEAT_PREFIX
 
 
 def encode_heartbeats(ids: Iterable[str | bytes], max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[bytes]:
@@ -140,10 +116,7 @@ class HeartbeatTracker:
     )
 
     def __init__(self, interval: float, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
-        interval = float(interval)
-        if not (math.isfinite(interval) and interval >= 0):
-            raise ValueError(f"heartbeat interval must be a finite number >= 0, got {interval!r}")
-        self._interval = interval
+        self._interval = check_interval(interval)
         self._max = check_max_message_bytes(max_message_bytes)
         self._engines: dict[str, _Engine] = {}
         self._local: dict[str, tuple[str, bytes]] = {}  # local id -> (engine, remote id)

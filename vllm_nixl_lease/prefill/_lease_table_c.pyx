@@ -67,10 +67,9 @@ from libcpp.algorithm cimport sort, make_heap, push_heap, pop_heap
 from libc.math cimport floor, INFINITY
 from cython.operator cimport dereference as deref, preincrement as inc
 
-import math
 import os
 
-from ._lease_table_py import check_limit, check_now
+from .._checks import check_extension, check_limit, check_now
 from ..lease_tags import tag_digest as _tag_digest
 
 cdef extern from "prefetch.h":
@@ -152,9 +151,7 @@ cdef class LeaseTable:
     """Leases held by a prefill worker: request id -> deadline (Cython)."""
 
     def __cinit__(self, extension, *, bint tags=True, int _hash_bits=64):
-        extension = float(extension)
-        if not (math.isfinite(extension) and extension > 0):
-            raise ValueError(f"lease extension must be a finite number > 0, got {extension!r}")
+        extension = check_extension(extension)
         if not 1 <= _hash_bits <= 64:
             raise ValueError("_hash_bits must be in 1..64")
         self._extension = extension
@@ -457,6 +454,7 @@ cdef class LeaseTable:
         cdef double d
         cdef long idx
         cdef uint32_t h
+        # check_req_id and check_deadline, in C: the id's bytes are needed anyway
         if not isinstance(req_id, str):
             raise TypeError(f"request id must be str, got {type(req_id).__name__}")
         try:

@@ -14,8 +14,7 @@ from libc.string cimport memcmp
 
 from ._lease_table_c cimport IN_BATCH, LeaseTable
 
-from ._lease_table_py import check_limit, check_now
-from ._notification_router_py import MESSAGES_TYPES
+from .._checks import MESSAGES_TYPES, check_limit, check_now
 from .route_result import (
     MALFORMED_SAMPLE_SIZE, UNKNOWN_SAMPLE_SIZE, Expiry, RouteResult, malformed_sample, unknown_sample_id,
 )

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from .._checks import MESSAGES_TYPES, check_now
 from .._wire import HEARTBEAT_PREFIX, PUSH_REG_PREFIX, heartbeat_payload, parse_completion
-from ._lease_table_py import LeaseTable, check_now
+from ._lease_table_py import LeaseTable
 from .route_result import (
     MALFORMED_SAMPLE_SIZE,
     UNKNOWN_SAMPLE_SIZE,
@@ -29,8 +30,6 @@ from .route_result import (
 )
 
 DEFAULT_PASSTHROUGH_PREFIXES: tuple[bytes, ...] = (PUSH_REG_PREFIX,)
-# What an agent's messages may come as; anything else is one malformed entry.
-MESSAGES_TYPES = (list, tuple)
 
 
 class NotificationRouter:
