@@ -114,6 +114,11 @@ cdef class LeaseTable:
             return -1  # such an id can never have been granted
         return self._find(p, n, self._hash(p, n))
 
+    cdef inline double _extended_deadline(self, double now) noexcept nogil:
+        """The deadline a heartbeat applied at ``now`` gives a lease it names
+        (a lease already later keeps its own)."""
+        return now + self._extension
+
     cdef inline bint _is_in_batch(self, long idx) noexcept:
         return (self._slots[idx].seq & IN_BATCH) != 0
 

@@ -568,7 +568,7 @@ cdef class LeaseTable:
 
     def extend_counted(self, payload, now):
         """Like ``extend``; returns ``(extended, non-empty ids in payload)``."""
-        cdef double new_deadline = check_now(now) + self._extension
+        cdef double new_deadline = self._extended_deadline(check_now(now))
         cdef Py_ssize_t n
         cdef const char* p
         cdef const unsigned char[::1] view
@@ -593,7 +593,7 @@ cdef class LeaseTable:
         extend every lease a tag names.  Returns ``(leases extended, tags named,
         the tags naming no lease)``; the last is None, and nothing is extended,
         when the payload is not ASCII.  An empty field names nothing."""
-        cdef double new_deadline = check_now(now) + self._extension
+        cdef double new_deadline = self._extended_deadline(check_now(now))
         cdef bytes data = bytes(payload)
         cdef const unsigned char[::1] view = data
         cdef Py_ssize_t n = view.shape[0], pos = 0, end, named = 0, extended = 0

@@ -115,7 +115,7 @@ class LeaseTable:
 
     def extend_counted(self, payload: bytes | str, now: float) -> tuple[int, int]:
         """Like ``extend``; returns ``(extended, non-empty ids in payload)``."""
-        new_deadline = check_now(now) + self._extension
+        new_deadline = self._extended_deadline(check_now(now))
         extended = seen = 0
         leases = self._leases
         for req_id in split_heartbeat_ids(payload):
@@ -132,7 +132,7 @@ class LeaseTable:
         extend every lease a tag names.  Returns ``(leases extended, tags named,
         the tags naming no lease)``; the last is None, and nothing is extended,
         when the payload is not ASCII.  An empty field names nothing."""
-        new_deadline = check_now(now) + self._extension
+        new_deadline = self._extended_deadline(check_now(now))
         raw = bytes(payload)
         try:
             fields = raw.decode("ascii").split(",")
@@ -155,6 +155,11 @@ class LeaseTable:
                     entry[0] = new_deadline
                 extended += 1
         return extended, named, unknown
+
+    def _extended_deadline(self, now: float) -> float:
+        """The deadline a heartbeat applied at ``now`` gives a lease it names
+        (a lease already later keeps its own)."""
+        return now + self._extension
 
     def release(self, req_id: str) -> bool:
         """Drop the lease of ``req_id``; return whether it held one."""

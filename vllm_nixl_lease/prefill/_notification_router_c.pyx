@@ -132,7 +132,7 @@ cdef class NotificationRouter:
     def route(self, notifs, now):
         """Route one step's notifications (see the twin for the contract)."""
         cdef LeaseTable table = self.table
-        cdef double new_deadline = check_now(now) + table._extension
+        cdef double new_deadline = table._extended_deadline(check_now(now))
         try:
             items = notifs.items()
         except AttributeError:
