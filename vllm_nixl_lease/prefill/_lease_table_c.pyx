@@ -174,10 +174,6 @@ cdef class LeaseTable:
             if self._slots[i].seq != 0:
                 Py_DECREF(<object>self._slots[i].req_id)
 
-    @property
-    def extension(self):
-        return self._extension
-
     # -- slot and map maintenance ---------------------------------------
     cdef uint32_t _alloc_slot(self):
         cdef uint32_t idx

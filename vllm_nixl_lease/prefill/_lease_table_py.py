@@ -86,10 +86,6 @@ class LeaseTable:
         self._by_tag: dict[int, list[str]] = {}
         self._tags = bool(tags)
 
-    @property
-    def extension(self) -> float:
-        return self._extension
-
     def grant(self, req_id: str, deadline: float) -> None:
         """Start (or overwrite) the lease of ``req_id`` until ``deadline``."""
         req_id = check_req_id(req_id)

@@ -102,20 +102,11 @@ cdef class NotificationRouter:
         return True
 
     def received(self, req_id):
+        """Read completions received so far for a request still waiting (see the twin)."""
         return self._counts.get(req_id, 0)
 
     def in_batch_count(self):
         return len(self._in_batch) + self.table._in_batch
-
-    def in_batch_ids(self):
-        """Ids in a batch (no particular order)."""
-        cdef LeaseTable table = self.table
-        cdef size_t i
-        ids = list(self._in_batch)
-        if table._in_batch:
-            ids += [<object>table._slots[i].req_id for i in range(table._slots.size())
-                    if table._slots[i].seq & IN_BATCH]
-        return ids
 
     cdef bint _is_passthrough(self, const char* p, Py_ssize_t n):
         cdef bytes prefix
