@@ -9,14 +9,13 @@
 
 #include "siphash.h"
 
-/* A lone SipHash round already keeps about 3.5 integer ALUs busy, so hashing
-   ids in scalar lockstep gains nothing (measured: four interleaved scalar
-   chains ran no faster than one after the other).  On x86-64 with AVX2
-   (checked at run time; the module is built for plain x86-64) four ids share
-   one 256-bit register per state word: a round of four ids is about 20 vector
-   instructions instead of 56 scalar ones.  Used when the four ids have the
-   same number of whole 8-byte words (ids of one shape, the usual case); each
-   lane's last word is built as in vnl_last. */
+/* One SipHash round already keeps the scalar integer units busy, so
+   interleaving several ids' scalar rounds gains nothing.  On x86-64 with AVX2
+   (checked at run time: the module is built for plain x86-64) four ids share
+   one 256-bit register per state word, so a round of four ids takes a few
+   vector instructions per step instead of four scalar ones.  Used when the
+   four ids have the same number of whole 8-byte words (ids of one shape, the
+   usual case); each lane's last word is built as in vnl_last. */
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
 #include <immintrin.h>
 #define VNL_AVX2_DISPATCH 1

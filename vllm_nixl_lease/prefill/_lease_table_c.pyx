@@ -8,25 +8,24 @@ router (``_notification_router_c.pyx``) cimports it.
 
 Layout, and why:
 - ``_slots``: one 40-byte C struct per lease (deadline, owned id, grant seq,
-  hash, tag digest and chain) in a std::vector, reused through a free list, so a lease costs no
-  Python object beyond the id string the caller already owns.
+  hash, tag digest and chain) in a std::vector, reused through a free list,
+  so a lease costs no Python object beyond the id string the caller already
+  owns.
 - ``_index``: open-addressing table (linear probing, load <= 0.7) of 4-byte
-  slot numbers keyed by SipHash-1-3 (Aumasson & Bernstein, implemented
-  inline below) of the id's UTF-8 bytes under a random 16-byte key per
-  table, so ids cannot be crafted to collide (the old fixed-seed murmur64
-  could be, see issue 9).  The key is our own, not CPython's hash secret,
-  which PYTHONHASHSEED fixes (deployments set it for stable prefix-cache
-  hashes, and 0 disables the key altogether).  Every hash the table stores or
-  probes is this one.  A heartbeat finds the commas of its payload with a
-  64-byte bit mask and hashes the byte spans in place (four ids per AVX2
-  register where the CPU has AVX2), so it creates no Python object per id,
-  and looks ids up in groups with prefetches so that the cache misses of a
-  group overlap.  The slot keeps 32
+  slot numbers, small cells so that the index adds little to a lease's
+  memory.  Ids are placed by SipHash-1-3 (``csrc/siphash.h``) of their UTF-8
+  bytes under a random 16-byte key per table, so ids cannot be crafted to
+  collide.  The key is our own, not CPython's hash secret, which
+  PYTHONHASHSEED fixes (deployments set it for stable prefix-cache hashes,
+  and 0 disables the key altogether).  Every hash the table stores or probes
+  is this one.  A heartbeat finds the commas of its payload with a 64-byte
+  bit mask (``csrc/comma_scan.h``) and hashes the byte spans in place (four
+  ids per AVX2 register where the CPU has AVX2, ``csrc/siphash_x4.h``), so it
+  creates no Python object per id, and looks ids up in groups with
+  prefetches so that the cache misses of a group overlap.  The slot keeps 32
   bits of the hash, so probes compare the hash before the bytes and a resize
-  never rehashes a string.  We first used preshed here, but its 16-byte
-  cells (at most 60% full) alone cost more per lease than upstream's dict +
-  set leave room for; deleted cells are purged by rehashing when they pile
-  up, so unique ids churning forever stay O(n).
+  never rehashes a string.  Deleted cells are purged by rehashing when they
+  pile up, so unique ids churning forever stay O(n).
 - ``_wheel``: a deadline-bucketed timing wheel: a std::map from bucket
   (deadline // (extension / 16)) to a vector of (deadline, seq << 32 | slot)
   entries, 16 bytes each.  Where the twin's heap pays O(log n) cache misses
@@ -34,12 +33,11 @@ Layout, and why:
   few due entries by (deadline, seq) and is done; a sweep with nothing due
   is one comparison against a lower bound of every stored deadline.  Grant
   seqs are 31-bit (the top bit marks a request also in a batch, for the
-  router); when they run out the live leases are renumbered in
-  order, which keeps every tie-break as it was.  As in the twin, extensions
-  only raise the slot's deadline; an outdated entry is moved to its
-  bucket when its old bucket comes due, orphaned entries are dropped there,
-  and the wheel is rebuilt when orphans outnumber leases.  In all, about 44
-  bytes a lease at 1M leases.
+  router); when they run out the live leases are renumbered in order, which
+  keeps every tie-break as it was.  As in the twin, extensions only raise
+  the slot's deadline; an outdated entry is moved to its bucket when its old
+  bucket comes due, orphaned entries are dropped there, and the wheel is
+  rebuilt when orphans outnumber leases.
 - ``_backlog``: when a sweep with a ``limit`` finds more due than it may take
   (a dead D's leases, all renewed by one heartbeat, share one bucket), the due
   entries go into a binary min-heap once, O(n), and each later sweep pops its
@@ -136,7 +134,7 @@ cdef Py_ssize_t MIN_STALE_FOR_REBUILD = 64   # same constant as the twin
 cdef size_t MIN_INDEX_SIZE = 16            # a power of two
 
 # A C constant: a bare 0xFFFFFFFF in an expression is a Python int to Cython (it
-# does not fit a C int), which boxed every operand it met.
+# does not fit a C int), which would box every operand it meets.
 cdef uint64_t LOW32 = 0xFFFFFFFF
 cdef uint64_t MIX1 = 0xBF58476D1CE4E5B9  # splitmix64's multipliers (tag cells)
 cdef uint64_t MIX2 = 0x94D049BB133111EB
@@ -608,7 +606,7 @@ cdef class LeaseTable:
         cdef const uint32_t* heads = self._tag_heads.data()
         cdef const uint64_t* keys = self._tag_keys.data()
         cdef Slot* slots = self._slots.data()
-        if not data.isascii():  # CPython checks a word at a time: ~2 us for 35 KB here
+        if not data.isascii():  # CPython checks a word at a time, so this costs little
             while pos <= n:  # count as the twin does: non-empty fields
                 end = pos
                 while end < n and p[end] != 44:

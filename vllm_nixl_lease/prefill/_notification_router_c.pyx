@@ -29,7 +29,7 @@ cdef long MAX_EXPECTED_CONSUMERS = _MAX_CONSUMERS
 
 cdef class NotificationRouter:
     """P-side bookkeeping of requests being sent, updated from whole
-    notification batches (Cython twin of ``_router_py.NotificationRouter``)."""
+    notification batches (Cython twin of ``_notification_router_py.NotificationRouter``)."""
 
     cdef readonly LeaseTable table
     cdef set _in_batch
