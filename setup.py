@@ -12,7 +12,8 @@ from setuptools import Extension, setup
 
 # Dotted module names; each source is the module's path with ``.pyx``.
 MODULES = [
-    "vllm_nixl_lease.prefill._lease_c",
+    "vllm_nixl_lease.prefill._lease_table_c",
+    "vllm_nixl_lease.prefill._notification_router_c",
     "vllm_nixl_lease.decode._heartbeat_tracker_c",
 ]
 

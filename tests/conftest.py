@@ -27,7 +27,8 @@ def load_core(name: str) -> types.SimpleNamespace:
             encode_heartbeats=heartbeat.encode_heartbeats,
         )
     try:
-        lease = importlib.import_module("vllm_nixl_lease.prefill._lease_c")
+        lease = importlib.import_module("vllm_nixl_lease.prefill._lease_table_c")
+        router = importlib.import_module("vllm_nixl_lease.prefill._notification_router_c")
         heartbeat = importlib.import_module("vllm_nixl_lease.decode._heartbeat_tracker_c")
     except ImportError as exc:
         if os.environ.get("VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS") == "1":
@@ -36,7 +37,7 @@ def load_core(name: str) -> types.SimpleNamespace:
     return types.SimpleNamespace(
         name=name,
         LeaseTable=lease.LeaseTable,
-        NotificationRouter=lease.NotificationRouter,
+        NotificationRouter=router.NotificationRouter,
         HeartbeatTracker=heartbeat.HeartbeatTracker,
         encode_heartbeats=heartbeat.encode_heartbeats,
     )

@@ -56,7 +56,7 @@ def siphash13(key: bytes, data: bytes) -> int:
 @pytest.fixture
 def cyhash():
     try:
-        from vllm_nixl_lease.prefill._lease_c import _siphash13
+        from vllm_nixl_lease.prefill._lease_table_c import _siphash13
     except ImportError as exc:
         pytest.skip(f"Cython extension not built: {exc}")
     return _siphash13
@@ -95,13 +95,13 @@ def lanes(request, core):
     if core.name != "cython":
         yield request.param
         return
-    from vllm_nixl_lease.prefill import _lease_c
+    from vllm_nixl_lease.prefill import _lease_table_c
 
-    if request.param == "simd" and not _lease_c._set_simd(True):
+    if request.param == "simd" and not _lease_table_c._set_simd(True):
         pytest.skip("no AVX2 on this CPU")
-    _lease_c._set_simd(request.param == "simd")
+    _lease_table_c._set_simd(request.param == "simd")
     yield request.param
-    _lease_c._set_simd(True)
+    _lease_table_c._set_simd(True)
 
 
 def test_heartbeats_of_every_shape(core, lanes):

@@ -15,6 +15,12 @@ def ids_in(messages):
     return out
 
 
+def sent(hb, now=0.0):
+    """The messages one ``poll_paced_chunks`` call sends, per engine (every
+    chunk, on a tracker with interval 0)."""
+    return {engine: [m for _, _, m in items] for engine, items in hb.poll_paced_chunks(now).items()}
+
+
 def test_encode_packs_greedily(core):
     assert core.encode_heartbeats([], 100) == []
     assert core.encode_heartbeats(["aa", "bb", "cc"], 9) == [
@@ -29,44 +35,42 @@ def test_encode_packs_greedily(core):
         core.encode_heartbeats(["a"], 3)
 
 
-def test_track_untrack_and_throttle(core):
-    hb = core.HeartbeatTracker(5.0, max_message_bytes=20)
-    assert hb.poll(0.0) == {}  # nothing tracked: nothing to send
+def test_track_and_untrack(core):
+    hb = core.HeartbeatTracker(0.0, max_message_bytes=20)
+    assert sent(hb) == {}  # nothing tracked: nothing to send
     for i in range(6):
         hb.track(f"loc{i}", "P0" if i % 2 else "P1", f"rem{i}")
-    assert hb.due(0.0)
-    msgs = hb.poll(0.0)
+    msgs = sent(hb)
     assert sorted(msgs) == ["P0", "P1"]
     assert ids_in(msgs["P0"]) == [b"rem1", b"rem3", b"rem5"]
-    assert hb.poll(4.9) == {} and not hb.due(4.9) and hb.due(5.0)
     assert hb.untrack("loc1") and not hb.untrack("loc1")
-    assert ids_in(hb.messages_for("P0")) == [b"rem3", b"rem5"]
+    assert ids_in(sent(hb)["P0"]) == [b"rem3", b"rem5"]
     for i in (3, 5):
         hb.untrack(f"loc{i}")
-    assert hb.engines() == ["P1"] and hb.messages_for("P0") == []
+    assert hb.engines() == ["P1"] and sorted(sent(hb)) == ["P1"]
 
 
 def test_messages_respect_limit_and_dedupe(core):
     hb = core.HeartbeatTracker(0, max_message_bytes=64)
     for i in range(500):
         hb.track(f"l{i}", "E", f"r{i % 300}")  # two local requests per remote id for 200 ids
-    msgs = hb.messages_for("E")
+    msgs = sent(hb)["E"]
     assert all(len(m) <= 64 for m in msgs)
     assert sorted(ids_in(msgs)) == sorted(f"r{i}".encode() for i in range(300))
     for i in range(300):
         hb.untrack(f"l{i}")
-    assert sorted(ids_in(hb.messages_for("E"))) == sorted(f"r{i}".encode() for i in range(200))
+    assert sorted(ids_in(sent(hb)["E"])) == sorted(f"r{i}".encode() for i in range(200))
 
 
 def test_cached_messages_reused_until_change(core):
     hb = core.HeartbeatTracker(0, max_message_bytes=32)
     for i in range(40):
         hb.track(f"l{i}", "E", f"req-{i:03d}")
-    first = hb.messages_for("E")
-    again = hb.messages_for("E")
+    first = sent(hb)["E"]
+    again = sent(hb)["E"]
     assert all(a is b for a, b in zip(first, again, strict=True))
     hb.untrack("l0")
-    after = hb.messages_for("E")
+    after = sent(hb)["E"]
     assert after[0] is not first[0] and all(a is b for a, b in zip(first[1:], after[1:], strict=True))
 
 
@@ -81,11 +85,11 @@ def test_repack_after_removals(core):
     hb = core.HeartbeatTracker(0, max_message_bytes=40)
     for i in range(200):
         hb.track(f"l{i}", "E", f"x{i:04d}")
-    before = len(hb.messages_for("E"))
+    before = len(sent(hb)["E"])
     for i in range(200):
         if i % 10:
             hb.untrack(f"l{i}")
-    msgs = hb.messages_for("E")
+    msgs = sent(hb)["E"]
     assert len(msgs) == 4 < before  # 20 ids of 6 bytes need 4 messages of 40
     assert len(ids_in(msgs)) == 20
 
@@ -113,30 +117,30 @@ def test_paced_sends_new_chunks_at_once_then_spreads_the_round(core):
     hb = core.HeartbeatTracker(1.0, max_message_bytes=12)  # one 8-byte id per chunk
     for i in range(40):
         hb.track(f"l{i}", "P0", f"r{i:07d}")
-    first = hb.poll_paced(0.0)
+    first = sent(hb, 0.0)
     assert len(first["P0"]) == 40
     per_call = []
     for step in range(1, 21):  # 20 calls of 0.05 s: one interval
-        out = hb.poll_paced(step * 0.05)
+        out = sent(hb, step * 0.05)
         per_call.append(len(out.get("P0", [])))
     assert per_call == [2] * 20  # 40 chunks / 20 calls, early and even
     # the second round follows the first one's order (earliest due first)
-    assert ids_in(hb.poll_paced(1.05)["P0"]) == [b"r0000000", b"r0000001"]
+    assert ids_in(sent(hb, 1.05)["P0"]) == [b"r0000000", b"r0000001"]
 
 
 def test_paced_new_chunk_and_appended_ids(core):
     hb = core.HeartbeatTracker(1.0, max_message_bytes=30)
     hb.track("a", "P0", "aaaa")
-    assert hb.poll_paced(0.0) == {"P0": [heartbeat_message(["aaaa"])]}
+    assert sent(hb, 0.0) == {"P0": [heartbeat_message(["aaaa"])]}
     hb.track("b", "P0", "bbbb")  # joins the chunk just sent: out by its due time
     for step in range(1, 20):
-        assert hb.poll_paced(step * 0.05) == {}
-    assert hb.poll_paced(1.0) == {"P0": [heartbeat_message(["aaaa", "bbbb"])]}
+        assert sent(hb, step * 0.05) == {}
+    assert sent(hb, 1.0) == {"P0": [heartbeat_message(["aaaa", "bbbb"])]}
     hb.track("c", "P1", "cccc")  # a new chunk: the next call
-    assert hb.poll_paced(1.01) == {"P1": [heartbeat_message(["cccc"])]}
+    assert sent(hb, 1.01) == {"P1": [heartbeat_message(["cccc"])]}
     hb.untrack("a")
     hb.untrack("b")
-    assert hb.poll_paced(2.0) == {} and hb.engines() == ["P1"]
+    assert sent(hb, 2.0) == {} and hb.engines() == ["P1"]
 
 
 def test_paced_interval_zero_sends_every_chunk_each_call(core):
@@ -144,7 +148,7 @@ def test_paced_interval_zero_sends_every_chunk_each_call(core):
     for i in range(3):
         hb.track(f"l{i}", "P0", f"r{i:07d}")
     for now in (0.0, 0.0, 0.5):
-        assert len(hb.poll_paced(now)["P0"]) == 3
+        assert len(sent(hb, now)["P0"]) == 3
 
 
 def _paced_run(core, seed: int):

@@ -94,7 +94,7 @@ def test_colliding_tags_renew_every_id_they_name(core, monkeypatch: pytest.Monke
     same = tag_digest("a")
     monkeypatch.setattr(twin, "tag_digest", lambda req_id: same)
     if core.name == "cython":
-        import vllm_nixl_lease.prefill._lease_c as cy
+        import vllm_nixl_lease.prefill._lease_table_c as cy
 
         monkeypatch.setattr(cy, "_tag_digest", lambda req_id: same)
     t = core.LeaseTable(5.0)
@@ -119,7 +119,7 @@ def test_tag_chains_survive_compaction(core, monkeypatch: pytest.MonkeyPatch) ->
 
     monkeypatch.setattr(twin, "tag_digest", three_tags)
     if core.name == "cython":
-        import vllm_nixl_lease.prefill._lease_c as cy
+        import vllm_nixl_lease.prefill._lease_table_c as cy
 
         monkeypatch.setattr(cy, "_tag_digest", three_tags)
     t = core.LeaseTable(5.0)

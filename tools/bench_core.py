@@ -37,9 +37,10 @@ EXTENSION = 20
 
 def load_impl(name: str):
     if name == "cython":
-        lease = importlib.import_module("vllm_nixl_lease.prefill._lease_c")
+        lease = importlib.import_module("vllm_nixl_lease.prefill._lease_table_c")
+        router = importlib.import_module("vllm_nixl_lease.prefill._notification_router_c")
         hb = importlib.import_module("vllm_nixl_lease.decode._heartbeat_tracker_c")
-        return lease.LeaseTable, lease.NotificationRouter, hb.HeartbeatTracker
+        return lease.LeaseTable, router.NotificationRouter, hb.HeartbeatTracker
     lease = importlib.import_module("vllm_nixl_lease.prefill._lease_table_py")
     router = importlib.import_module("vllm_nixl_lease.prefill._notification_router_py")
     hb = importlib.import_module("vllm_nixl_lease.decode._heartbeat_tracker_py")
@@ -303,9 +304,9 @@ def d_build(n: int, quick: bool) -> dict[str, float]:
             lo += n // 100
             hi += n // 100
 
-            def tick(hb=hb, nixl=nixl):
-                for engine, msgs in hb.poll(0.0).items():
-                    for m in msgs:
+            def tick(hb=hb, nixl=nixl):  # interval 0: every chunk at every call
+                for engine, chunks in hb.poll_paced_chunks(0.0).items():
+                    for _, _, m in chunks:
                         nixl.send_notif(engine, m)
 
             samples.append(median_ns(tick, 1))
@@ -335,7 +336,8 @@ def d_pickle(n: int, quick: bool) -> dict[str, float]:
         hb = HeartbeatTracker(0)
         for i, rid in enumerate(ids):
             hb.track(rid, engines[i % 8], rid)
-        payload = {e: EngineHeartbeats(m, "h", 1, 1) for e, m in hb.messages().items()}
+        sent = hb.poll_paced_chunks(0.0)  # interval 0: every chunk
+        payload = {e: EngineHeartbeats([m for _, _, m in c], "h", 1, 1) for e, c in sent.items()}
         out[impl] = per_call_ns(lambda p=payload: pickle.loads(pickle.dumps(p)), 200, 7)
     up = {
         e: metadata.HeartbeatInfo(req_ids=set(ids[i::8]), host="h", port=1, tp_size=1)

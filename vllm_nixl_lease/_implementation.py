@@ -25,13 +25,18 @@ def extensions_disabled() -> bool:
     return os.environ.get(NO_EXTENSIONS_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
-def choose(package: str, cython_module: str, python_module: str) -> ModuleType:
+def choose(
+    package: str, cython_module: str, python_module: str, requires: tuple[str, ...] = ()
+) -> ModuleType:
     """The Cython module ``package.cython_module`` unless extensions are off or
-    it cannot be imported; else the twin ``package.python_module``."""
+    it (or one of the Cython modules in ``requires``, which only work with it)
+    cannot be imported; else the twin ``package.python_module``."""
     concept = f"{package}.{python_module.removeprefix('_').removesuffix('_py')}"
     if not extensions_disabled():
         try:
             module = import_module(f".{cython_module}", package)
+            for other in requires:
+                import_module(f".{other}", package)
         except ImportError as exc:  # pragma: no cover - depends on the build
             warnings.warn(
                 f"vllm_nixl_lease: Cython extension {cython_module} unavailable ({exc}); "

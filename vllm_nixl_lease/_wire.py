@@ -10,7 +10,7 @@ Messages (byte strings, as upstream vLLM sends them):
   passed through to its code untouched.
 
 Ours only, sent only to a peer that advertised it (a stock P never sees them;
-see ``vllm/ack_requester.py``):
+see ``vllm/d_worker/ack_requester.py``):
 - acknowledged heartbeat, D -> P: ``LHB:<seq>:<id>,<id>,...`` -- a heartbeat
   (same id list as ``HB:``) that P answers with an acknowledgement;
 - tagged heartbeat, D -> P: ``LHBT:<seq>:<tag>,<tag>,...`` -- the same, naming

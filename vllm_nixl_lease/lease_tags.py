@@ -1,13 +1,13 @@
 """Lease tags: short, fixed-length names for P's request ids in heartbeats.
 
 D heartbeats every queued request once an interval, naming it by P's request
-id: ~27 bytes in the harness, ~110 bytes for real vLLM ids.  At 100k queued
-requests the bytes, and so the number of NIXL ``send_notif`` calls (a fixed
-~100-180 us of D's CPU each on a cold step), follow the id length.  A P that
-advertises ``remote_lease_tags`` accepts ``LHBT:<seq>:<tag>,<tag>,...``
-instead (``_wire.py``): each tag is the 11-character unpadded base64url form
-of an 8-byte BLAKE2b digest of the id's UTF-8 bytes, which both sides compute
-on their own, so nothing new travels at grant time.
+id, and real vLLM ids are long.  With many requests queued the bytes, and so
+the number of NIXL ``send_notif`` calls (each a fixed cost of D's CPU),
+follow the id length.  A P that advertises ``remote_lease_tags`` accepts
+``LHBT:<seq>:<tag>,<tag>,...`` instead (``_wire.py``): each tag is the
+11-character unpadded base64url form of an 8-byte BLAKE2b digest of the id's
+UTF-8 bytes, which both sides compute on their own, so nothing new travels at
+grant time.
 
 P's lease table indexes each lease under its tag's 64-bit digest as well as
 its id (``LeaseTable.extend_tagged``, both implementations), so a tagged
@@ -18,8 +18,8 @@ ids sharing a tag (about 1 in 2**64 per pair; finding one on purpose takes
 ~2**32 hashes) can only keep a lease alive longer, never end one early; the
 answer's "not extended" list names tags, so D's views stay conservative.
 
-No vLLM imports: the lease tables (P) and ``vllm/heartbeat_scheduler.py`` (D)
-use it.
+No vLLM imports: the lease tables (P) and
+``vllm/d_scheduler/heartbeat_schedule.py`` (D) use it.
 """
 
 from __future__ import annotations

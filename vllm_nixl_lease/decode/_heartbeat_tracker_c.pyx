@@ -13,7 +13,7 @@ from libc.string cimport memchr, memcpy
 import heapq
 import math
 
-from ._heartbeat_tracker_py import DEFAULT_MAX_MESSAGE_BYTES, check_max_message_bytes, check_remote_id
+from .._checks import DEFAULT_MAX_MESSAGE_BYTES, check_interval, check_max_message_bytes, check_remote_id
 from .._wire import HEARTBEAT_PREFIX
 
 cdef bytes PREFIX = HEARTBEAT_PREFIX
@@ -41,8 +41,8 @@ cdef bytes _encode(object ids, Py_ssize_t size):
 
 
 cdef inline bytes _checked_id(object remote_req_id, Py_ssize_t limit):
-    """``check_remote_id`` (the twin's), with the common case (a valid str)
-    checked here; anything else goes to the twin, which raises its errors."""
+    """``check_remote_id``, with the common case (a valid str) checked here;
+    anything else goes to ``check_remote_id``, which raises its errors."""
     cdef bytes raw
     cdef Py_ssize_t n
     if type(remote_req_id) is str:
@@ -126,24 +126,19 @@ cdef class HeartbeatTracker:
     cdef Py_ssize_t _max
     cdef dict _engines     # engine id -> _Engine
     cdef dict _local       # local id -> (engine id, raw remote id)
-    cdef object _last_sent
     cdef list _heap        # (due, push count, chunk), stale entries skipped
     cdef Py_ssize_t _pushes
     cdef Py_ssize_t _chunks  # live chunks, all engines
-    cdef object _paced_at  # last poll_paced, or None
+    cdef object _paced_at  # last poll_paced_chunks, or None
     cdef double _credit    # early sends earned and not yet made
     cdef Py_ssize_t _keys  # chunk keys handed out
     cdef Py_ssize_t _repacks
 
     def __init__(self, interval, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES):
-        interval = float(interval)
-        if not (math.isfinite(interval) and interval >= 0):
-            raise ValueError(f"heartbeat interval must be a finite number >= 0, got {interval!r}")
-        self._interval = interval
+        self._interval = check_interval(interval)
         self._max = check_max_message_bytes(max_message_bytes)
         self._engines = {}
         self._local = {}
-        self._last_sent = None
         self._heap = []
         self._pushes = 0
         self._chunks = 0
@@ -151,14 +146,6 @@ cdef class HeartbeatTracker:
         self._credit = 0.0
         self._keys = 0
         self._repacks = 0
-
-    @property
-    def interval(self):
-        return self._interval
-
-    @property
-    def max_message_bytes(self):
-        return self._max
 
     def track(self, local_req_id, engine_id, remote_req_id):
         if not local_req_id:
@@ -249,67 +236,21 @@ cdef class HeartbeatTracker:
     def engines(self):
         return list(self._engines)
 
-    def ids_for(self, engine_id):
-        cdef _Engine engine = self._engines.get(engine_id)
-        return [] if engine is None else list(engine.refs)
-
     def __len__(self):
         return len(self._local)
 
     def __contains__(self, local_req_id):
         return local_req_id in self._local
 
-    def due(self, now):
-        return self._last_sent is None or float(now) - <double>self._last_sent >= self._interval
-
-    def mark_sent(self, now):
-        self._last_sent = float(now)
-
     cdef Py_ssize_t _chunks_needed(self, _Engine engine):
         cdef Py_ssize_t payload = engine.size + len(engine.refs)  # ids plus separators
         return (payload + self._max - PREFIX_LEN - 1) // (self._max - PREFIX_LEN)
 
-    cdef list _messages_for(self, _Engine engine):
-        cdef list out = []
-        cdef _Chunk chunk
-        for chunk in engine.chunks:
-            if chunk.message is None:
-                chunk.message = _encode(chunk.ids, chunk.size)
-            out.append(chunk.message)
-        return out
-
-    def messages_for(self, engine_id):
-        """The engine's current messages (cached; rebuilt only where changed)."""
-        engine = self._engines.get(engine_id)
-        if engine is None:
-            return []
-        return self._messages_for(engine)
-
-    def messages(self):
-        cdef dict out = {}
-        for engine_id, engine in self._engines.items():
-            out[engine_id] = self._messages_for(engine)
-        return out
-
-    def poll(self, now):
-        """All engines' messages if a heartbeat is due (and mark it sent).
-        Nothing tracked means nothing sent, so the throttle is not reset."""
-        if not self._engines or not self.due(now):
-            return {}
-        self.mark_sent(now)
-        return self.messages()
-
-    def poll_paced(self, now):
-        """The messages of the chunks due by ``now``, then of as many chunks
-        next in due order as keep the pace (see the twin); each sent chunk is
-        due again ``interval`` later."""
-        return {
-            engine_id: [item[2] for item in sent]
-            for engine_id, sent in self.poll_paced_chunks(now).items()
-        }
-
     def poll_paced_chunks(self, now):
-        """``poll_paced`` with each message's chunk: ``(key, version, message)``."""
+        """The messages of the chunks due by ``now``, then of as many chunks
+        next in due order as keep the pace (see the twin), per engine, each
+        with its chunk: ``(key, version, message)``.  Each sent chunk is due
+        again ``interval`` later."""
         cdef double t = float(now)
         cdef double elapsed = 0.0 if self._paced_at is None else max(0.0, t - <double>self._paced_at)
         cdef double credit
@@ -358,8 +299,7 @@ cdef class HeartbeatTracker:
         self._pushes += 1
         cdef list heap = self._heap
         if len(heap) > 2 * self._chunks + 64:
-            # Mostly stale entries (removed chunks; or only poll() is used,
-            # which never pops): rebuild from the live chunks.
+            # Mostly stale entries (of removed or repacked chunks): rebuild from the live chunks.
             heap = [
                 ((<_Chunk>c).due, i, c)
                 for i, c in enumerate(c for e in self._engines.values() for c in (<_Engine>e).chunks)

@@ -8,23 +8,23 @@ went (D's queue is roughly FIFO, so removals cluster in the oldest chunks)
 re-encodes a few chunks, not every id.  When removals leave an engine with
 more than twice the chunks its bytes need, the engine is repacked.
 
-Two ways to send.  ``poll(now)`` returns every chunk of every engine once per
-``interval`` (upstream's rhythm: 100k ids in one step, nothing in the next
-249).  ``poll_paced(now)`` spreads that round over the interval, chunk by
-chunk.  Each chunk carries a due time, ``interval`` after its last send; a
-new chunk (or a repacked one holding a never-sent id) is due at once.  A call
-sends every due chunk, then early, in due order, as many more as keep the
-pace at (chunks / interval) per second, so after the first round the sends
-are spread evenly and no chunk waits for its due time.  What that promises:
-each id goes out at most ``interval`` after its previous send; an id's first
-send is no later than ``interval`` after it was tracked (upstream's worst
-case), and at the next call when it opened a new chunk.
+Sending is paced: ``poll_paced_chunks(now)`` spreads a round of every chunk
+over the interval, chunk by chunk, where upstream sends every id at once
+each interval and nothing in between.  Each chunk carries a due time,
+``interval`` after its last send; a new chunk (or a repacked one holding a
+never-sent id) is due at once.  A call sends every due chunk, then early, in
+due order, as many more as keep the pace at (chunks / interval) per second,
+so after the first round the sends are spread evenly and no chunk waits for
+its due time.  What that promises: each id goes out at most ``interval``
+after its previous send; an id's first send is no later than ``interval``
+after it was tracked (upstream's worst case), and at the next call when it
+opened a new chunk.  With ``interval`` 0 every chunk goes out at every call.
 
 Chunks have a key (unique in the tracker) and a version, bumped by every
 change to their ids and by every ``track`` of an id they hold.  A message
 built at version ``v`` names exactly the ids the chunk held at ``v``, so an
 acknowledgement of it can renew "every id of chunk ``key`` that joined at or
-before ``v``" at once (``holder_view.py``), and an id tracked (again) later
+before ``v``" at once (``lease_views.py``), and an id tracked (again) later
 is never renewed by an older message.
 """
 
@@ -34,32 +34,8 @@ import heapq
 import math
 from collections.abc import Iterable
 
-from .._wire import HEARTBEAT_PREFIX, request_id_bytes
-
-DEFAULT_MAX_MESSAGE_BYTES = 8192
-
-
-def check_remote_id(remote_req_id: object, max_message_bytes: int) -> bytes:
-    """Encode a P-side request id for a heartbeat, or raise ValueError."""
-    raw = request_id_bytes(remote_req_id)
-    if not raw:
-        raise ValueError("empty request id cannot be heartbeated")
-    if b"," in raw:
-        raise ValueError(f"request id {remote_req_id!r} contains ',' (the heartbeat separator)")
-    if len(HEARTBEAT_PREFIX) + len(raw) > max_message_bytes:
-        raise ValueError(
-            f"request id of {len(raw)} bytes does not fit a heartbeat message "
-            f"of at most {max_message_bytes} bytes"
-        )
-    return raw
-
-
-def check_max_message_bytes(max_message_bytes: int) -> int:
-    if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int):
-        raise TypeError("max_message_bytes must be an int")
-    if max_message_bytes <= len(HEARTBEAT_PREFIX):
-        raise ValueError(f"max_message_bytes must exceed {len(HEARTBEAT_PREFIX)}, got {max_message_bytes}")
-    return max_message_bytes
+from .._checks import DEFAULT_MAX_MESSAGE_BYTES, check_interval, check_max_message_bytes, check_remote_id
+from .._wire import HEARTBEAT_PREFIX
 
 
 def encode_heartbeats(ids: Iterable[str | bytes], max_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> list[bytes]:
@@ -119,9 +95,9 @@ class HeartbeatTracker:
     """Which P-side request ids D must keep alive, grouped per P engine.
 
     ``track`` when a request with a remote prefill enters D's scheduler,
-    ``untrack`` when its transfer completes or it ends.  ``poll(now)`` returns
-    every engine's messages once per ``interval``; ``poll_paced(now)`` the
-    chunks due or next in line, so that each goes out once per ``interval``.
+    ``untrack`` when its transfer completes or it ends.
+    ``poll_paced_chunks(now)`` returns the chunks due or next in line, so that
+    each goes out once per ``interval``.
     """
 
     __slots__ = (
@@ -129,7 +105,6 @@ class HeartbeatTracker:
         "_max",
         "_engines",
         "_local",
-        "_last_sent",
         "_heap",
         "_pushes",
         "_chunks",
@@ -140,30 +115,18 @@ class HeartbeatTracker:
     )
 
     def __init__(self, interval: float, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
-        interval = float(interval)
-        if not (math.isfinite(interval) and interval >= 0):
-            raise ValueError(f"heartbeat interval must be a finite number >= 0, got {interval!r}")
-        self._interval = interval
+        self._interval = check_interval(interval)
         self._max = check_max_message_bytes(max_message_bytes)
         self._engines: dict[str, _Engine] = {}
         self._local: dict[str, tuple[str, bytes]] = {}  # local id -> (engine, remote id)
-        self._last_sent: float | None = None
         # Paced sending: (due, push count, chunk), stale entries skipped.
         self._heap: list[tuple[float, int, _Chunk]] = []
         self._pushes = 0
         self._chunks = 0  # live chunks, all engines
-        self._paced_at: float | None = None  # last poll_paced
+        self._paced_at: float | None = None  # last poll_paced_chunks
         self._credit = 0.0  # early sends earned and not yet made
         self._keys = 0  # chunk keys handed out
         self._repacks = 0
-
-    @property
-    def interval(self) -> float:
-        return self._interval
-
-    @property
-    def max_message_bytes(self) -> int:
-        return self._max
 
     def track(self, local_req_id: str, engine_id: str, remote_req_id: str) -> None:
         if not local_req_id:
@@ -237,56 +200,17 @@ class HeartbeatTracker:
     def engines(self) -> list[str]:
         return list(self._engines)
 
-    def ids_for(self, engine_id: str) -> list[bytes]:
-        engine = self._engines.get(engine_id)
-        return [] if engine is None else list(engine.refs)
-
     def __len__(self) -> int:
         return len(self._local)
 
     def __contains__(self, local_req_id: object) -> bool:
         return local_req_id in self._local
 
-    def due(self, now: float) -> bool:
-        return self._last_sent is None or now - self._last_sent >= self._interval
-
-    def mark_sent(self, now: float) -> None:
-        self._last_sent = float(now)
-
-    def messages_for(self, engine_id: str) -> list[bytes]:
-        """The engine's current messages (cached; rebuilt only where changed)."""
-        engine = self._engines.get(engine_id)
-        if engine is None:
-            return []
-        out = []
-        for chunk in engine.chunks:
-            if chunk.message is None:
-                chunk.message = HEARTBEAT_PREFIX + b",".join(chunk.ids)
-            out.append(chunk.message)
-        return out
-
-    def messages(self) -> dict[str, list[bytes]]:
-        return {engine_id: self.messages_for(engine_id) for engine_id in self._engines}
-
-    def poll(self, now: float) -> dict[str, list[bytes]]:
-        """All engines' messages if a heartbeat is due (and mark it sent).
-        Nothing tracked means nothing sent, so the throttle is not reset."""
-        if not self._engines or not self.due(now):
-            return {}
-        self.mark_sent(now)
-        return self.messages()
-
-    def poll_paced(self, now: float) -> dict[str, list[bytes]]:
-        """The messages of the chunks due by ``now``, then of as many chunks
-        next in due order as keep the pace (see the module docstring); each
-        sent chunk is due again ``interval`` later."""
-        return {
-            engine_id: [message for _, _, message in sent]
-            for engine_id, sent in self.poll_paced_chunks(now).items()
-        }
-
     def poll_paced_chunks(self, now: float) -> dict[str, list[tuple[int, int, bytes]]]:
-        """``poll_paced`` with each message's chunk: ``(key, version, message)``."""
+        """The messages of the chunks due by ``now``, then of as many chunks
+        next in due order as keep the pace (see the module docstring), per
+        engine, each with its chunk: ``(key, version, message)``.  Each sent
+        chunk is due again ``interval`` later."""
         now = float(now)
         elapsed = 0.0 if self._paced_at is None else max(0.0, now - self._paced_at)
         self._paced_at = now
@@ -330,8 +254,7 @@ class HeartbeatTracker:
         self._pushes += 1
         heap = self._heap
         if len(heap) > 2 * self._chunks + 64:
-            # Mostly stale entries (removed chunks; or only poll() is used,
-            # which never pops): rebuild from the live chunks.
+            # Mostly stale entries (of removed or repacked chunks): rebuild from the live chunks.
             heap = self._heap = [
                 (c.due, i, c) for i, c in enumerate(c for e in self._engines.values() for c in e.chunks)
             ]

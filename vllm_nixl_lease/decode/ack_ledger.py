@@ -3,8 +3,8 @@
 Why acknowledgements: a heartbeat whose ``send_notif`` returned has not
 reached P.  Under a partition UCX queues it and delivers it after the heal,
 when P may long have freed the blocks; a D that renewed its view on the send
-then reads someone else's KV (issue 12).  So D renews a view only when P says
-it applied the heartbeat:
+then reads someone else's KV.  So D renews a view only when P says it
+applied the heartbeat:
 
 - D sends ``LHB:<seq>:<ids>`` to every P rank of an engine at local time
   ``started`` and records ``seq`` here;
@@ -19,7 +19,7 @@ ever proves something about the send it names, a second answer from the same
 rank is ignored, and a lost one only leaves the view where it was (D may then
 fence a read it could have made: safe, and counted).
 
-No vLLM imports: ``vllm/ack_requester.py`` feeds it.
+No vLLM imports: ``vllm/d_worker/ack_requester.py`` feeds it.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Proven:
     started: float
     # For a heartbeat built from a tracker chunk: ``(key, version)``; then
     # ``remote_ids`` is empty (the chunk stands for its ids, see
-    # ``holder_view.py``) and ``not_extended`` names the ids excepted.
+    # ``lease_views.py``) and ``not_extended`` names the ids excepted.
     chunk: tuple[int, int] | None = None
     not_extended: frozenset[str] = frozenset()
     count: int = 0  # ids the chunk heartbeat named

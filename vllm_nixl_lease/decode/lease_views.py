@@ -35,7 +35,8 @@ takes it up when read (``_local``), only if ``joined <= v``:
 An id P said it did not extend first takes up what the chunk had proven
 before, then joins above ``v``.  Answers only ever move views forward.
 
-No vLLM imports: the vLLM adapter feeds it (``vllm/read_fence.py``).
+No vLLM imports: the vLLM adapter feeds it (``vllm/d_worker/read_fence.py``,
+``vllm/d_worker/ack_requester.py``).
 """
 
 from __future__ import annotations

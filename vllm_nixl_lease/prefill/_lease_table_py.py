@@ -27,10 +27,10 @@ on deletion by itself).
 from __future__ import annotations
 
 import heapq
-import math
 import sys
 from collections.abc import Iterator
 
+from .._checks import check_deadline, check_extension, check_limit, check_now, check_req_id
 from ..lease_tags import parse_tag, tag_digest
 
 # Below this many stale entries the heap is never rebuilt: rebuilding a tiny
@@ -38,58 +38,6 @@ from ..lease_tags import parse_tag, tag_digest
 _MIN_STALE_FOR_REBUILD = 64
 # Below this peak a drained table is not worth compacting.
 _MIN_PEAK_TO_COMPACT = 256
-
-
-def _check_extension(extension: float) -> float:
-    extension = float(extension)
-    if not (math.isfinite(extension) and extension > 0):
-        raise ValueError(f"lease extension must be a finite number > 0, got {extension!r}")
-    return extension
-
-
-def _check_req_id(req_id: object) -> str:
-    if not isinstance(req_id, str):
-        raise TypeError(f"request id must be str, got {type(req_id).__name__}")
-    try:
-        req_id.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError(f"request id {req_id!r} is not encodable as UTF-8") from exc
-    return req_id
-
-
-def _check_deadline(deadline: float) -> float:
-    deadline = float(deadline)
-    if math.isnan(deadline):
-        raise ValueError("lease deadline must not be NaN")
-    return deadline
-
-
-def check_now(now: float) -> float:
-    """``now`` as a float; TypeError if it is no real number, ValueError if it
-    is NaN, infinite or too large for a float (before any state changes)."""
-    if isinstance(now, (str, bytes, bytearray)):
-        raise TypeError(f"now must be a real number, got {type(now).__name__}")
-    try:
-        value = float(now)
-    except OverflowError:
-        raise ValueError(f"now must be a finite time, got an int of {now.bit_length()} bits") from None
-    except (TypeError, ValueError):
-        raise TypeError(f"now must be a real number, got {type(now).__name__}") from None
-    if not math.isfinite(value):
-        raise ValueError(f"now must be a finite time, got {value!r}")
-    return value
-
-
-def check_limit(limit: int | None) -> int:
-    """How many leases a sweep may pop: -1 for all (``None``), else an int >= 0
-    (TypeError/ValueError before any state changes)."""
-    if limit is None:
-        return -1
-    if isinstance(limit, bool) or not isinstance(limit, int):
-        raise TypeError(f"limit must be None or an int, got {type(limit).__name__}")
-    if not 0 <= limit <= sys.maxsize:
-        raise ValueError(f"limit must be >= 0 (and fit a C ssize_t), got {limit}")
-    return limit
 
 
 def split_heartbeat_ids(payload: bytes | str) -> Iterator[str | None]:
@@ -123,7 +71,7 @@ class LeaseTable:
         # _hash_bits only exists for parity with the Cython table's test hook.
         if not 1 <= _hash_bits <= 64:
             raise ValueError("_hash_bits must be in 1..64")
-        self._extension = _check_extension(extension)
+        self._extension = check_extension(extension)
         # req_id -> [deadline, seq of the grant that owns the live heap entry]
         self._leases: dict[str, list] = {}
         self._heap: list[tuple[float, int, str]] = []
@@ -138,14 +86,10 @@ class LeaseTable:
         self._by_tag: dict[int, list[str]] = {}
         self._tags = bool(tags)
 
-    @property
-    def extension(self) -> float:
-        return self._extension
-
     def grant(self, req_id: str, deadline: float) -> None:
         """Start (or overwrite) the lease of ``req_id`` until ``deadline``."""
-        req_id = _check_req_id(req_id)
-        deadline = _check_deadline(deadline)
+        req_id = check_req_id(req_id)
+        deadline = check_deadline(deadline)
         self._seq += 1
         if req_id in self._leases:
             self._stale += 1  # the old heap entry is orphaned
@@ -167,7 +111,7 @@ class LeaseTable:
 
     def extend_counted(self, payload: bytes | str, now: float) -> tuple[int, int]:
         """Like ``extend``; returns ``(extended, non-empty ids in payload)``."""
-        new_deadline = check_now(now) + self._extension
+        new_deadline = self._extended_deadline(check_now(now))
         extended = seen = 0
         leases = self._leases
         for req_id in split_heartbeat_ids(payload):
@@ -184,7 +128,7 @@ class LeaseTable:
         extend every lease a tag names.  Returns ``(leases extended, tags named,
         the tags naming no lease)``; the last is None, and nothing is extended,
         when the payload is not ASCII.  An empty field names nothing."""
-        new_deadline = check_now(now) + self._extension
+        new_deadline = self._extended_deadline(check_now(now))
         raw = bytes(payload)
         try:
             fields = raw.decode("ascii").split(",")
@@ -207,6 +151,11 @@ class LeaseTable:
                     entry[0] = new_deadline
                 extended += 1
         return extended, named, unknown
+
+    def _extended_deadline(self, now: float) -> float:
+        """The deadline a heartbeat applied at ``now`` gives a lease it names
+        (a lease already later keeps its own)."""
+        return now + self._extension
 
     def release(self, req_id: str) -> bool:
         """Drop the lease of ``req_id``; return whether it held one."""

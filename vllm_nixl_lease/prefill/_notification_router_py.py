@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
+from .._checks import MESSAGES_TYPES, check_now
 from .._wire import HEARTBEAT_PREFIX, PUSH_REG_PREFIX, heartbeat_payload, parse_completion
-from ._lease_table_py import LeaseTable, check_now
+from ._lease_table_py import LeaseTable
 from .route_result import (
     MALFORMED_SAMPLE_SIZE,
     UNKNOWN_SAMPLE_SIZE,
@@ -29,8 +30,6 @@ from .route_result import (
 )
 
 DEFAULT_PASSTHROUGH_PREFIXES: tuple[bytes, ...] = (PUSH_REG_PREFIX,)
-# What an agent's messages may come as; anything else is one malformed entry.
-MESSAGES_TYPES = (list, tuple)
 
 
 class NotificationRouter:
@@ -94,15 +93,13 @@ class NotificationRouter:
         return True
 
     def received(self, req_id: str) -> int:
-        """Read completions received so far for a request still waiting."""
+        """Read completions received so far for a request still waiting.  For
+        tests: a count that outlives its request's lease and batch membership
+        is a leak that no other result shows."""
         return self._counts.get(req_id, 0)
 
     def in_batch_count(self) -> int:
         return len(self._in_batch)
-
-    def in_batch_ids(self) -> list[str]:
-        """Ids in a batch (no particular order)."""
-        return list(self._in_batch)
 
     # -- one engine step --------------------------------------------------
     def route(self, notifs: Mapping[str, Iterable[bytes]], now: float) -> RouteResult:

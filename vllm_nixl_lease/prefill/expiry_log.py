@@ -1,8 +1,8 @@
 """How expired leases are logged: one WARNING line per sweep, detail at DEBUG.
 
-Upstream logs one WARNING per expired lease (~7.6 us each); when a decode
-instance dies with thousands of requests queued, that alone stalls the engine
-step.  The summary keeps upstream's wording so existing log alerts still match.
+Upstream logs one WARNING per expired lease; when a decode instance dies
+with thousands of requests queued, that alone stalls the engine step.  The
+summary keeps upstream's wording so existing log alerts still match.
 """
 
 from __future__ import annotations

@@ -10,6 +10,9 @@ from .._implementation import choose
 if TYPE_CHECKING:
     from ._lease_table_py import LeaseTable
 else:
-    LeaseTable = choose(__package__, "_lease_c", "_lease_table_py").LeaseTable
+    # The Cython router takes only the Cython table: both, or neither.
+    LeaseTable = choose(
+        __package__, "_lease_table_c", "_lease_table_py", requires=("_notification_router_c",)
+    ).LeaseTable
 
 __all__ = ["LeaseTable"]

@@ -11,6 +11,10 @@ from .._implementation import choose
 if TYPE_CHECKING:
     from ._notification_router_py import NotificationRouter
 else:
-    NotificationRouter = choose(__package__, "_lease_c", "_notification_router_py").NotificationRouter
+    # Importing the Cython router imports the Cython table, so the two
+    # choosers agree (see lease_table.py).
+    NotificationRouter = choose(
+        __package__, "_notification_router_c", "_notification_router_py"
+    ).NotificationRouter
 
 __all__ = ["NotificationRouter"]

@@ -1,31 +1,31 @@
 # cython: language_level=3, boundscheck=False, wraparound=False, cdivision=True
 # distutils: language = c++
-"""Cython lease table and notification router.
+"""Cython lease table.
 
-Behaves exactly like ``vllm_nixl_lease/prefill/_lease_table_py.py`` and
-``_router_py.py`` (read those first: they are the reference).
+Behaves exactly like ``vllm_nixl_lease/prefill/_lease_table_py.py`` (read that
+first: it is the reference).  ``_lease_table_c.pxd`` declares the layout; the
+router (``_notification_router_c.pyx``) cimports it.
 
 Layout, and why:
 - ``_slots``: one 40-byte C struct per lease (deadline, owned id, grant seq,
-  hash, tag digest and chain) in a std::vector, reused through a free list, so a lease costs no
-  Python object beyond the id string the caller already owns.
+  hash, tag digest and chain) in a std::vector, reused through a free list,
+  so a lease costs no Python object beyond the id string the caller already
+  owns.
 - ``_index``: open-addressing table (linear probing, load <= 0.7) of 4-byte
-  slot numbers keyed by SipHash-1-3 (Aumasson & Bernstein, implemented
-  inline below) of the id's UTF-8 bytes under a random 16-byte key per
-  table, so ids cannot be crafted to collide (the old fixed-seed murmur64
-  could be, see issue 9).  The key is our own, not CPython's hash secret,
-  which PYTHONHASHSEED fixes (deployments set it for stable prefix-cache
-  hashes, and 0 disables the key altogether).  Every hash the table stores or
-  probes is this one.  A heartbeat finds the commas of its payload with a
-  64-byte bit mask and hashes the byte spans in place (four ids per AVX2
-  register where the CPU has AVX2), so it creates no Python object per id,
-  and looks ids up in groups with prefetches so that the cache misses of a
-  group overlap.  The slot keeps 32
+  slot numbers, small cells so that the index adds little to a lease's
+  memory.  Ids are placed by SipHash-1-3 (``csrc/siphash.h``) of their UTF-8
+  bytes under a random 16-byte key per table, so ids cannot be crafted to
+  collide.  The key is our own, not CPython's hash secret, which
+  PYTHONHASHSEED fixes (deployments set it for stable prefix-cache hashes,
+  and 0 disables the key altogether).  Every hash the table stores or probes
+  is this one.  A heartbeat finds the commas of its payload with a 64-byte
+  bit mask (``csrc/comma_scan.h``) and hashes the byte spans in place (four
+  ids per AVX2 register where the CPU has AVX2, ``csrc/siphash_x4.h``), so it
+  creates no Python object per id, and looks ids up in groups with
+  prefetches so that the cache misses of a group overlap.  The slot keeps 32
   bits of the hash, so probes compare the hash before the bytes and a resize
-  never rehashes a string.  We first used preshed here, but its 16-byte
-  cells (at most 60% full) alone cost more per lease than upstream's dict +
-  set leave room for; deleted cells are purged by rehashing when they pile
-  up, so unique ids churning forever stay O(n).
+  never rehashes a string.  Deleted cells are purged by rehashing when they
+  pile up, so unique ids churning forever stay O(n).
 - ``_wheel``: a deadline-bucketed timing wheel: a std::map from bucket
   (deadline // (extension / 16)) to a vector of (deadline, seq << 32 | slot)
   entries, 16 bytes each.  Where the twin's heap pays O(log n) cache misses
@@ -33,12 +33,11 @@ Layout, and why:
   few due entries by (deadline, seq) and is done; a sweep with nothing due
   is one comparison against a lower bound of every stored deadline.  Grant
   seqs are 31-bit (the top bit marks a request also in a batch, for the
-  router); when they run out the live leases are renumbered in
-  order, which keeps every tie-break as it was.  As in the twin, extensions
-  only raise the slot's deadline; an outdated entry is moved to its
-  bucket when its old bucket comes due, orphaned entries are dropped there,
-  and the wheel is rebuilt when orphans outnumber leases.  In all, about 44
-  bytes a lease at 1M leases.
+  router); when they run out the live leases are renumbered in order, which
+  keeps every tie-break as it was.  As in the twin, extensions only raise
+  the slot's deadline; an outdated entry is moved to its bucket when its old
+  bucket comes due, orphaned entries are dropped there, and the wheel is
+  rebuilt when orphans outnumber leases.
 - ``_backlog``: when a sweep with a ``limit`` finds more due than it may take
   (a dead D's leases, all renewed by one heartbeat, share one bucket), the due
   entries go into a binary min-heap once, O(n), and each later sweep pops its
@@ -58,313 +57,28 @@ Layout, and why:
 """
 
 from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact, PyBytes_Check
-from cpython.unicode cimport PyUnicode_DecodeUTF8
-from libc.stdint cimport uint32_t, uint64_t
-from libc.string cimport memcmp
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact
+from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libcpp.vector cimport vector
-from libcpp.pair cimport pair
 from libcpp.functional cimport greater
 from libcpp.algorithm cimport sort, make_heap, push_heap, pop_heap
-from libcpp.map cimport map as cmap
-from libc.stdint cimport int64_t
 from libc.math cimport floor, INFINITY
 from cython.operator cimport dereference as deref, preincrement as inc
 
-import math
 import os
 
-from ._lease_table_py import check_limit, check_now
-from .route_result import (
-    MALFORMED_SAMPLE_BYTES, MALFORMED_SAMPLE_SIZE, UNKNOWN_SAMPLE_SIZE, Expiry, RouteResult,
-    malformed_sample, unknown_sample_id,
-)
-from ._notification_router_py import MESSAGES_TYPES
+from .._checks import check_extension, check_limit, check_now
 from ..lease_tags import tag_digest as _tag_digest
-from .._wire import HEARTBEAT_PREFIX, PUSH_REG_PREFIX
-from .._wire import MAX_EXPECTED_CONSUMERS as _MAX_CONSUMERS
 
-# The heartbeat prefix, matched in place on each message (the wire format lives in _wire.py).
-cdef bytes _HB = HEARTBEAT_PREFIX
-cdef Py_ssize_t _HB_LEN = len(_HB)
-
-cdef extern from "Python.h":
-    const char* PyUnicode_AsUTF8AndSize(object o, Py_ssize_t* size) except NULL
-    const char* _utf8_of_ptr "PyUnicode_AsUTF8AndSize"(PyObject* o, Py_ssize_t* size)
-    bint PyUnicode_IS_COMPACT_ASCII(PyObject* o)
-    void* PyUnicode_DATA(PyObject* o)
-    Py_ssize_t PyUnicode_GET_LENGTH(PyObject* o)
-
-cdef extern from *:
-    """
-    #if defined(__GNUC__) || defined(__clang__)
-    #define VNL_PREFETCH(p) __builtin_prefetch((const void*)(p))
-    #else
-    #define VNL_PREFETCH(p) ((void)0)
-    #endif
-    """
+cdef extern from "prefetch.h":
     void VNL_PREFETCH(const void* p) nogil
 
-
-cdef extern from *:
-    """
-    #include <stdint.h>
-    #include <string.h>
-    #if defined(__SSE2__) || defined(_M_X64)
-    #include <emmintrin.h>
-    #define VNL_SSE2 1
-    #endif
-
-    /* SipHash-1-3 (Aumasson & Bernstein, "SipHash: a fast short-input PRF"):
-       one compression round per 8-byte word, three finalization rounds, the
-       variant CPython uses for str and bytes.  Words are read little-endian. */
-    static inline uint64_t vnl_le64(const unsigned char* q) {
-        uint64_t w;
-        memcpy(&w, q, 8);
-    #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
-        w = __builtin_bswap64(w);
-    #endif
-        return w;
-    }
-    #define VNL_ROTL(x, b) (((x) << (b)) | ((x) >> (64 - (b))))
-    #define VNL_SIPROUND(v0, v1, v2, v3) do { v0 += v1; v1 = VNL_ROTL(v1, 13); v1 ^= v0; v0 = VNL_ROTL(v0, 32); v2 += v3; v3 = VNL_ROTL(v3, 16); v3 ^= v2; v0 += v3; v3 = VNL_ROTL(v3, 21); v3 ^= v0; v2 += v1; v1 = VNL_ROTL(v1, 17); v1 ^= v2; v2 = VNL_ROTL(v2, 32); } while (0)
-    #define VNL_SIPINIT(v0, v1, v2, v3, k0, k1) do { v0 = (k0) ^ 0x736f6d6570736575ULL; v1 = (k1) ^ 0x646f72616e646f6dULL; v2 = (k0) ^ 0x6c7967656e657261ULL; v3 = (k1) ^ 0x7465646279746573ULL; } while (0)
-    #define VNL_SIPWORD(v0, v1, v2, v3, w) do { v3 ^= (w); VNL_SIPROUND(v0, v1, v2, v3); v0 ^= (w); } while (0)
-
-    /* The last block: the r < 8 trailing bytes at q with the length in the top
-       byte.  When 8 bytes from q are readable (before lim) they are read as one
-       word and masked; otherwise byte by byte. */
-    static inline uint64_t vnl_last(const unsigned char* q, size_t r, size_t len,
-                                    const unsigned char* lim) {
-        uint64_t t = 0;
-        if (r) {
-            if (lim - q >= 8) {
-                t = vnl_le64(q) & (~0ULL >> (64 - 8 * r));
-            } else {
-                switch (r) {
-                case 7: t |= (uint64_t)q[6] << 48; /* fall through */
-                case 6: t |= (uint64_t)q[5] << 40; /* fall through */
-                case 5: t |= (uint64_t)q[4] << 32; /* fall through */
-                case 4: t |= (uint64_t)q[3] << 24; /* fall through */
-                case 3: t |= (uint64_t)q[2] << 16; /* fall through */
-                case 2: t |= (uint64_t)q[1] << 8;  /* fall through */
-                default: t |= (uint64_t)q[0];
-                }
-            }
-        }
-        return t | ((uint64_t)len << 56);
-    }
-
-    /* The hash of p[:len]; bytes up to lim (>= p + len) may be read and ignored. */
-    static inline uint64_t vnl_sip13_in(const char* p, size_t len, const unsigned char* lim,
-                                        uint64_t k0, uint64_t k1) {
-        const unsigned char* q = (const unsigned char*)p;
-        uint64_t v0, v1, v2, v3, b;
-        size_t i;
-        VNL_SIPINIT(v0, v1, v2, v3, k0, k1);
-        for (i = len >> 3; i; i--, q += 8)
-            VNL_SIPWORD(v0, v1, v2, v3, vnl_le64(q));
-        b = vnl_last(q, len & 7, len, lim);
-        VNL_SIPWORD(v0, v1, v2, v3, b);
-        v2 ^= 0xff;
-        VNL_SIPROUND(v0, v1, v2, v3);
-        VNL_SIPROUND(v0, v1, v2, v3);
-        VNL_SIPROUND(v0, v1, v2, v3);
-        return v0 ^ v1 ^ v2 ^ v3;
-    }
-
-    static inline uint64_t vnl_sip13(const char* p, size_t len, uint64_t k0, uint64_t k1) {
-        return vnl_sip13_in(p, len, (const unsigned char*)p + len, k0, k1);
-    }
-
-    /* A lone SipHash round already keeps about 3.5 integer ALUs busy, so
-       hashing ids in scalar lockstep gains nothing (measured: four interleaved
-       scalar chains ran no faster than one after the other).  On x86-64 with
-       AVX2 (checked at run time; the module is built for plain x86-64) four
-       ids share one 256-bit register per state word: a round of four ids is
-       about 20 vector instructions instead of 56 scalar ones.  Used when the
-       four ids have the same number of whole 8-byte words (ids of one shape,
-       the usual case); each lane's last word is built as above. */
-    #if (defined(__GNUC__) || defined(__clang__)) && defined(__x86_64__)
-    #include <immintrin.h>
-    #define VNL_AVX2_DISPATCH 1
-    #define VNL_VROTL(x, b) _mm256_or_si256(_mm256_slli_epi64((x), (b)), _mm256_srli_epi64((x), 64 - (b)))
-    #define VNL_VROT32(x) _mm256_shuffle_epi32((x), _MM_SHUFFLE(2, 3, 0, 1))
-    #define VNL_VROUND(v0, v1, v2, v3, r16) do { v0 = _mm256_add_epi64(v0, v1); v1 = VNL_VROTL(v1, 13); v1 = _mm256_xor_si256(v1, v0); v0 = VNL_VROT32(v0); v2 = _mm256_add_epi64(v2, v3); v3 = _mm256_shuffle_epi8(v3, r16); v3 = _mm256_xor_si256(v3, v2); v0 = _mm256_add_epi64(v0, v3); v3 = VNL_VROTL(v3, 21); v3 = _mm256_xor_si256(v3, v0); v2 = _mm256_add_epi64(v2, v1); v1 = VNL_VROTL(v1, 17); v1 = _mm256_xor_si256(v1, v2); v2 = VNL_VROT32(v2); } while (0)
-    __attribute__((target("avx2")))
-    static void vnl_sip13_x4_avx2(const unsigned char* const* q, const Py_ssize_t* ls, size_t words,
-                                  const unsigned char* lim, uint64_t k0, uint64_t k1, uint64_t* out) {
-        const __m256i r16 = _mm256_setr_epi8(6, 7, 0, 1, 2, 3, 4, 5, 14, 15, 8, 9, 10, 11, 12, 13,
-                                             6, 7, 0, 1, 2, 3, 4, 5, 14, 15, 8, 9, 10, 11, 12, 13);
-        __m256i v0 = _mm256_set1_epi64x((long long)(k0 ^ 0x736f6d6570736575ULL));
-        __m256i v1 = _mm256_set1_epi64x((long long)(k1 ^ 0x646f72616e646f6dULL));
-        __m256i v2 = _mm256_set1_epi64x((long long)(k0 ^ 0x6c7967656e657261ULL));
-        __m256i v3 = _mm256_set1_epi64x((long long)(k1 ^ 0x7465646279746573ULL));
-        __m256i m;
-        size_t i, o;
-        for (i = 0, o = 0; i < words; i++, o += 8) {
-            m = _mm256_setr_epi64x((long long)vnl_le64(q[0] + o), (long long)vnl_le64(q[1] + o),
-                                   (long long)vnl_le64(q[2] + o), (long long)vnl_le64(q[3] + o));
-            v3 = _mm256_xor_si256(v3, m);
-            VNL_VROUND(v0, v1, v2, v3, r16);
-            v0 = _mm256_xor_si256(v0, m);
-        }
-        m = _mm256_setr_epi64x((long long)vnl_last(q[0] + o, ls[0] & 7, ls[0], lim),
-                               (long long)vnl_last(q[1] + o, ls[1] & 7, ls[1], lim),
-                               (long long)vnl_last(q[2] + o, ls[2] & 7, ls[2], lim),
-                               (long long)vnl_last(q[3] + o, ls[3] & 7, ls[3], lim));
-        v3 = _mm256_xor_si256(v3, m);
-        VNL_VROUND(v0, v1, v2, v3, r16);
-        v0 = _mm256_xor_si256(v0, m);
-        v2 = _mm256_xor_si256(v2, _mm256_set1_epi64x(0xff));
-        VNL_VROUND(v0, v1, v2, v3, r16);
-        VNL_VROUND(v0, v1, v2, v3, r16);
-        VNL_VROUND(v0, v1, v2, v3, r16);
-        _mm256_storeu_si256((__m256i*)out, _mm256_xor_si256(_mm256_xor_si256(v0, v1), _mm256_xor_si256(v2, v3)));
-    }
-    /* -1: not checked yet; 0/1: whether the AVX2 lanes are used (tests turn them off). */
-    static int vnl_avx2 = -1;
-    static inline int vnl_avx2_on(void) {
-        if (vnl_avx2 < 0) {
-            __builtin_cpu_init();
-            vnl_avx2 = __builtin_cpu_supports("avx2") ? 1 : 0;
-        }
-        return vnl_avx2;
-    }
-    #else
-    static int vnl_avx2 = 0;
-    static inline int vnl_avx2_on(void) { return 0; }
-    #endif
-    /* Test hook: use the AVX2 lanes (when the CPU has them) or not; returns whether they are used. */
-    static inline int vnl_set_simd(int on) {
-        vnl_avx2 = -1;
-        if (!on || !vnl_avx2_on()) vnl_avx2 = 0;
-        return vnl_avx2;
-    }
-
-    /* Hashes of m ids of one buffer (readable up to base + n): four at a time
-       in AVX2 lanes where they have equal word counts, else one by one. */
-    static inline void vnl_sip13_many(const char* base, Py_ssize_t n, const Py_ssize_t* starts,
-                                      const Py_ssize_t* ls, int m, uint64_t k0, uint64_t k1,
-                                      uint64_t* out) {
-        const unsigned char* lim = (const unsigned char*)base + n;
-        int k = 0, j;
-    #ifdef VNL_AVX2_DISPATCH
-        if (vnl_avx2_on()) {
-            for (; k + 4 <= m; k += 4) {
-                size_t w = (size_t)ls[k] >> 3;
-                if (w == ((size_t)ls[k + 1] >> 3) && w == ((size_t)ls[k + 2] >> 3)
-                        && w == ((size_t)ls[k + 3] >> 3)) {
-                    const unsigned char* q[4];
-                    for (j = 0; j < 4; j++) q[j] = (const unsigned char*)base + starts[k + j];
-                    vnl_sip13_x4_avx2(q, ls + k, w, lim, k0, k1, out + k);
-                } else {
-                    for (j = k; j < k + 4; j++)
-                        out[j] = vnl_sip13_in(base + starts[j], (size_t)ls[j], lim, k0, k1);
-                }
-            }
-        }
-    #endif
-        for (; k < m; k++)
-            out[k] = vnl_sip13_in(base + starts[k], (size_t)ls[k], lim, k0, k1);
-        (void)j;
-    }
-
-    #define VNL_EMPTY 0u
-    #define VNL_DELETED 0xFFFFFFFFu
-
-    /* Equality of two n-byte strings without a call: 8-byte words, the last
-       one overlapping (ids are short; memcmp's call cost more than the work). */
-    static inline int vnl_eq(const char* a, const char* b, size_t n) {
-        uint64_t x, y;
-        uint32_t u, w;
-        size_t i;
-        if (n >= 8) {
-            for (i = 0; i + 8 < n; i += 8) {
-                memcpy(&x, a + i, 8); memcpy(&y, b + i, 8);
-                if (x != y) return 0;
-            }
-            memcpy(&x, a + n - 8, 8); memcpy(&y, b + n - 8, 8);
-            return x == y;
-        }
-        if (n >= 4) {
-            memcpy(&u, a, 4); memcpy(&w, b, 4);
-            if (u != w) return 0;
-            memcpy(&u, a + n - 4, 4); memcpy(&w, b + n - 4, 4);
-            return u == w;
-        }
-        for (i = 0; i < n; i++)
-            if (a[i] != b[i]) return 0;
-        return 1;
-    }
-
-    /* Comma scanner: a 64-bit mask of the commas in 64 bytes, consumed bit by
-       bit, so finding the next comma is a count of trailing zeros rather than a
-       memchr call per id.  The end of the span counts as one more comma. */
-    typedef struct {
-        const unsigned char* p;
-        Py_ssize_t n;
-        Py_ssize_t base;
-        uint64_t bits;
-    } vnl_scan;
-
-    static inline uint64_t vnl_comma_bits(const unsigned char* q) {
-    #ifdef VNL_SSE2
-        const __m128i c = _mm_set1_epi8(',');
-        uint64_t m0 = (uint16_t)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128((const __m128i*)q), c));
-        uint64_t m1 = (uint16_t)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128((const __m128i*)(q + 16)), c));
-        uint64_t m2 = (uint16_t)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128((const __m128i*)(q + 32)), c));
-        uint64_t m3 = (uint16_t)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_loadu_si128((const __m128i*)(q + 48)), c));
-        return m0 | (m1 << 16) | (m2 << 32) | (m3 << 48);
-    #else
-        uint64_t bits = 0;
-        int i;
-        for (i = 0; i < 64; i++)
-            bits |= (uint64_t)(q[i] == ',') << i;
-        return bits;
-    #endif
-    }
-
-    static inline void vnl_scan_init(vnl_scan* s, const char* p, Py_ssize_t n) {
-        s->p = (const unsigned char*)p;
-        s->n = n;
-        s->base = -64;
-        s->bits = 0;
-    }
-
-    /* Position of the next comma, or n for the end of the span; call it again
-       only while it returned < n. */
-    static inline Py_ssize_t vnl_scan_next(vnl_scan* s) {
-        Py_ssize_t at;
-        while (s->bits == 0) {
-            Py_ssize_t left;
-            s->base += 64;
-            left = s->n - s->base;
-            if (left >= 64) {
-                s->bits = vnl_comma_bits(s->p + s->base);
-            } else {
-                unsigned char buf[64];
-                memset(buf, 0, sizeof buf);
-                memcpy(buf, s->p + s->base, (size_t)left);
-                s->bits = vnl_comma_bits(buf) | (1ULL << left);
-            }
-        }
-    #if defined(__GNUC__) || defined(__clang__)
-        at = s->base + __builtin_ctzll(s->bits);
-    #else
-        { uint64_t b = s->bits; at = s->base; while (!(b & 1)) { b >>= 1; at++; } }
-    #endif
-        s->bits &= s->bits - 1;
-        return at;
-    }
-    """
-    uint64_t vnl_sip13(const char* p, size_t n, uint64_t k0, uint64_t k1) nogil
+cdef extern from "siphash_x4.h":
     void vnl_sip13_many(const char* base, Py_ssize_t n, const Py_ssize_t* starts, const Py_ssize_t* lens,
                         int m, uint64_t k0, uint64_t k1, uint64_t* out) nogil
     int vnl_set_simd(int on) nogil
-    const uint32_t EMPTY "VNL_EMPTY"
-    const uint32_t DELETED "VNL_DELETED"
-    bint vnl_eq(const char* a, const char* b, size_t n) nogil
+
+cdef extern from "comma_scan.h":
     ctypedef struct vnl_scan:
         pass
     void vnl_scan_init(vnl_scan* s, const char* p, Py_ssize_t n) nogil
@@ -386,19 +100,6 @@ def _siphash13(key, data):
         raise ValueError("key must be 16 bytes")
     return vnl_sip13(d, len(d), int.from_bytes(k[:8], "little"), int.from_bytes(k[8:], "little"))
 
-
-cdef inline const char* _stored_utf8(PyObject* o, Py_ssize_t* n) noexcept:
-    """UTF-8 bytes of a stored id.  ASCII ids (the norm) are read in place with
-    no call and no refcount traffic; others use CPython's cached UTF-8 copy
-    (cannot fail: only encodable ids are ever stored)."""
-    if PyUnicode_IS_COMPACT_ASCII(o):
-        n[0] = PyUnicode_GET_LENGTH(o)
-        return <const char*>PyUnicode_DATA(o)
-    return _utf8_of_ptr(o, n)
-
-ctypedef pair[double, uint64_t] HeapEntry   # (deadline, seq << 32 | slot)
-ctypedef vector[HeapEntry] Bucket
-ctypedef cmap[int64_t, Bucket] Wheel
 
 # base64url character -> its 6 bits, 255 for any other byte (lease_tags.py's alphabet)
 cdef unsigned char _B64[256]
@@ -429,31 +130,15 @@ cdef inline bint _parse_tag(const unsigned char* p, uint64_t* out) noexcept:
     return True
 
 
-cdef struct Slot:
-    double deadline
-    PyObject* req_id    # owned reference to the id (a str)
-    uint32_t seq        # grant order | IN_BATCH; 0: free slot
-    uint32_t link       # live: low 32 bits of the id's hash; free: next free slot + 1
-    uint64_t tag        # lease_tags.tag_digest of the id (when tagged)
-    uint32_t tag_next   # next slot + 1 with the same tag, 0: none
-    uint32_t tagged     # 1: in _tags under ``tag``
-
 cdef Py_ssize_t MIN_STALE_FOR_REBUILD = 64   # same constant as the twin
 cdef size_t MIN_INDEX_SIZE = 16            # a power of two
-# index cell values: slot + 1, or EMPTY (0) or DELETED (0xFFFFFFFF), C constants
 
 # A C constant: a bare 0xFFFFFFFF in an expression is a Python int to Cython (it
-# does not fit a C int), which boxed every operand it met.
+# does not fit a C int), which would box every operand it meets.
 cdef uint64_t LOW32 = 0xFFFFFFFF
 cdef uint64_t MIX1 = 0xBF58476D1CE4E5B9  # splitmix64's multipliers (tag cells)
 cdef uint64_t MIX2 = 0x94D049BB133111EB
-# Slot.seq: the grant seq in the low 31 bits; the top bit marks a lease whose
-# request is also in a batch (the router's in_batch), so that a sweep or a
-# completion need not look the id up in a Python set.
-cdef uint32_t IN_BATCH = 0x80000000
-cdef uint32_t SEQ_BITS = 0x7FFFFFFF
 cdef uint32_t MAX_SEQ = 0x7FFFFFFF
-cdef long MAX_EXPECTED_CONSUMERS = _MAX_CONSUMERS
 cdef size_t MIN_SLOTS_TO_COMPACT = 256      # below this, a sparse slot vector is cheap
 cdef double WHEEL_BUCKETS_PER_EXTENSION = 16.0
 cdef double MAX_BUCKET = 4.0e18          # bucket numbers are clamped (deadline may be +-inf)
@@ -463,33 +148,8 @@ DEF HB_GROUP = 16                           # heartbeat ids looked up together (
 cdef class LeaseTable:
     """Leases held by a prefill worker: request id -> deadline (Cython)."""
 
-    cdef double _extension
-    cdef vector[Slot] _slots
-    cdef Wheel _wheel
-    cdef vector[HeapEntry] _backlog  # due leases a limited sweep left: a min-heap
-    cdef size_t _entries             # in the wheel, live and stale
-    cdef double _width               # of a bucket, seconds
-    cdef double _lower               # no stored deadline is below this
-    cdef uint32_t _free              # head of free slot list (+1), 0 = none
-    cdef Py_ssize_t _live
-    cdef Py_ssize_t _in_batch        # live slots marked IN_BATCH
-    cdef set _batch_spill            # the router's in_batch set, once a router owns the table
-    cdef Py_ssize_t _stale
-    cdef uint32_t _seq
-    cdef vector[uint32_t] _index
-    cdef size_t _index_used          # live + deleted cells
-    cdef uint64_t _hash_mask
-    cdef uint64_t _k0, _k1           # SipHash key: random per table
-    cdef vector[uint64_t] _tag_keys    # tag digest per cell
-    cdef vector[uint32_t] _tag_heads   # first slot + 1 per cell, or EMPTY / DELETED
-    cdef size_t _tag_used              # live + deleted cells
-    cdef Py_ssize_t _tag_live          # live cells
-    cdef bint _index_tags              # False: grants are not indexed by tag
-
     def __cinit__(self, extension, *, bint tags=True, int _hash_bits=64):
-        extension = float(extension)
-        if not (math.isfinite(extension) and extension > 0):
-            raise ValueError(f"lease extension must be a finite number > 0, got {extension!r}")
+        extension = check_extension(extension)
         if not 1 <= _hash_bits <= 64:
             raise ValueError("_hash_bits must be in 1..64")
         self._extension = extension
@@ -511,44 +171,6 @@ cdef class LeaseTable:
         for i in range(self._slots.size()):
             if self._slots[i].seq != 0:
                 Py_DECREF(<object>self._slots[i].req_id)
-
-    @property
-    def extension(self):
-        return self._extension
-
-    # -- hashing and lookup ---------------------------------------------
-    cdef inline uint32_t _hash(self, const char* p, Py_ssize_t n) noexcept nogil:
-        """The table's keyed hash of an id's UTF-8 bytes (every stored or probed
-        hash is this one; ``_extend_span`` computes the same four at a time)."""
-        return <uint32_t>(vnl_sip13(p, <size_t>n, self._k0, self._k1) & self._hash_mask)
-
-    cdef inline long _find(self, const char* p, Py_ssize_t n, uint32_t h) noexcept:
-        """Slot of the id with these UTF-8 bytes and hash, or -1."""
-        cdef size_t mask = self._index.size() - 1
-        cdef size_t i = h & mask
-        cdef uint32_t c
-        cdef Py_ssize_t length
-        cdef const char* s
-        while True:
-            c = self._index[i]
-            if c == EMPTY:
-                return -1
-            if c != DELETED and self._slots[c - 1].link == h:
-                s = _stored_utf8(self._slots[c - 1].req_id, &length)
-                if length == n and vnl_eq(s, p, <size_t>n):
-                    return c - 1
-            i = (i + 1) & mask
-
-    cdef inline long _find_str(self, object req_id) except -2:
-        cdef Py_ssize_t n
-        cdef const char* p
-        if not isinstance(req_id, str):
-            return -1
-        try:
-            p = PyUnicode_AsUTF8AndSize(req_id, &n)
-        except UnicodeEncodeError:
-            return -1  # such an id can never have been granted
-        return self._find(p, n, self._hash(p, n))
 
     # -- slot and map maintenance ---------------------------------------
     cdef uint32_t _alloc_slot(self):
@@ -826,6 +448,7 @@ cdef class LeaseTable:
         cdef double d
         cdef long idx
         cdef uint32_t h
+        # check_req_id and check_deadline, in C: the id's bytes are needed anyway
         if not isinstance(req_id, str):
             raise TypeError(f"request id must be str, got {type(req_id).__name__}")
         try:
@@ -865,17 +488,6 @@ cdef class LeaseTable:
         self._push(d, self._seq, <uint32_t>idx)
         self._maybe_rebuild_heap()
         return idx
-
-    cdef inline bint _is_in_batch(self, long idx) noexcept:
-        return (self._slots[idx].seq & IN_BATCH) != 0
-
-    cdef inline void _set_in_batch(self, long idx, bint on) noexcept:
-        if on and not self._slots[idx].seq & IN_BATCH:
-            self._slots[idx].seq |= IN_BATCH
-            self._in_batch += 1
-        elif not on and self._slots[idx].seq & IN_BATCH:
-            self._slots[idx].seq &= SEQ_BITS
-            self._in_batch -= 1
 
     cdef (Py_ssize_t, Py_ssize_t) _extend_span(self, const char* p, Py_ssize_t n, double new_deadline):
         """Extend every lease named in the comma-separated span ``p[:n]``.
@@ -950,7 +562,7 @@ cdef class LeaseTable:
 
     def extend_counted(self, payload, now):
         """Like ``extend``; returns ``(extended, non-empty ids in payload)``."""
-        cdef double new_deadline = check_now(now) + self._extension
+        cdef double new_deadline = self._extended_deadline(check_now(now))
         cdef Py_ssize_t n
         cdef const char* p
         cdef const unsigned char[::1] view
@@ -975,7 +587,7 @@ cdef class LeaseTable:
         extend every lease a tag names.  Returns ``(leases extended, tags named,
         the tags naming no lease)``; the last is None, and nothing is extended,
         when the payload is not ASCII.  An empty field names nothing."""
-        cdef double new_deadline = check_now(now) + self._extension
+        cdef double new_deadline = self._extended_deadline(check_now(now))
         cdef bytes data = bytes(payload)
         cdef const unsigned char[::1] view = data
         cdef Py_ssize_t n = view.shape[0], pos = 0, end, named = 0, extended = 0
@@ -994,7 +606,7 @@ cdef class LeaseTable:
         cdef const uint32_t* heads = self._tag_heads.data()
         cdef const uint64_t* keys = self._tag_keys.data()
         cdef Slot* slots = self._slots.data()
-        if not data.isascii():  # CPython checks a word at a time: ~2 us for 35 KB here
+        if not data.isascii():  # CPython checks a word at a time, so this costs little
             while pos <= n:  # count as the twin does: non-empty fields
                 end = pos
                 while end < n and p[end] != 44:
@@ -1251,227 +863,3 @@ cdef class LeaseTable:
 
     def __repr__(self):
         return f"<LeaseTable leases={self._live} extension={self._extension}>"
-
-
-cdef class NotificationRouter:
-    """P-side bookkeeping of requests being sent, updated from whole
-    notification batches (Cython twin of ``_router_py.NotificationRouter``)."""
-
-    cdef readonly LeaseTable table
-    cdef set _in_batch
-    cdef dict _counts
-    cdef dict _expected
-    cdef tuple _passthrough
-
-    def __init__(self, LeaseTable table not None, passthrough_prefixes=(PUSH_REG_PREFIX,)):
-        self.table = table
-        self._in_batch = set()
-        if table._batch_spill is not None:
-            raise ValueError("this LeaseTable already belongs to a NotificationRouter")
-        table._batch_spill = self._in_batch
-        self._counts = {}
-        self._expected = {}
-        self._passthrough = tuple(bytes(p) for p in passthrough_prefixes)
-        if any(not p or p.startswith(HEARTBEAT_PREFIX) for p in self._passthrough):
-            raise ValueError("passthrough prefixes must be non-empty and not start with " + HEARTBEAT_PREFIX.decode())
-
-    # Batch membership: an id with a lease is marked in its slot (IN_BATCH);
-    # ``_in_batch`` holds the others.  A sweep or a completion then needs no
-    # set operation for a leased request, which is nearly every one.  An id
-    # marked in its slot is never also in the set.
-    def add_in_batch(self, req_id):
-        cdef long slot = self.table._find_str(req_id)
-        if slot >= 0:
-            self.table._set_in_batch(slot, True)
-            if self._in_batch:
-                self._in_batch.discard(req_id)
-        else:
-            self._in_batch.add(req_id)
-
-    def discard_in_batch(self, req_id):
-        cdef long slot = self.table._find_str(req_id)
-        if slot >= 0:
-            self.table._set_in_batch(slot, False)
-        self._in_batch.discard(req_id)
-        if self._counts and slot < 0:
-            self._forget_reads(req_id)
-
-    def release(self, req_id):
-        """Drop the lease of ``req_id`` (and its read count, unless it is
-        still in a batch); return whether it held a lease."""
-        held = self.table.release(req_id)  # a marked id goes back to _in_batch (the spill)
-        if self._counts and req_id not in self._in_batch:
-            self._forget_reads(req_id)
-        return held
-
-    cdef void _forget_reads(self, object req_id) except *:
-        self._counts.pop(req_id, None)
-        self._expected.pop(req_id, None)
-
-    def is_in_batch(self, req_id):
-        cdef long slot = self.table._find_str(req_id)
-        return (slot >= 0 and self.table._is_in_batch(slot)) or req_id in self._in_batch
-
-    def grant(self, req_id, deadline):
-        """Lease ``req_id`` until ``deadline`` if it is in a batch."""
-        cdef LeaseTable table = self.table
-        cdef long slot
-        if req_id in self._in_batch:
-            slot = table._grant(req_id, deadline)
-            self._in_batch.discard(req_id)
-            table._set_in_batch(slot, True)
-            return True
-        slot = table._find_str(req_id)
-        if slot < 0 or not table._is_in_batch(slot):
-            return False
-        table._grant(req_id, deadline)
-        return True
-
-    def received(self, req_id):
-        return self._counts.get(req_id, 0)
-
-    def in_batch_count(self):
-        return len(self._in_batch) + self.table._in_batch
-
-    def in_batch_ids(self):
-        """Ids in a batch (no particular order)."""
-        cdef LeaseTable table = self.table
-        cdef size_t i
-        ids = list(self._in_batch)
-        if table._in_batch:
-            ids += [<object>table._slots[i].req_id for i in range(table._slots.size())
-                    if table._slots[i].seq & IN_BATCH]
-        return ids
-
-    cdef bint _is_passthrough(self, const char* p, Py_ssize_t n):
-        cdef bytes prefix
-        for prefix in self._passthrough:
-            if n >= len(prefix) and memcmp(p, PyBytes_AS_STRING(prefix), len(prefix)) == 0:
-                return True
-        return False
-
-    cdef void _malformed(self, object result, object msg) except *:
-        result.malformed += 1
-        if len(result.malformed_sample) < MALFORMED_SAMPLE_SIZE:
-            result.malformed_sample.append(malformed_sample(msg))
-
-    def route(self, notifs, now):
-        """Route one step's notifications (see the twin for the contract)."""
-        cdef LeaseTable table = self.table
-        cdef double new_deadline = check_now(now) + table._extension
-        try:
-            items = notifs.items()
-        except AttributeError:
-            raise TypeError(f"notifications must be a mapping, got {type(notifs).__name__}") from None
-        cdef object result = RouteResult()
-        cdef Py_ssize_t n, colon, i, hb_msgs = 0, hb_ids = 0, hb_ext = 0, unknown_n = 0
-        cdef const char* p
-        cdef long expected
-        cdef object req_id, prev
-        cdef list completed = result.completed
-        cdef list unknown = result.unknown_sample
-        cdef Py_ssize_t ext, seen
-        cdef long count, slot
-        for agent, messages in items:
-            if not isinstance(messages, MESSAGES_TYPES):
-                self._malformed(result, messages)
-                continue
-            for msg in messages:
-                if not PyBytes_Check(msg):
-                    self._malformed(result, msg)
-                    continue
-                p = PyBytes_AS_STRING(msg)
-                n = PyBytes_GET_SIZE(msg)
-                if n >= _HB_LEN and memcmp(p, <const char*>_HB, _HB_LEN) == 0:
-                    ext, seen = table._extend_span(p + _HB_LEN, n - _HB_LEN, new_deadline)
-                    hb_msgs += 1
-                    hb_ids += seen
-                    hb_ext += ext
-                    continue
-                if self._is_passthrough(p, n):
-                    result.passthrough.setdefault(agent, []).append(msg)
-                    continue
-                # "<req_id>:<expected_consumers>", split on the last colon
-                colon = n - 1
-                while colon >= 0 and p[colon] != c':':
-                    colon -= 1
-                expected = 0
-                if 0 < colon < n - 1 and n - 1 - colon <= 10:
-                    for i in range(colon + 1, n):
-                        if p[i] < c'0' or p[i] > c'9':
-                            expected = 0
-                            break
-                        expected = expected * 10 + (p[i] - c'0')
-                    if expected > MAX_EXPECTED_CONSUMERS:
-                        expected = 0
-                req_id = None
-                slot = -1
-                if expected > 0:
-                    # A leased id is found from the bytes and its stored str
-                    # reused: no decode, no new str, a cached hash for the sets.
-                    slot = table._find(p, colon, table._hash(p, colon))
-                    if slot >= 0:
-                        req_id = <object>table._slots[slot].req_id
-                    else:
-                        try:
-                            req_id = PyUnicode_DecodeUTF8(p, colon, NULL)
-                        except UnicodeDecodeError:
-                            req_id = None
-                if req_id is None:
-                    self._malformed(result, msg)
-                    continue
-                if slot < 0 and req_id not in self._in_batch:
-                    unknown_n += 1
-                    if len(unknown) < UNKNOWN_SAMPLE_SIZE:
-                        unknown.append(unknown_sample_id(req_id))
-                    continue
-                # _counts and _expected hold an entry for exactly the same ids
-                prev = self._counts.get(req_id) if self._counts else None
-                if prev is None and expected == 1:  # the common case: one reader
-                    if slot < 0 or not table._is_in_batch(slot):
-                        self._in_batch.discard(req_id)
-                    if slot >= 0:
-                        table._release_slot(<uint32_t>slot)
-                    completed.append(req_id)
-                    continue
-                self._expected[req_id] = expected
-                count = 1 if prev is None else <long>prev + 1
-                if count == expected:
-                    if prev is not None:
-                        del self._counts[req_id]
-                    del self._expected[req_id]
-                    if slot < 0 or not table._is_in_batch(slot):
-                        self._in_batch.discard(req_id)
-                    if slot >= 0:
-                        table._release_slot(<uint32_t>slot)
-                    completed.append(req_id)
-                else:
-                    self._counts[req_id] = count
-        if completed:
-            table._maybe_compact()
-        result.heartbeat_messages = hb_msgs
-        result.heartbeat_ids = hb_ids
-        result.extended = hb_ext
-        result.unknown = unknown_n
-        return result
-
-    def expire(self, now, limit=None):
-        """Remove the leases due at ``now`` (all, or the ``limit`` earliest);
-        return them as an ``Expiry``: ids earliest deadline first, and the
-        reads seen of those that had been read by some consumer."""
-        cdef double t = check_now(now)
-        cdef Py_ssize_t cap = check_limit(limit)
-        cdef list ids = []
-        cdef list not_in_batch = [] if self._in_batch else None
-        cdef dict reads = {}
-        self.table._pop_due(t, cap, ids, not_in_batch, False)
-        if not_in_batch:
-            for req_id in not_in_batch:
-                self._in_batch.discard(req_id)
-        if self._expected:
-            for req_id in ids:
-                if self._expected.pop(req_id, None) is not None:
-                    count = self._counts.pop(req_id, 0)
-                    if count:
-                        reads[req_id] = count
-        return Expiry(ids, reads)
