@@ -1,9 +1,11 @@
-"""Acknowledged heartbeats: D's views move only on P's answers (issue 12).
+"""Acknowledged heartbeats, protocol version 2 (docs/PROTOCOL.md): D's views
+move only on P's answers, and D reads a P instance's blocks only over a
+connection that P's own answers proved reaches that instance.
 
 D's components (HeartbeatSender, AckRequester, ReadFence) and P's
-(LeaseKeeper, AckAnswerer) run against two fakes of the upstream worker;
-the test carries messages between them by hand, so it decides what a
-partition holds back and when it is delivered.
+(LeaseKeeper, AckAnswerer) run against fakes of the upstream worker; the
+test carries messages between them by hand, so it decides what a partition
+holds back, when it is delivered, and when a P restarts.
 """
 
 from __future__ import annotations
@@ -16,25 +18,37 @@ from vllm_support import Clock
 
 from harness.upstream_fake import FakeUpstreamWorker
 from vllm_nixl_lease._wire import (
-    ACK_HELLO_PREFIX,
-    ACKED_HEARTBEAT_PREFIX,
+    EXTENSION_PREFIX,
     HEARTBEAT_ACK_PREFIX,
-    PARAM_LEASE_ACKS,
-    TAGGED_HEARTBEAT_PREFIX,
+    HELLO_KIND,
+    LEASE_PROTOCOL_VERSION,
+    PARAM_LEASE_INSTANCE,
+    PARAM_LEASE_PROTOCOL,
+    PARAM_LEASE_TAG,
+    TAGGED_HEARTBEAT_KIND,
+    HeartbeatAck,
     acked_heartbeat_message,
+    heartbeat_ack_message,
     heartbeat_message,
+    hello_message,
+    lease_terms,
     parse_heartbeat_ack,
-    takes_tags,
 )
-from vllm_nixl_lease.lease_tags import lease_tag
+from vllm_nixl_lease.decode.lease_views import LeaseViews
 from vllm_nixl_lease.vllm.config import LeaseConfig
 from vllm_nixl_lease.vllm.d_scheduler.lease_view_collector import LeaseViewCollector
-from vllm_nixl_lease.vllm.d_worker.ack_requester import AckRequester
+from vllm_nixl_lease.vllm.d_worker.ack_requester import OTHER, PENDING, PROVEN, AckRequester
 from vllm_nixl_lease.vllm.d_worker.heartbeat_sender import HeartbeatSender
 from vllm_nixl_lease.vllm.d_worker.read_fence import ReadFence
-from vllm_nixl_lease.vllm.metadata import LEASE_HEARTBEATS_ATTR, LEASE_VIEWS_ATTR, EngineHeartbeats
-from vllm_nixl_lease.vllm.p_scheduler.lease_params import add_lease_params
+from vllm_nixl_lease.vllm.metadata import (
+    LEASE_HEARTBEATS_ATTR,
+    LEASE_VIEWS_ATTR,
+    EngineHeartbeats,
+    NewView,
+)
+from vllm_nixl_lease.vllm.p_scheduler.lease_params import LeaseParams
 from vllm_nixl_lease.vllm.p_worker.ack_answerer import (
+    MAX_AGENT_LOADS,
     MAX_NOT_EXTENDED_BYTES,
     MAX_PACED_ANSWERS_PER_STEP,
     MAX_SEQS_PER_ANSWER,
@@ -45,47 +59,97 @@ from vllm_nixl_lease.vllm.p_worker.lease_keeper import LeaseKeeper
 CONFIG = LeaseConfig.from_extra_config({"kv_lease_duration": 12})  # extension 8, interval 2, margin 2
 EXT = CONFIG.lease_extension
 READ = SimpleNamespace(remote=SimpleNamespace(engine_id="P"), local_block_ids=[[1]])
+HELLO = EXTENSION_PREFIX + HELLO_KIND
+
+
+def hello(agent: str, key: str, version: int = LEASE_PROTOCOL_VERSION) -> bytes:
+    return hello_message(2.0, f"fake-md:{agent}".encode(), key, version)
+
+
+class PProcess:
+    """One P engine process: its scheduler's lease params and its TP ranks."""
+
+    def __init__(self, ranks: int, name: str, config: LeaseConfig = CONFIG) -> None:
+        self.params = LeaseParams(config)
+        self.instance = self.params.instance.instance
+        self.p = [FakeUpstreamWorker() for _ in range(ranks)]
+        self.agents = [f"{name}-agent-{r}" for r in range(ranks)]
+        self.keepers: list[LeaseKeeper] = []
+        self.ackers: list[AckAnswerer] = []
+        meta = SimpleNamespace()
+        self.params.attach(meta)
+        for up, agent in zip(self.p, self.agents, strict=True):
+            up.nixl_wrapper.name = agent
+            keeper = LeaseKeeper(up, config)
+            keeper.adopt_instance(meta)
+            self.keepers.append(keeper)
+            self.ackers.append(AckAnswerer(up, keeper, config))
 
 
 class Pair:
-    """One P rank and one D rank, joined by a hand-carried network."""
+    """P ranks (one engine, "P") and one D rank, joined by a hand-carried network."""
 
-    def __init__(self, clock: Clock, ranks: int = 1) -> None:
+    def __init__(self, clock: Clock, ranks: int = 1, config: LeaseConfig = CONFIG) -> None:
         self.clock = clock
-        self.p = [FakeUpstreamWorker() for _ in range(ranks)]
-        self.keepers, self.ackers = [], []
-        for r, up in enumerate(self.p):
-            up.nixl_wrapper.name = f"P-agent-{r}"
-            keeper = LeaseKeeper(up, CONFIG)
-            self.keepers.append(keeper)
-            self.ackers.append(AckAnswerer(up, keeper, forget_after_s=60))
+        self.config = config
+        self.proc = PProcess(ranks, "P", config)
         self.d = FakeUpstreamWorker()
         self.d.nixl_wrapper.name = "D-agent"
-        self.d.connect("P", ranks=ranks)
-        # As upstream keeps them: add_remote_agent's return value, bytes.
-        self.d._remote_agents["P"] = {r: f"P-agent-{r}".encode() for r in range(ranks)}
-        self.fence = ReadFence(self.d, CONFIG)
-        self.acks = AckRequester(self.d, self.fence.views, rehello_s=4)
+        self.connect(self.proc)
+        self.views = LeaseViews(config.lease_safety_margin)
+        self.acks = AckRequester(self.d, self.views, config)
+        self.fence = ReadFence(self.d, self.views, config, self.acks.proof)
         self.sender = HeartbeatSender(self.d, 8192, self.fence.heartbeat_delivered, self.acks)
+        self.names: dict[str, str] = {}  # P id -> the name D heartbeats it by
 
-    def grant(self, p_id: str, d_id: str, acks: bool = True, tagged: bool = False) -> None:
+    # P and D as upstream connects them
+    def connect(self, proc: PProcess) -> None:
+        """D's (new) connection to engine "P" reaches ``proc``: upstream's handshake."""
+        self.d.connect("P", ranks=len(proc.p))
+        # As upstream keeps them: add_remote_agent's return value, bytes.
+        self.d._remote_agents["P"] = {r: a.encode() for r, a in enumerate(proc.agents)}
+
+    @property
+    def keepers(self) -> list[LeaseKeeper]:
+        return self.proc.keepers
+
+    @property
+    def ackers(self) -> list[AckAnswerer]:
+        return self.proc.ackers
+
+    @property
+    def p(self) -> list[FakeUpstreamWorker]:
+        return self.proc.p
+
+    def grant(self, p_id: str, d_id: str, plain: bool = False, tagged: bool = False) -> dict:
         for keeper in self.keepers:
             keeper.deadlines[p_id] = self.clock.now + EXT
         params: dict = {"do_remote_prefill": True}
-        add_lease_params(params, self.clock.now + EXT, EXT)
-        if not acks:
-            del params[PARAM_LEASE_ACKS]
-        assert takes_tags(params) == acks
-        collector = LeaseViewCollector(CONFIG, "pull")
-        collector.add(d_id, "P", lease_tag(p_id) if tagged else p_id, params)
+        self.proc.params.add(params, p_id, self.clock.now + EXT)
+        if plain:
+            del params[PARAM_LEASE_PROTOCOL]
+        terms = lease_terms(params)
+        assert terms is not None and terms.acknowledged == (not plain)
+        name = terms.tag if tagged and terms.tag else p_id
+        self.names[p_id] = name
+        collector = LeaseViewCollector(self.config, "pull")
+        collector.add(d_id, "P", terms.instance, name, terms)
         meta = SimpleNamespace()
         collector.attach(meta)
         self.fence.add_views(meta)
+        return params
 
-    def d_heartbeat(self, *p_ids: str, tagged: bool = False) -> None:
-        names = [lease_tag(p_id) for p_id in p_ids] if tagged else p_ids
-        hb = EngineHeartbeats([heartbeat_message(names)], "10.0.0.1", 5600, len(self.p), tagged=tagged)
-        self.sender.send(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": hb}}))
+    def d_heartbeat(self, *p_ids: str, tagged: bool = False, instance: str | None = None) -> None:
+        names = [self.names[p_id] for p_id in p_ids]
+        inst = self.proc.instance if instance is None else instance
+        hb = EngineHeartbeats(
+            "P", [heartbeat_message(names)], "10.0.0.1", 5600, len(self.p), instance=inst, tagged=tagged
+        )
+        self.sender.send(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"g0": hb}}))
+
+    def d_step(self) -> None:
+        """A D step with no new heartbeat tick (what waited on proof goes out)."""
+        self.sender.send(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {}}))
 
     def take_d_sends(self) -> list[tuple[str, bytes]]:
         sent, self.d.nixl_wrapper.sent = self.d.nixl_wrapper.sent, []
@@ -93,12 +157,12 @@ class Pair:
 
     def p_step(self, held: list[tuple[str, bytes]]) -> None:
         """Deliver D's messages to the P ranks, step each (route, answer, expire)."""
-        for r, (keeper, acker) in enumerate(zip(self.keepers, self.ackers, strict=True)):
-            msgs = [m for agent, m in held if agent == f"P-agent-{r}".encode()]
+        for agent, keeper, acker in zip(self.proc.agents, self.keepers, self.ackers, strict=True):
+            msgs = [m for to, m in held if to == agent.encode()]
             _, ack_messages = keeper.route({"D-agent": msgs} if msgs else {})
             acker.handle(ack_messages)
             settle(acker)
-            acker.handle({})  # answers queued behind the hello go out now
+            acker.handle({})  # the welcome and answers queued behind the hello go out now
             keeper.expire(set())
 
     def take_p_sends(self) -> list[tuple[str, bytes]]:
@@ -114,6 +178,13 @@ class Pair:
             by_agent.setdefault(agent, []).append(msg)
         self.acks.received(by_agent)
 
+    def prove(self) -> None:
+        """Hello, welcome: D's connection is proven to reach this P process."""
+        self.d_step()
+        self.p_step(self.take_d_sends())
+        self.d_receive(self.take_p_sends())
+        assert self.acks.proof("P", self.proc.instance) == PROVEN
+
     def remaining(self, d_id: str) -> float:
         left = self.fence.views.remaining(d_id, self.clock.now, 0.0)
         assert left is not None
@@ -121,7 +192,11 @@ class Pair:
 
 
 def settle(acker: AckAnswerer) -> None:
-    concurrent.futures.wait(list(acker._loading.values()), timeout=5)
+    concurrent.futures.wait([load for load, _ in acker._loading.values()], timeout=5)
+
+
+def acks_of(sent: list[tuple[str, bytes]]) -> list[HeartbeatAck | None]:
+    return [parse_heartbeat_ack(m) for _, m in sent]
 
 
 def test_view_moves_only_when_p_answers(clock: Clock) -> None:
@@ -130,13 +205,21 @@ def test_view_moves_only_when_p_answers(clock: Clock) -> None:
     clock.advance(3)
     net.d_heartbeat("p1")
     sent = net.take_d_sends()
-    assert sent[0][1].startswith(ACK_HELLO_PREFIX) and sent[1][1].startswith(ACKED_HEARTBEAT_PREFIX)
+    # Not proven yet: only the hello leaves; the heartbeat waits for the welcome.
+    assert [m[: len(HELLO)] for _, m in sent] == [HELLO]
+    net.p_step(sent)
+    welcome = net.take_p_sends()
+    assert acks_of(welcome) == [HeartbeatAck(net.proc.instance, [], frozenset())]
+    net.d_receive(welcome)
+    net.d_step()  # the heartbeat that waited goes out now
+    sent = net.take_d_sends()
+    assert [m for _, m in sent] == [acked_heartbeat_message(1, heartbeat_message(["p1"]))]
     assert net.remaining("d1") == pytest.approx(EXT - 3)  # the send alone proves nothing
     clock.advance(1)
     net.p_step(sent)
     assert net.keepers[0].table.deadline("p1") == pytest.approx(clock.now + EXT)
     answers = net.take_p_sends()
-    assert [parse_heartbeat_ack(m) for _, m in answers] == [([1], frozenset())]
+    assert acks_of(answers) == [HeartbeatAck(net.proc.instance, [1], frozenset())]
     net.d_receive(answers)
     # Renewed from the send (D's clock), not from the answer's arrival.
     assert net.remaining("d1") == pytest.approx(EXT - 1)
@@ -144,34 +227,59 @@ def test_view_moves_only_when_p_answers(clock: Clock) -> None:
     assert net.p[0].count("num_heartbeat_acks_sent") == 1
 
 
+def test_a_read_waits_for_the_proof_of_its_p_process(clock: Clock) -> None:
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    assert net.fence.fenced("d1", READ) and "d1" in net.fence.parked  # waits, not failed
+    assert net.d.failed_transfers == []
+    assert net.d.count("num_reads_waiting_proof") == 1
+    net.prove()
+    assert [r for r, _ in net.fence.take_parked()] == ["d1"]
+    assert not net.fence.fenced("d1", READ)
+
+
 def test_tagged_heartbeat_renews_on_both_sides(clock: Clock) -> None:
     net = Pair(clock, ranks=2)
-    net.grant("p1", "d1", tagged=True)
+    params = net.grant("p1", "d1", tagged=True)
     net.grant("p2", "d2", tagged=True)
+    tag1, tag2 = net.names["p1"], net.names["p2"]
+    assert tag1 == params[PARAM_LEASE_TAG] and len(tag1) == 11
+    net.prove()
     clock.advance(3)
     net.d_heartbeat("p1", "p2", tagged=True)
     sent = net.take_d_sends()
-    beats = [m for _, m in sent if not m.startswith(ACK_HELLO_PREFIX)]
-    tagged = heartbeat_message([lease_tag("p1"), lease_tag("p2")])
-    assert beats == [acked_heartbeat_message(1, tagged, tagged=True)] * 2  # one per P rank, 11 bytes a lease
+    beats = [m for _, m in sent if not m.startswith(HELLO)]
+    assert beats == [acked_heartbeat_message(1, heartbeat_message([tag1, tag2]), tagged=True)] * 2
     clock.advance(1)
     net.p_step(sent)
     for keeper in net.keepers:
         assert keeper.table.deadline("p1") == pytest.approx(clock.now + EXT)
         assert keeper.table.deadline("p2") == pytest.approx(clock.now + EXT)
     answers = net.take_p_sends()
-    assert [parse_heartbeat_ack(m) for _, m in answers] == [([1], frozenset())] * 2
+    assert acks_of(answers) == [HeartbeatAck(net.proc.instance, [1], frozenset())] * 2
     net.d_receive(answers)
     assert net.remaining("d1") == pytest.approx(EXT - 1) and net.remaining("d2") == pytest.approx(EXT - 1)
     assert net.p[0].count("num_heartbeat_ids_recv") == 2 and net.p[0].count("num_heartbeat_ids_unknown") == 0
     assert net.p[0].count("num_tagged_heartbeats_recv") == 1
 
 
+def test_tags_are_keyed_per_p_process(clock: Clock) -> None:
+    """Nobody can aim tags: the same id gets another tag from another P process."""
+    a, b = PProcess(1, "A"), PProcess(1, "B")
+    pa: dict = {}
+    pb: dict = {}
+    a.params.add(pa, "req-1", 1.0)
+    b.params.add(pb, "req-1", 1.0)
+    assert pa[PARAM_LEASE_TAG] != pb[PARAM_LEASE_TAG]
+    assert pa[PARAM_LEASE_INSTANCE] != pb[PARAM_LEASE_INSTANCE]
+
+
 def test_tagged_heartbeat_never_renews_a_freed_lease(clock: Clock) -> None:
-    """The partition of issue 12, by tag: P freed p1 while the heartbeat was held."""
+    """A partition held the heartbeat while P freed p1: the answer ends d1's view."""
     net = Pair(clock)
     net.grant("p1", "d1", tagged=True)
     net.grant("p2", "d2", tagged=True)
+    net.prove()
     clock.advance(2)
     held_at = clock.now
     net.d_heartbeat("p1", "p2", tagged=True)
@@ -183,35 +291,67 @@ def test_tagged_heartbeat_never_renews_a_freed_lease(clock: Clock) -> None:
     clock.advance(1)
     net.p_step(held)
     answers = net.take_p_sends()
-    assert [parse_heartbeat_ack(m) for _, m in answers] == [([1], frozenset({lease_tag("p1")}))]
+    assert acks_of(answers) == [HeartbeatAck(net.proc.instance, [1], frozenset({net.names["p1"]}))]
     net.d_receive(answers)
     assert net.fence.fenced("d1", READ)
-    assert net.remaining("d2") == pytest.approx(held_at + EXT - clock.now)
+    # d2's send was held past the extension: its answer came too late to renew anything.
+    assert net.remaining("d2") < 0
     assert net.p[0].count("num_heartbeat_ids_unknown") == 1
+    del held_at
 
 
-def test_tagged_heartbeat_never_claims_an_id_with_a_comma(clock: Clock) -> None:
+def test_not_extended_ends_the_view_at_once(clock: Clock) -> None:
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    net.prove()
+    del net.keepers[0].deadlines["p1"]  # P freed it (a read completion from another D, say)
+    clock.advance(1)
+    net.d_heartbeat("p1")
+    net.p_step(net.take_d_sends())
+    net.d_receive(net.take_p_sends())
+    assert net.remaining("d1") < 0  # ended, not merely unrenewed
+    assert net.fence.fenced("d1", READ)
+
+
+def test_lapsed_view_never_revives(clock: Clock) -> None:
+    """An answer to a heartbeat sent after the view lapsed renews nothing,
+    whatever P says: another lease may hold the name by then."""
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    net.prove()
+    clock.advance(EXT + 0.5)  # the view lapsed: D sent nothing in time
+    net.keepers[0].deadlines["p1"] = clock.now + EXT  # P holds *a* lease under that id now
+    net.d_heartbeat("p1")
+    net.p_step(net.take_d_sends())
+    answers = net.take_p_sends()
+    assert acks_of(answers)[0].not_extended == frozenset()  # type: ignore[union-attr]
+    net.d_receive(answers)
+    assert net.remaining("d1") < 0
+
+
+def test_id_with_a_comma_is_never_claimed(clock: Clock) -> None:
     """A P id with ',' would be split by the core's payload API: its tag stays
     unindexed, so P answers "not extended" instead of claiming a renewal."""
     net = Pair(clock)
     net.grant("a,b", "d1", tagged=True)
     net.grant("p2", "d2", tagged=True)
+    net.prove()
     before = net.keepers[0].table.deadline("a,b")
     clock.advance(2)
     net.d_heartbeat("a,b", "p2", tagged=True)
     net.p_step(net.take_d_sends())
     assert net.keepers[0].table.deadline("a,b") == before
     answers = net.take_p_sends()
-    assert [parse_heartbeat_ack(m) for _, m in answers] == [([1], frozenset({lease_tag("a,b")}))]
+    assert acks_of(answers) == [HeartbeatAck(net.proc.instance, [1], frozenset({net.names["a,b"]}))]
     net.d_receive(answers)
-    assert net.remaining("d1") == pytest.approx(EXT - 2) and net.remaining("d2") == pytest.approx(EXT)
+    assert net.remaining("d1") < 0 and net.remaining("d2") == pytest.approx(EXT)
 
 
 def test_read_completion_drops_the_tag_on_p(clock: Clock) -> None:
     net = Pair(clock)
     net.grant("p1", "d1", tagged=True)
     keeper = net.keepers[0]
-    tag = lease_tag("p1")
+    tag = net.names["p1"]
     assert keeper.table.extend_tagged(tag.encode(), clock.now) == (1, 1, [])
     keeper.route({"D-agent": [b"p1:1"]})
     assert "p1" not in keeper.table
@@ -224,56 +364,55 @@ def test_hostile_tagged_heartbeats_are_counted_not_applied(clock: Clock) -> None
     keeper, acker, p = net.keepers[0], net.ackers[0], net.p[0]
     before = keeper.table.deadline("p1")
     clock.advance(1)
-    hello = ACK_HELLO_PREFIX + b"fake-md:D-agent"
-    lhbt = TAGGED_HEARTBEAT_PREFIX
-    crafted = [lhbt, lhbt + b"x:" + lease_tag("p1").encode(), lhbt + b"2:\xff\xfe"]
-    crafted.append(lhbt + b"3:p1,,zz," + b"A" * 5000)
-    _, msgs = keeper.route({"D-agent": [hello, *crafted]})
+    lhbt = EXTENSION_PREFIX + TAGGED_HEARTBEAT_KIND
+    crafted = [lhbt, lhbt + b"x," + net.names["p1"].encode(), lhbt + b"2,\xff\xfe"]
+    crafted.append(lhbt + b"3,p1,,zz," + b"A" * 5000)
+    _, msgs = keeper.route({"D-agent": [hello("D-agent", net.names["p1"]), *crafted]})
     acker.handle(msgs)
     settle(acker)
     acker.handle({})
     assert keeper.table.deadline("p1") == before  # neither the raw id nor junk renews it
     assert p.count("num_malformed_notifs") == 2
-    answers = [parse_heartbeat_ack(m) for _, m in p.nixl_wrapper.sent]
-    assert answers == [([2, 3], None)]  # undecodable and oversized: none counts, no echo
+    answers = acks_of(p.nixl_wrapper.sent)
+    # The welcome, then: undecodable and oversized, none counts, no echo.
+    instance = net.proc.instance
+    assert answers == [HeartbeatAck(instance, [], frozenset()), HeartbeatAck(instance, [2, 3], None)]
 
 
 def test_heartbeat_delivered_after_p_expired_never_renews(clock: Clock) -> None:
-    """The partition of issue 12: the send returns, UCX holds the message, P
-    frees the lease, the message arrives after the heal."""
+    """A partition: the send returns, UCX holds the message, P frees the
+    lease, the message arrives after the heal."""
     net = Pair(clock)
     net.grant("p1", "d1")
     net.grant("p2", "d2")
+    net.prove()
     clock.advance(2)
     net.d_heartbeat("p1", "p2")
     net.p_step(net.take_d_sends())
     net.d_receive(net.take_p_sends())
     clock.advance(2)
-    held_at = clock.now
     net.d_heartbeat("p1", "p2")
     held = net.take_d_sends()  # cut: nothing reaches P
-    clock.advance(EXT)
+    clock.advance(EXT - 1)
     net.keepers[0].deadlines["p2"] = clock.now + EXT  # stand-in for a heartbeat P did get for p2
-    net.p_step([])
-    assert "p1" not in net.keepers[0].table and "p2" in net.keepers[0].table
-    clock.advance(1)  # heal
+    net.keepers[0].deadlines.pop("p1")  # and p1 expired
+    clock.advance(0.5)  # heal
     net.p_step(held)
     answers = net.take_p_sends()
-    assert [parse_heartbeat_ack(m) for _, m in answers] == [([2], frozenset({"p1"}))]
+    assert acks_of(answers) == [HeartbeatAck(net.proc.instance, [2], frozenset({"p1"}))]
     net.d_receive(answers)
-    assert net.remaining("d1") < net.fence.views.margin
     assert net.fence.fenced("d1", READ)
     # p2 was held: renewed, but only to the held send's time + extension.
-    assert net.remaining("d2") == pytest.approx(held_at + EXT - clock.now)
+    assert net.remaining("d2") == pytest.approx(0.5)
 
 
 def test_answers_from_every_rank_are_needed(clock: Clock) -> None:
     net = Pair(clock, ranks=2)
     net.grant("p1", "d1")
+    net.prove()
     clock.advance(3)
     net.d_heartbeat("p1")
-    sent = net.take_d_sends()
-    net.p_step(sent)
+    net.p_step(net.take_d_sends())
     answers = net.take_p_sends()
     assert len(answers) == 2
     net.d_receive(answers[:1])
@@ -284,9 +423,22 @@ def test_answers_from_every_rank_are_needed(clock: Clock) -> None:
     assert net.remaining("d1") == pytest.approx(EXT)
 
 
+def test_proof_needs_every_rank(clock: Clock) -> None:
+    net = Pair(clock, ranks=2)
+    net.grant("p1", "d1")
+    net.d_step()
+    net.p_step(net.take_d_sends())
+    welcomes = net.take_p_sends()
+    net.d_receive(welcomes[:1])
+    assert net.acks.proof("P", net.proc.instance) == PENDING
+    net.d_receive(welcomes[1:])
+    assert net.acks.proof("P", net.proc.instance) == PROVEN
+
+
 def test_lost_answers_leave_the_view_and_d_says_hello_again(clock: Clock) -> None:
     net = Pair(clock)
     net.grant("p1", "d1")
+    net.prove()
     clock.advance(1)
     net.d_heartbeat("p1")
     net.p_step(net.take_d_sends())
@@ -294,26 +446,115 @@ def test_lost_answers_leave_the_view_and_d_says_hello_again(clock: Clock) -> Non
     assert net.remaining("d1") == pytest.approx(EXT - 1)
     clock.advance(2)
     net.d_heartbeat("p1")
-    assert not net.take_d_sends()[0][1].startswith(ACK_HELLO_PREFIX)  # hello 3 s ago
-    clock.advance(2)
+    assert not net.take_d_sends()[0][1].startswith(HELLO)  # answered 3 s ago
+    clock.advance(CONFIG.rehello_after_s)
     net.d_heartbeat("p1")
-    assert net.take_d_sends()[0][1].startswith(ACK_HELLO_PREFIX)  # no answer for 4 s
+    assert net.take_d_sends()[0][1].startswith(HELLO)  # silent past rehello_after_s
 
 
-def test_p_without_acks_keeps_renew_on_send_and_gets_plain_heartbeats(clock: Clock) -> None:
+def test_plain_p_keeps_renew_on_send_and_gets_plain_heartbeats(clock: Clock) -> None:
     net = Pair(clock)
-    net.grant("p1", "d1", acks=False)
+    net.grant("p1", "d1", plain=True)
     clock.advance(3)
-    net.d_heartbeat("p1")
+    net.d_heartbeat("p1", instance="")
     assert [m for _, m in net.take_d_sends()] == [heartbeat_message(["p1"])]
     assert net.remaining("d1") == pytest.approx(EXT)
+    assert not net.fence.fenced("d1", READ)  # no proof needed from a plain P
+
+
+def test_plain_view_ends_when_its_connection_is_replaced(clock: Clock) -> None:
+    net = Pair(clock)
+    net.grant("p1", "d1", plain=True)
+    assert not net.fence.fenced("d1", READ)  # bound to this connection
+    net.connect(PProcess(1, "Q"))  # upstream handshook again: another process may answer
+    assert net.fence.fenced("d1", READ)
+
+
+def test_restarted_p_under_the_same_engine_id_is_never_read(clock: Clock) -> None:
+    """P killed and restarted under its engine id: D's old views end the
+    moment the new process proves itself, and are fenced, never read."""
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    net.grant("p2", "d2")
+    net.prove()
+    old = net.proc
+    new = PProcess(1, "P-restarted")
+    net.proc = new
+    net.connect(new)  # D's heartbeat failed, upstream released P, D handshook again
+    assert net.acks.proof("P", old.instance) == PENDING
+    assert net.fence.fenced("d1", READ) and "d1" in net.fence.parked  # waits: which process is it?
+    # The new P grants a lease on the same request id; its params name the new instance.
+    net.grant("p1", "d3")
+    net.d_heartbeat("p1", instance=old.instance)  # the old requests' tick: hello only
+    net.p_step(net.take_d_sends())
+    net.d_receive(net.take_p_sends())  # the new process's welcome
+    assert net.acks.proof("P", old.instance) == OTHER
+    assert net.acks.proof("P", new.instance) == PROVEN
+    assert net.d.count("num_views_ended") == 2
+    assert [r for r, _ in net.fence.take_parked()] == ["d1"]
+    assert net.fence.fenced("d1", READ) and net.fence.fenced("d2", READ)
+    assert [r for r, _ in net.d.failed_transfers] == ["d1", "d2"]  # fenced: recomputed, never read
+    assert not net.fence.fenced("d3", READ)  # the new process's lease reads normally
+    # The old instance's heartbeats are never sent to the new process.
+    net.d_heartbeat("p1", instance=old.instance)
+    assert net.take_d_sends() == []
+
+
+def test_hello_needs_a_lease_held_here(clock: Clock) -> None:
+    net = Pair(clock)
+    keeper, acker, p = net.keepers[0], net.ackers[0], net.p[0]
+    keeper.deadlines["p1"] = clock.now + EXT
+    _, msgs = keeper.route({"rogue": [hello("rogue", "AAAAAAAAAAA"), hello("rogue2", "nope")]})
+    acker.handle(msgs)
+    assert len(acker) == 0 and p.nixl_wrapper.loaded == set()
+    assert p.count("num_hellos_refused") == 2
+    # A newer version is refused too (D then treats P as one without answers).
+    _, msgs = keeper.route({"D": [hello("D", "p1", version=LEASE_PROTOCOL_VERSION + 1)]})
+    acker.handle(msgs)
+    assert len(acker) == 0 and p.count("num_hellos_refused") == 3
+
+
+def test_hello_flood_is_bounded(clock: Clock) -> None:
+    net = Pair(clock)
+    keeper, acker, p = net.keepers[0], net.ackers[0], net.p[0]
+    keeper.deadlines["p1"] = clock.now + EXT
+    oversized = hello("big", "p1")[:-2] + b"A" * 5000 + b":p1"
+    flood = {f"D{i}": [hello(f"D{i}", "p1")] for i in range(3 * MAX_AGENT_LOADS)}
+    flood["big"] = [oversized]
+    acker._executor = None
+    keeper_msgs = keeper.route(flood)[1]
+    acker.handle(keeper_msgs)
+    assert len(acker._loading) == MAX_AGENT_LOADS  # the rest wait for their next hello
+    assert p.count("num_hellos_refused") == 2 * MAX_AGENT_LOADS
+    assert p.count("num_malformed_notifs") == 1  # the oversized one
+
+
+def test_least_useful_agent_is_evicted_first(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
+    from vllm_nixl_lease.vllm.p_worker import ack_answerer
+
+    monkeypatch.setattr(ack_answerer, "MAX_AGENTS", 2)
+    net = Pair(clock)
+    keeper, acker, p = net.keepers[0], net.ackers[0], net.p[0]
+    keeper.deadlines["p1"] = clock.now + 100
+    for agent in ("real", "idle"):
+        acker.handle(keeper.route({agent: [hello(agent, "p1")]})[1])
+        settle(acker)
+        acker.handle({})
+    clock.advance(1)
+    acker.handle(keeper.route({"real": [acked_heartbeat_message(1, heartbeat_message(["p1"]))]})[1])
+    clock.advance(1)
+    acker.handle(keeper.route({"third": [hello("third", "p1")]})[1])
+    settle(acker)
+    acker.handle({})
+    assert set(acker._agents) == {"real", "third"}
+    assert p.count("num_ack_agents_evicted") == 1
 
 
 def test_p_answers_a_hello_only_for_the_agent_that_sent_it(clock: Clock) -> None:
     net = Pair(clock)
     net.grant("p1", "d1")
     keeper, acker, p = net.keepers[0], net.ackers[0], net.p[0]
-    forged = ACK_HELLO_PREFIX + b"fake-md:someone-else"
+    forged = hello("someone-else", "p1")
     _, msgs = keeper.route({"D-agent": [forged, acked_heartbeat_message(7, heartbeat_message(["p1"]))]})
     acker.handle(msgs)
     settle(acker)
@@ -322,37 +563,63 @@ def test_p_answers_a_hello_only_for_the_agent_that_sent_it(clock: Clock) -> None
     assert p.count("num_heartbeat_acks_dropped") == 1
 
 
+def test_rogue_answers_are_ignored_by_d(clock: Clock) -> None:
+    """A rogue P (an agent of no connection D reads over) answering LACK: proves nothing."""
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    forged = heartbeat_ack_message(net.proc.instance, [])
+    net.d_receive([("rogue-agent", forged), ("rogue-agent", heartbeat_ack_message("0" * 16, [1]))])
+    assert net.acks.proof("P", net.proc.instance) == PENDING
+    assert net.d.count("num_heartbeat_acks_ignored") == 2
+    net.d_receive([("P-agent-0", HEARTBEAT_ACK_PREFIX + b"zz"), ("P-agent-0", b"LACK:" + b"1" * 16 + b":99")])
+    assert net.d.count("num_malformed_notifs") == 1  # the answer to an unknown seq is merely unused
+    assert net.d.count("num_heartbeat_acks_recv") == 1
+
+
 def test_hostile_acked_heartbeats_are_bounded(clock: Clock) -> None:
     net = Pair(clock)
     net.grant("p1", "d1")
     keeper, acker, p = net.keepers[0], net.ackers[0], net.p[0]
     many = heartbeat_message([f"x{i:06d}" for i in range(2000)])
-    hello = ACK_HELLO_PREFIX + b"fake-md:D-agent"
-    lhb = ACKED_HEARTBEAT_PREFIX
-    batch = [hello, lhb, lhb + b"x:p1", acked_heartbeat_message(3, many), lhb + b"4:\xff\xfe"]
+    lhb = acked_heartbeat_message(0, b"HB:")[: -len(b"0,")]
+    batch = [hello("D-agent", "p1"), lhb, lhb + b"x,p1", acked_heartbeat_message(3, many)]
+    batch.append(lhb + b"4,\xff\xfe")
     _, msgs = keeper.route({"D-agent": batch})
     acker.handle(msgs)
     settle(acker)
     acker.handle({})
-    answers = [parse_heartbeat_ack(m) for _, m in p.nixl_wrapper.sent]
-    assert answers == [([3, 4], None)]  # "none extended": too many ids / undecodable
+    answers = acks_of(p.nixl_wrapper.sent)
+    assert answers[1:] == [HeartbeatAck(net.proc.instance, [3, 4], None)]  # too many names / undecodable
     assert all(len(m) < MAX_NOT_EXTENDED_BYTES + 64 for _, m in p.nixl_wrapper.sent)
     assert p.count("num_malformed_notifs") == 2
-    # D ignores malformed answers and answers to heartbeats it never sent.
-    net.d_receive([("P-agent-0", HEARTBEAT_ACK_PREFIX + b"zz"), ("P-agent-0", HEARTBEAT_ACK_PREFIX + b"99")])
-    assert net.d.count("num_malformed_notifs") == 1
 
 
-def test_views_carry_the_ack_flag_from_p(clock: Clock) -> None:
+def test_views_carry_the_terms_from_p(clock: Clock) -> None:
+    proc = PProcess(1, "P")
     params: dict = {}
-    add_lease_params(params, 10.0, EXT)
-    assert params[PARAM_LEASE_ACKS] is True
+    proc.params.add(params, "p1", 10.0)
     collector = LeaseViewCollector(CONFIG, "pull")
-    collector.add("d1", "P", "p1", params)
-    collector.add("d2", "P2", "p2", {**params, PARAM_LEASE_ACKS: "yes"})  # only True counts
+    for local, extra in (("d1", {}), ("d2", {PARAM_LEASE_PROTOCOL: 99}), ("d3", {PARAM_LEASE_INSTANCE: "x"})):
+        terms = collector.terms_of(local, "P", {**params, **extra})
+        assert terms is not None
+        collector.add(local, "P", terms.instance, "p1", terms)
     meta = SimpleNamespace()
     collector.attach(meta)
-    assert {k: v[4] for k, v in getattr(meta, LEASE_VIEWS_ATTR).new.items()} == {"d1": True, "d2": False}
+    new = getattr(meta, LEASE_VIEWS_ATTR).new
+    # Only version 2 with a well-formed instance is acknowledged; others are plain.
+    assert {k: v.instance for k, v in new.items()} == {"d1": proc.instance, "d2": "", "d3": ""}
+    assert new["d1"].interval == CONFIG.heartbeat_interval
+
+
+def test_margin_follows_the_terms_p_advertised() -> None:
+    """P's extension shorter than D's config would make D's own margin fence
+    every read near the end; the view's margin follows P's terms instead."""
+    d_config = LeaseConfig.from_extra_config({"kv_lease_duration": 24})  # D: margin 4, interval 4
+    fence = ReadFence(FakeUpstreamWorker(), LeaseViews(d_config.lease_safety_margin), d_config)
+    p_terms = NewView("P", "i" * 16, "p1", 0.0, extension=8.0, interval=2.0)
+    assert fence.view_margin(p_terms) == pytest.approx((8 - 4 - 1) / 2)
+    same = NewView("P", "i" * 16, "p1", 0.0, extension=16.0, interval=4.0)
+    assert fence.view_margin(same) == pytest.approx(d_config.lease_safety_margin)
 
 
 def test_one_answer_per_d_agent_per_step(clock: Clock) -> None:
@@ -362,26 +629,22 @@ def test_one_answer_per_d_agent_per_step(clock: Clock) -> None:
     net.grant("p1", "d1")
     keeper, acker, p = net.keepers[0], net.ackers[0], net.p[0]
     n = MAX_SEQS_PER_ANSWER + 10
-    batch = [ACK_HELLO_PREFIX + b"fake-md:D-agent"]
+    batch = [hello("D-agent", "p1")]
     batch += [acked_heartbeat_message(seq, heartbeat_message(["p1", f"gone{seq % 3}"])) for seq in range(n)]
     _, msgs = keeper.route({"D-agent": batch})
     acker.handle(msgs)
     settle(acker)
     acker.handle({})
-    answers = [parse_heartbeat_ack(m) for _, m in p.nixl_wrapper.sent]
-    assert [len(seqs) for seqs, _ in answers] == [MAX_SEQS_PER_ANSWER, 10]  # type: ignore[misc]
-    assert all(missing == {"gone0", "gone1", "gone2"} for _, missing in answers)  # type: ignore[misc]
+    answers = acks_of(p.nixl_wrapper.sent)[1:]
+    assert [len(a.seqs) for a in answers] == [MAX_SEQS_PER_ANSWER, 10]  # type: ignore[union-attr]
+    assert all(a.not_extended == {"gone0", "gone1", "gone2"} for a in answers)  # type: ignore[union-attr]
     assert p.count("num_heartbeat_acks_sent") == n
 
 
-def hello_from(agent: str) -> bytes:
-    return ACK_HELLO_PREFIX + f"fake-md:{agent}".encode()
-
-
 def paced_acker(gap: float) -> tuple[LeaseKeeper, AckAnswerer, FakeUpstreamWorker]:
-    p = FakeUpstreamWorker()
-    keeper = LeaseKeeper(p, CONFIG)
-    acker = AckAnswerer(p, keeper, forget_after_s=60, answer_gap_s=gap)
+    config = LeaseConfig.from_extra_config({"kv_lease_duration": 12, "heartbeat_interval": 4 * gap or 1e-9})
+    proc = PProcess(1, "P", config)
+    keeper, acker, p = proc.keepers[0], proc.ackers[0], proc.p[0]
     keeper.deadlines["p1"] = 100.0
     return keeper, acker, p
 
@@ -389,7 +652,9 @@ def paced_acker(gap: float) -> tuple[LeaseKeeper, AckAnswerer, FakeUpstreamWorke
 def answered(p: FakeUpstreamWorker) -> dict[str, list]:
     out: dict[str, list] = {}
     for agent, msg in p.nixl_wrapper.sent:
-        out.setdefault(agent, []).append(parse_heartbeat_ack(msg))
+        ack = parse_heartbeat_ack(msg)
+        if ack is not None and ack.seqs:  # welcomes aside
+            out.setdefault(agent, []).append((ack.seqs, ack.not_extended))
     p.nixl_wrapper.sent = []
     return out
 
@@ -398,11 +663,12 @@ def test_paced_answers_gather_heartbeats_over_steps(clock: Clock) -> None:
     """With a gap, P answers each D agent at most once per gap and at most
     MAX_PACED_ANSWERS_PER_STEP agents a step; the heartbeats in between share
     the next answer, and none waits past twice the gap."""
-    gap = 1.0
-    keeper, acker, p = paced_acker(gap)
+    keeper, acker, p = paced_acker(1.0)
     agents = [f"D{i}" for i in range(MAX_PACED_ANSWERS_PER_STEP + 1)]
-    acker.handle(keeper.route({a: [hello_from(a)] for a in agents})[1])
+    acker.handle(keeper.route({a: [hello(a, "p1")] for a in agents})[1])
     settle(acker)
+    acker.handle({})
+    answered(p)
     seq = iter(range(1, 1000))
     hb = acked_heartbeat_message
 
@@ -435,8 +701,10 @@ def test_overdue_answers_skip_the_step_budget(clock: Clock) -> None:
     """More agents due than the budget: the rest wait, but never past twice the gap."""
     keeper, acker, p = paced_acker(1.0)
     agents = [f"D{i}" for i in range(MAX_PACED_ANSWERS_PER_STEP + 3)]
-    acker.handle(keeper.route({a: [hello_from(a)] for a in agents})[1])
+    acker.handle(keeper.route({a: [hello(a, "p1")] for a in agents})[1])
     settle(acker)
+    acker.handle({})
+    answered(p)
     beats = {a: [acked_heartbeat_message(i, heartbeat_message(["p1"]))] for i, a in enumerate(agents)}
     acker.handle(keeper.route(beats)[1])
     assert sorted(answered(p)) == agents[:MAX_PACED_ANSWERS_PER_STEP]
@@ -447,8 +715,10 @@ def test_overdue_answers_skip_the_step_budget(clock: Clock) -> None:
 
 def test_paced_answer_names_missing_ids_only_for_heartbeats_that_had_them(clock: Clock) -> None:
     keeper, acker, p = paced_acker(0.0)
-    acker.handle(keeper.route({"D": [hello_from("D")]})[1])
+    acker.handle(keeper.route({"D": [hello("D", "p1")]})[1])
     settle(acker)
+    acker.handle({})
+    answered(p)
     batch = [
         acked_heartbeat_message(1, heartbeat_message(["p1"])),
         acked_heartbeat_message(2, heartbeat_message(["p1", "gone"])),
@@ -461,14 +731,13 @@ def test_paced_answer_names_missing_ids_only_for_heartbeats_that_had_them(clock:
 def test_delayed_answer_renews_from_the_send(clock: Clock) -> None:
     """D renews from when it sent the heartbeat: an answer P held back for
     the gap proves as much as a prompt one."""
-    net = Pair(clock)
-    for r, up in enumerate(net.p):
-        net.ackers[r] = AckAnswerer(up, net.keepers[r], forget_after_s=60, answer_gap_s=1.0)
+    config = LeaseConfig.from_extra_config({"kv_lease_duration": 12, "heartbeat_interval": 4.0})
+    net = Pair(clock, config=config)
     net.grant("p1", "d1")
+    net.prove()
     clock.advance(3)
     net.d_heartbeat("p1")
-    sent = net.take_d_sends()
-    net.p_step(sent)
+    net.p_step(net.take_d_sends())
     net.d_receive(net.take_p_sends())  # the first answer: the agent had none yet
     net.d_heartbeat("p1")
     sent = net.take_d_sends()
@@ -479,5 +748,47 @@ def test_delayed_answer_renews_from_the_send(clock: Clock) -> None:
     net.p_step([])
     answers = net.take_p_sends()
     net.d_receive(answers)
-    assert [parse_heartbeat_ack(m) for _, m in answers] == [([2], frozenset())]
+    got = [(a.seqs, a.not_extended) for a in acks_of(answers)]  # type: ignore[union-attr]
+    assert got == [([2], frozenset())]
     assert net.remaining("d1") == pytest.approx(EXT - 1.7)
+
+
+def test_p_stall_waits_for_the_heartbeats_sent_meanwhile(clock: Clock) -> None:
+    """P itself stopped past the extension: the leases that fell due during
+    the stall wait one heartbeat interval, so D's heartbeat, drained late, saves them."""
+    proc = PProcess(1, "P")
+    keeper = proc.keepers[0]
+    keeper.deadlines["p1"] = clock.now + EXT
+    done: set[str] = set()
+    keeper.expire(done)
+    clock.advance(EXT + 1)  # P frozen
+    keeper.expire(done)  # the first step after the stall: nothing expires yet
+    assert done == set() and "p1" in keeper.table
+    assert proc.p[0].count("num_stalls_graced") == 1
+    keeper.route({"D": [heartbeat_message(["p1"])]})  # D's heartbeat, drained now
+    clock.advance(keeper.grace_s + 0.1)
+    keeper.expire(done)
+    assert done == set()  # renewed by the heartbeat
+    clock.advance(EXT)
+    keeper.expire(done)
+    keeper.expire(done)
+    assert done == {"p1"}  # a lease D stopped renewing still expires
+
+
+def test_our_messages_never_raise_in_a_stock_p(clock: Clock) -> None:
+    """Downgrade: a stock P under the engine id D knew as ours parses every
+    message of ours as a heartbeat (the HB:, escape) and never raises."""
+    from harness.upstream_fake import make_upstream_worker, stock_worker_class
+
+    w = make_upstream_worker(stock_worker_class())
+    w._reqs_to_send["p1"] = clock.now + EXT
+    w._reqs_to_process.add("p1")
+    w.nixl_wrapper.deliver(
+        "D",
+        hello("D", "AAAAAAAAAAA"),
+        acked_heartbeat_message(5, heartbeat_message(["p1", "x"])),
+        acked_heartbeat_message(6, heartbeat_message(["AAAAAAAAAAA"]), tagged=True),
+    )
+    clock.advance(2)
+    assert w._get_new_notifs() == set()
+    assert w._reqs_to_send["p1"] == pytest.approx(clock.now + w._lease_extension)  # LHB: is a heartbeat to it

@@ -10,6 +10,7 @@ from vllm_support import Clock, make_worker, p_meta, p_step
 
 from harness.upstream_fake import FakeUpstreamWorker
 from vllm_nixl_lease._wire import completion_message, heartbeat_message, heartbeat_payload
+from vllm_nixl_lease.decode.lease_views import LeaseViews
 from vllm_nixl_lease.lease_tags import lease_tag
 from vllm_nixl_lease.vllm.config import LeaseConfig
 from vllm_nixl_lease.vllm.d_worker.heartbeat_sender import HeartbeatSender
@@ -19,11 +20,13 @@ from vllm_nixl_lease.vllm.metadata import (
     LEASE_VIEWS_ATTR,
     EngineHeartbeats,
     LeaseViewUpdates,
+    NewView,
 )
 from vllm_nixl_lease.vllm.p_worker.idle_pause import IdlePause
 from vllm_nixl_lease.vllm.p_worker.lease_keeper import HeartbeatForm, LeaseKeeper
 
 CONFIG = LeaseConfig.from_extra_config({"kv_lease_duration": 12})  # extension 8, interval 2, margin 2
+KEY = b"tag-key-16-bytes"
 
 
 def test_keeper_grants_extends_releases_and_expires(clock: Clock) -> None:
@@ -69,6 +72,7 @@ def test_keeper_extend_answers_by_heartbeat_form(clock: Clock) -> None:
     not held; None when the payload cannot be read."""
     up = FakeUpstreamWorker()
     keeper = LeaseKeeper(up, CONFIG)
+    keeper.adopt_instance(SimpleNamespace(lease_instance=("0123456789abcdef", KEY)))
     keeper.deadlines["a"] = clock.now + 8
     clock.advance(5)
     assert keeper.extend(HeartbeatForm.IDS, [b"a,zz"]) == ["zz"]
@@ -76,8 +80,8 @@ def test_keeper_extend_answers_by_heartbeat_form(clock: Clock) -> None:
     assert keeper.extend(HeartbeatForm.IDS, [b"a"]) == []
     assert keeper.extend(HeartbeatForm.IDS, [b"a,\xff"]) is None
     clock.advance(1)
-    tags = f"{lease_tag('a')},{lease_tag('b')}".encode()
-    assert keeper.extend(HeartbeatForm.TAGS, [tags]) == [lease_tag("b")]
+    tags = f"{lease_tag('a', KEY)},{lease_tag('b', KEY)}".encode()
+    assert keeper.extend(HeartbeatForm.TAGS, [tags]) == [lease_tag("b", KEY)]
     assert keeper.table.deadline("a") == pytest.approx(clock.now + 8)
     assert keeper.extend(HeartbeatForm.TAGS, [b"\xff" + tags]) is None
     assert (up.count("num_heartbeat_msgs_recv"), up.count("num_tagged_heartbeats_recv")) == (5, 2)
@@ -115,7 +119,7 @@ def test_sender_waits_for_handshake_and_retries_failures(clock: Clock) -> None:
     up = FakeUpstreamWorker()
     delivered: list[tuple[str, list[bytes]]] = []
     sender = HeartbeatSender(up, 8192, lambda e, msgs, s, f: delivered.append((e, msgs)))
-    hb = EngineHeartbeats([heartbeat_message(["a"])], "127.0.0.1", 5600, 2)
+    hb = EngineHeartbeats("P", [heartbeat_message(["a"])], "127.0.0.1", 5600, 2)
     pending: Future[None] = Future()
     up.handshakes["P"] = pending
     sender.send(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": hb}}))
@@ -135,8 +139,11 @@ def test_sender_waits_for_handshake_and_retries_failures(clock: Clock) -> None:
 def test_fence_reports_a_lapsing_read_as_failed_load(clock: Clock) -> None:
     up = FakeUpstreamWorker()
     up.connect("P", offset=0.0)
-    fence = ReadFence(up, CONFIG)
-    new = {"d1": ("P", "p1", clock.now + 8, 8.0, False), "d2": ("P", "p2", clock.now + 1, 8.0, False)}
+    fence = ReadFence(up, LeaseViews(CONFIG.lease_safety_margin), CONFIG)
+    new = {
+        "d1": NewView("P", "", "p1", clock.now + 8, 8.0, None),
+        "d2": NewView("P", "", "p2", clock.now + 1, 8.0, None),
+    }
     views = LeaseViewUpdates(new, [])
     fence.add_views(SimpleNamespace(**{LEASE_VIEWS_ATTR: views}))
     meta = SimpleNamespace(remote=SimpleNamespace(engine_id="P"), local_block_ids=[[1]])
@@ -176,7 +183,7 @@ def test_sender_releases_an_engine_whose_connection_is_gone(clock: Clock) -> Non
     up.connect("P", ranks=2)
     up.handshakes["P"] = None
     sender = HeartbeatSender(up, 8192)
-    hb = EngineHeartbeats([heartbeat_message(["a"])], "127.0.0.1", 5600, 2)
+    hb = EngineHeartbeats("P", [heartbeat_message(["a"])], "127.0.0.1", 5600, 2)
     up.nixl_wrapper.fail_sends, up.nixl_wrapper.fail_error = 2, nixlRemoteDisconnectError
     sender.send(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": hb}}))
     assert up._invalid_remote_engines == {"P"} and not sender.retry
@@ -191,7 +198,7 @@ def test_sender_keeps_other_chunks_of_a_paced_engine(clock: Clock) -> None:
     m1, m2, m3 = (heartbeat_message([x]) for x in ("a", "b", "c"))
 
     def tick(msg: bytes, key: int) -> SimpleNamespace:
-        hb = EngineHeartbeats([msg], "127.0.0.1", 5600, 1, chunks=[(key, 1)])
+        hb = EngineHeartbeats("P", [msg], "127.0.0.1", 5600, 1, chunks=[(key, 1)])
         return SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": hb}})
 
     pending: Future[None] = Future()

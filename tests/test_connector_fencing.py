@@ -21,14 +21,21 @@ from vllm_support import (
 
 from vllm_nixl_lease._wire import (
     HEARTBEAT_ACK_PREFIX,
-    PARAM_LEASE_ACKS,
+    LEASE_PROTOCOL_VERSION,
     PARAM_LEASE_DEADLINE,
     PARAM_LEASE_EXTENSION,
-    PARAM_LEASE_TAGS,
+    PARAM_LEASE_INSTANCE,
+    PARAM_LEASE_INTERVAL,
+    PARAM_LEASE_PROTOCOL,
+    PARAM_LEASE_TAG,
+    default_heartbeat_interval,
     default_lease_extension,
     heartbeat_message,
+    is_instance,
+    is_tag,
+    parse_heartbeat_ack,
 )
-from vllm_nixl_lease.vllm.metadata import EngineHeartbeats, LeaseViewUpdates
+from vllm_nixl_lease.vllm.metadata import EngineHeartbeats, LeaseViewUpdates, NewView
 from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
 from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
 
@@ -66,7 +73,10 @@ def test_p_reports_its_lease_deadline_and_extension(scheduler_factory, clock: Cl
     assert delay and params["do_remote_prefill"]
     assert params[PARAM_LEASE_DEADLINE] == sched._reqs_need_send["p-1"] == clock.now + LEASE
     assert params[PARAM_LEASE_EXTENSION] == default_lease_extension(LEASE)
-    assert params[PARAM_LEASE_ACKS] is True and params[PARAM_LEASE_TAGS] is True
+    assert params[PARAM_LEASE_INTERVAL] == default_heartbeat_interval(LEASE)
+    assert params[PARAM_LEASE_PROTOCOL] == LEASE_PROTOCOL_VERSION
+    assert params[PARAM_LEASE_INSTANCE] == sched.lease_params.instance.instance
+    assert is_instance(params[PARAM_LEASE_INSTANCE]) and is_tag(params[PARAM_LEASE_TAG])
     # Nothing to hold (no blocks): no lease, no deadline.
     delay, params = sched.request_finished(_finished_prefill("p-2"), ([],))
     assert not delay and PARAM_LEASE_DEADLINE not in params
@@ -86,7 +96,7 @@ def test_d_scheduler_ships_views_and_drops(scheduler_factory, clock: Clock) -> N
     sched.on_new_request(fake_request("d2", **_d_params("P", "p2", 5001.0)))
     meta = sched.build_connector_meta(None)
     assert meta.lease_views == LeaseViewUpdates(
-        {"d1": ("P", "p1", 5000.0, 8.0, False), "d2": ("P", "p2", 5001.0, 8.0, False)},
+        {"d1": NewView("P", "", "p1", 5000.0, 8.0, None), "d2": NewView("P", "", "p2", 5001.0, 8.0, None)},
         [],
         {"d1": (1, 1), "d2": (1, 2)},  # one chunk; each joined at its own version
     )
@@ -112,7 +122,7 @@ def test_d_scheduler_without_deadline_logs_once_per_engine(
     off = [r for r in caplog.records if "reports no lease deadline" in r.getMessage()]
     assert len(off) == 1 and "StockP" in off[0].getMessage()
     bad = [r for r in caplog.records if "malformed lease fields" in r.getMessage()]
-    assert len(bad) == 3 and all(r.levelno == logging.WARNING for r in bad)
+    assert len(bad) == 1 and bad[0].levelno == logging.WARNING  # rate-limited: a peer controls them
     assert len(sched.heartbeats.tracker) == 6  # still heartbeated, as upstream
 
 
@@ -180,7 +190,7 @@ def test_not_fenced_without_view_handshake_or_blocks(d_worker, clock: Clock) -> 
 def test_heartbeat_to_every_p_rank_renews_the_view(d_worker, clock: Clock) -> None:
     _views(d_worker, d1=clock.now + 500.0 + 10.0, d2=clock.now + 500.0 + 10.0)
     clock.advance(5.0)
-    hb = EngineHeartbeats([heartbeat_message(["p1"]), heartbeat_message(["p2"])], "127.0.0.1", 5600, 2)
+    hb = EngineHeartbeats("P", [heartbeat_message(["p1"]), heartbeat_message(["p2"])], "127.0.0.1", 5600, 2)
     d_worker.nixl_wrapper.fail_sends = 1  # the first send (p1 to rank 0) fails
     d_worker._send_heartbeats(WorkerMeta(heartbeats={"P": hb}))
     assert d_worker.read_fence.views.remaining("d1", clock.now, 500.0) == pytest.approx(5.0)  # not renewed
@@ -200,7 +210,7 @@ def test_start_load_kv_adds_views_before_reads_and_drops_after(d_worker, clock: 
     monkeypatch.setattr(
         STOCK_PULL_WORKER, "start_load_kv", lambda self, meta: seen.append("d1" in self.read_fence.views)
     )
-    new = {"d1": ("P", "p1", clock.now + 510.0, 8.0, True)}
+    new = {"d1": NewView("P", "", "p1", clock.now + 510.0, 8.0, None)}
     d_worker.start_load_kv(WorkerMeta(LeaseViewUpdates(new, [])))
     d_worker.start_load_kv(WorkerMeta(LeaseViewUpdates({}, ["d1"])))
     assert seen == [True, True] and "d1" not in d_worker.read_fence.views
@@ -210,30 +220,46 @@ def test_start_load_kv_adds_views_before_reads_and_drops_after(d_worker, clock: 
 
 def test_acked_views_move_only_on_p_workers_answers(d_worker, clock: Clock) -> None:
     """Our D worker and two of our P workers (real classes, fake NIXL): hello and
-    LHB out, LACK back through ``_get_new_notifs`` on both sides."""
+    welcome, then LHB out, LACK back, through ``_get_new_notifs`` on both sides."""
     import concurrent.futures
 
     d_worker.nixl_wrapper.name = "d-agent"
-    d_worker.read_fence.views.add("d1", "P", "p1", clock.now + 500.0 + 10.0, 8.0, acked=True)
     p_workers = []
+    instance, tag_key = "0123456789abcdef", b"k" * 16
     for rank in range(2):
         p = make_worker(LeaseNixlPullConnectorWorker, LEASE)
         p.nixl_wrapper.name = f"p-agent-{rank}"
+        p.lease_keeper.adopt_instance(SimpleNamespace(lease_instance=(instance, tag_key)))
         p.lease_keeper.deadlines["p1"] = clock.now + 10.0
         p_workers.append(p)
+    d_worker.read_fence.views.add("d1", "P", "p1", clock.now + 500.0 + 10.0, 8.0, instance)
+
+    def carry_to_p(step: int) -> None:
+        for p in p_workers:
+            for agent, msg in d_worker.nixl_wrapper.sent:
+                if agent == p.nixl_wrapper.name:
+                    p.nixl_wrapper.deliver("d-agent", msg)
+            p._get_new_notifs()
+            concurrent.futures.wait([load for load, _ in p.ack_answerer._loading.values()], timeout=5)
+            p._get_new_notifs()  # the hello loaded: the welcome (and answers) go out
+        d_worker.nixl_wrapper.sent = []
+
+    hb = EngineHeartbeats("P", [heartbeat_message(["p1"])], "127.0.0.1", 5600, 2, instance=instance)
+    d_worker._send_heartbeats(WorkerMeta(heartbeats={"g0": hb}))  # not proven: hellos only
+    carry_to_p(0)
+    for p in p_workers:
+        (welcome,) = p.nixl_wrapper.sent
+        assert parse_heartbeat_ack(welcome[1]) == (instance, [], frozenset())
+        d_worker.nixl_wrapper.deliver(p.nixl_wrapper.name, welcome[1])
+        p.nixl_wrapper.sent = []
+    d_worker._get_new_notifs()
     clock.advance(5.0)
     sent_at = clock.now
-    hb = EngineHeartbeats([heartbeat_message(["p1"])], "127.0.0.1", 5600, 2)
-    d_worker._send_heartbeats(WorkerMeta(heartbeats={"P": hb}))
+    d_worker._send_heartbeats(WorkerMeta())  # the heartbeat that waited for the proof
     assert d_worker.read_fence.views.remaining("d1", clock.now, 500.0) == pytest.approx(5.0)
     clock.advance(1.0)
+    carry_to_p(1)
     for p in p_workers:
-        for agent, msg in d_worker.nixl_wrapper.sent:
-            if agent == p.nixl_wrapper.name:
-                p.nixl_wrapper.deliver("d-agent", msg)
-        p._get_new_notifs()  # extends p1 now, answer waits for the hello's load
-        concurrent.futures.wait(list(p.ack_answerer._loading.values()), timeout=5)
-        p._get_new_notifs()  # sends it
         assert p.lease_keeper.table.deadline("p1") == pytest.approx(clock.now + 8.0)
         (answer,) = p.nixl_wrapper.sent
         assert answer[0] == "d-agent" and answer[1].startswith(HEARTBEAT_ACK_PREFIX)
@@ -275,7 +301,7 @@ def test_heartbeats_go_out_before_the_steps_reads(d_worker, clock: Clock, monkey
         self._send_heartbeats(meta)  # as upstream's start_load_kv ends
 
     monkeypatch.setattr(STOCK_PULL_WORKER, "start_load_kv", stock_start_load_kv)
-    hb = EngineHeartbeats([heartbeat_message(["p1"])], "127.0.0.1", 5600, 2)
+    hb = EngineHeartbeats("P", [heartbeat_message(["p1"])], "127.0.0.1", 5600, 2)
     d_worker.start_load_kv(WorkerMeta(heartbeats={"P": hb}))
     assert seen == [2]  # both P ranks had their heartbeat before the reads
     assert len(d_worker.nixl_wrapper.sent) == 2  # and no second copy after them

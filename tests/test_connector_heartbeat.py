@@ -18,9 +18,11 @@ from vllm_support import (
 )
 
 from vllm_nixl_lease._wire import (
-    ACKED_HEARTBEAT_PREFIX,
-    TAGGED_HEARTBEAT_PREFIX,
+    EXTENSION_PREFIX,
+    HELLO_KIND,
+    PARAM_LEASE_TAG,
     acked_heartbeat_message,
+    heartbeat_ack_message,
     heartbeat_message,
     heartbeat_payload,
 )
@@ -53,10 +55,10 @@ def test_scheduler_tracks_in_core_and_ships_bytes(scheduler_factory, clock: Cloc
     assert len(sched.heartbeats.tracker) == 3
     meta = sched.build_connector_meta(None)
     assert meta.heartbeat_by_engine == {}  # no id sets on the wire
-    hb = meta.lease_heartbeats
+    hb = by_engine(meta.lease_heartbeats)
     p1_chunk = sched.heartbeats.chunk_of("d2")  # the message names every id that joined up to it
     assert hb["P1"] == EngineHeartbeats(
-        [heartbeat_message(["p-1", "p-2"])], "127.0.0.1", 5600, 2, 1, 1, chunks=[p1_chunk]
+        "P1", [heartbeat_message(["p-1", "p-2"])], "127.0.0.1", 5600, 2, 1, 1, chunks=[p1_chunk]
     )
     assert hb["P2"].messages == [heartbeat_message(["q-1"])] and hb["P2"].port == 5700
     # Paced, interval 12 // 6 = 2 s: the round of two chunks is spread over
@@ -64,25 +66,30 @@ def test_scheduler_tracks_in_core_and_ships_bytes(scheduler_factory, clock: Cloc
     clock.advance(0.5)
     assert sched.build_connector_meta(None).lease_heartbeats == {}
     clock.advance(0.5)
-    assert sched.build_connector_meta(None).lease_heartbeats.keys() == {"P1"}  # early, to keep the pace
+    assert by_engine(sched.build_connector_meta(None).lease_heartbeats).keys() == {"P1"}  # early: the pace
     clock.advance(1.0)
-    assert sched.build_connector_meta(None).lease_heartbeats.keys() == {"P2"}  # due
+    assert by_engine(sched.build_connector_meta(None).lease_heartbeats).keys() == {"P2"}  # due
     sched.update_connector_output(type("O", (), {"finished_recving": {"d1"}})())
     sched._stop_heartbeat("d3")  # what upstream's request_finished calls
     clock.advance(1.0)
-    hb = sched.build_connector_meta(None).lease_heartbeats
+    hb = by_engine(sched.build_connector_meta(None).lease_heartbeats)
     assert hb.keys() == {"P1"} and hb["P1"].messages == [heartbeat_message(["p-2"])]
-    assert sched.heartbeats.targets.keys() == {"P1"}
+    assert {g.engine_id for g in sched.heartbeats.groups.values()} == {"P1"}
 
 
 def test_scheduler_chunks_messages(scheduler_factory, clock: Clock) -> None:
     sched = scheduler_factory({"kv_lease_duration": 12, "max_heartbeat_bytes": 256})
     for i in range(100):
         sched.on_new_request(fake_request(f"d{i}", **remote_prefill_params("P1", f"cmpl-{i:040d}")))
-    messages = sched.build_connector_meta(None).lease_heartbeats["P1"].messages
+    messages = by_engine(sched.build_connector_meta(None).lease_heartbeats)["P1"].messages
     assert len(messages) > 1 and all(len(m) <= 256 for m in messages)
     ids = [i for m in messages for i in heartbeat_payload(m).split(b",")]
     assert len(ids) == 100 and len(set(ids)) == 100
+
+
+def by_engine(heartbeats: dict[str, EngineHeartbeats]) -> dict[str, EngineHeartbeats]:
+    """The metadata keys heartbeats by group; each group is one P engine here."""
+    return {hb.engine_id: hb for hb in heartbeats.values()}
 
 
 def _worker_with_handshake(agents: dict) -> tuple[LeaseNixlPullConnectorWorker, threading.Event]:
@@ -104,7 +111,8 @@ class _Meta:
 
 def test_heartbeat_goes_out_on_the_step_after_handshake(clock: Clock) -> None:
     worker, release = _worker_with_handshake({(0, 0): "p-agent-0", (0, 1): "p-agent-1"})
-    hb = EngineHeartbeats([heartbeat_message(["a", "b"]), heartbeat_message(["c"])], "127.0.0.1", 5600, 2)
+    messages = [heartbeat_message(["a", "b"]), heartbeat_message(["c"])]
+    hb = EngineHeartbeats("P1", messages, "127.0.0.1", 5600, 2)
     worker._send_heartbeats(_Meta({"P1": hb}))  # starts the handshake
     assert worker.nixl_wrapper.sent == []
     release.set()
@@ -128,7 +136,8 @@ def test_failed_send_counted_and_retried_next_step(clock: Clock) -> None:
     release.set()
     worker._remote_agents["P1"] = {(0, 0): "p-agent-0"}  # already handshaken
     worker.nixl_wrapper.fail_sends = 1
-    worker._send_heartbeats(_Meta({"P1": EngineHeartbeats([heartbeat_message(["a"])], "127.0.0.1", 5600, 1)}))
+    hb = EngineHeartbeats("P1", [heartbeat_message(["a"])], "127.0.0.1", 5600, 1)
+    worker._send_heartbeats(_Meta({"P1": hb}))
     assert worker.nixl_wrapper.sent == []
     assert sum(worker.xfer_stats.data["num_heartbeat_send_failures"]) == 1
     worker._send_heartbeats(_Meta())
@@ -145,7 +154,7 @@ def test_ids_sent_count_only_delivered_messages(clock: Clock) -> None:
     worker._remote_agents["P1"] = {(0, 0): "p-agent-0", (0, 1): "p-agent-1"}
     worker.nixl_wrapper.fail_sends = 1  # the first of four pairs fails
     hb = EngineHeartbeats(
-        [heartbeat_message(["a", "b", "c"]), heartbeat_message(["d"])], "127.0.0.1", 5600, 2
+        "P1", [heartbeat_message(["a", "b", "c"]), heartbeat_message(["d"])], "127.0.0.1", 5600, 2
     )
     worker._send_heartbeats(_Meta({"P1": hb}))
     data = worker.xfer_stats.data
@@ -171,14 +180,12 @@ def test_stock_metadata_still_heartbeats(clock: Clock) -> None:
     assert worker.nixl_wrapper.sent == [("p-agent-0", heartbeat_message(["x", "y"]))]
 
 
-@pytest.mark.parametrize("mode", ["tags", "older-P", "tags-off-on-D"])
+@pytest.mark.parametrize("mode", ["tags", "untagged-lease", "tags-off-on-D"])
 def test_acknowledged_chunk_renews_its_views_end_to_end(scheduler_factory, clock: Clock, mode: str) -> None:
-    """Real scheduler and worker: P's answer to a chunk's LHB (LHBT: by tag, to
-    a P that takes tags) renews the views of the requests in it when the
-    message was built, and no later joiner."""
-    from vllm_nixl_lease._wire import PARAM_LEASE_TAGS, heartbeat_ack_message
-    from vllm_nixl_lease.lease_tags import lease_tag
-    from vllm_nixl_lease.vllm.p_scheduler.lease_params import add_lease_params
+    """Real scheduler and worker: P's answer to a chunk's LHB (LHBT: by tag,
+    where the lease's params carry one) renews the views of the requests in it
+    when the message was built, and no later joiner."""
+    from vllm_nixl_lease.vllm.p_scheduler.lease_params import LeaseParams
 
     # lease 12: extension 8, interval 2, margin 2
     sched = scheduler_factory({"heartbeat_tags": False} if mode == "tags-off-on-D" else None)
@@ -186,12 +193,15 @@ def test_acknowledged_chunk_renews_its_views_end_to_end(scheduler_factory, clock
     worker._remote_agents["P1"] = {(0, 0): "p-agent-0"}
     worker._engine_clock_offset["P1"] = 0.0
     worker._ensure_handshake = lambda *a, **k: None
+    p = LeaseParams(sched.lease_config)
+    tags: dict[str, str] = {}
 
     def new(local: str, remote: str) -> None:
         params = remote_prefill_params("P1", remote)
-        add_lease_params(params, clock.now + 5, 8.0)
-        if mode == "older-P":
-            del params[PARAM_LEASE_TAGS]
+        p.add(params, remote, clock.now + 5)
+        tags[remote] = params[PARAM_LEASE_TAG]
+        if mode == "untagged-lease":
+            del params[PARAM_LEASE_TAG]
         sched.on_new_request(fake_request(local, **params))
 
     def step() -> list[bytes]:
@@ -199,20 +209,23 @@ def test_acknowledged_chunk_renews_its_views_end_to_end(scheduler_factory, clock
         worker.read_fence.add_views(meta)
         worker.heartbeat_sender.send(meta)
         sent, worker.nixl_wrapper.sent = worker.nixl_wrapper.sent, []
-        return [m for _, m in sent if m.startswith((ACKED_HEARTBEAT_PREFIX, TAGGED_HEARTBEAT_PREFIX))]
+        return [m for _, m in sent if m.startswith(EXTENSION_PREFIX)]
 
     new("d1", "p-1")
     new("d2", "p-2")
+    assert [m[: len(EXTENSION_PREFIX + HELLO_KIND)] for m in step()] == [EXTENSION_PREFIX + HELLO_KIND]
+    worker.nixl_wrapper.deliver("p-agent-0", heartbeat_ack_message(p.instance.instance, []))  # welcome
+    worker._get_new_notifs()
     started = clock.now
     if mode == "tags":
-        tags = heartbeat_message([lease_tag("p-1"), lease_tag("p-2")])
-        assert step() == [acked_heartbeat_message(1, tags, tagged=True)]
+        named = heartbeat_message([tags["p-1"], tags["p-2"]])
+        assert step() == [acked_heartbeat_message(1, named, tagged=True)]
     else:
         assert step() == [acked_heartbeat_message(1, heartbeat_message(["p-1", "p-2"]))]
     new("d3", "p-3")  # joins the chunk after the message was built
     assert step() == []
     clock.advance(1)
-    worker.nixl_wrapper.deliver("p-agent-0", heartbeat_ack_message([1]))
+    worker.nixl_wrapper.deliver("p-agent-0", heartbeat_ack_message(p.instance.instance, [1]))
     worker._get_new_notifs()
     views = worker.read_fence.views
     assert views.remaining("d1", clock.now, 0.0) == pytest.approx(started + 8 - clock.now)
@@ -223,17 +236,25 @@ def test_acknowledged_chunk_renews_its_views_end_to_end(scheduler_factory, clock
 def test_tagged_engine_with_a_non_string_remote_id_is_skipped_not_raised(
     scheduler_factory, clock: Clock
 ) -> None:
-    """P's kv_transfer_params are P's to write: a tagging P that sends an id
-    of the wrong type costs that request its heartbeats (as by id), not the step."""
-    from vllm_nixl_lease.lease_tags import lease_tag
-    from vllm_nixl_lease.vllm.p_scheduler.lease_params import add_lease_params
+    """P's kv_transfer_params are P's to write: a request whose remote id is of
+    the wrong type costs that request its heartbeats, not the step."""
+    from vllm_nixl_lease.vllm.p_scheduler.lease_params import LeaseParams
 
     sched = scheduler_factory()
+    p = LeaseParams(sched.lease_config)
     for local, remote in (("d1", 12345), ("d2", "p-2"), ("d3", None)):
         params = remote_prefill_params("P1", remote)  # type: ignore[arg-type]
-        add_lease_params(params, clock.now + 5, 8.0)
+        p.add(params, str(remote), clock.now + 5)
+        if remote != "p-2":
+            del params[PARAM_LEASE_TAG]
         sched.on_new_request(fake_request(local, **params))
     meta = sched.build_connector_meta(None)
-    hb = meta.lease_heartbeats["P1"]
-    assert hb.tagged and hb.messages == [heartbeat_message([lease_tag("p-2")])]
+    tagged = [hb for hb in meta.lease_heartbeats.values() if hb.tagged]
+    assert len(tagged) == 1 and tagged[0].messages == [heartbeat_message([_tag(p, "p-2")])]
     assert "d1" not in sched.heartbeats.tracker and "d3" not in sched.heartbeats.tracker
+
+
+def _tag(p, req_id: str) -> str:  # type: ignore[no-untyped-def]
+    from vllm_nixl_lease.lease_tags import lease_tag
+
+    return lease_tag(req_id, p.instance.tag_key)

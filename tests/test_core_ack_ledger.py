@@ -1,4 +1,4 @@
-"""Acknowledged heartbeats (ack_ledger.py + holder_view.py) under adversarial
+"""Acknowledged heartbeats (ack_ledger.py + lease_views.py) under adversarial
 delivery: arbitrary delays, partitions that release a burst at the heal,
 duplicated and lost messages both ways, several P ranks.
 
@@ -25,6 +25,7 @@ from vllm_nixl_lease.decode.lease_views import LeaseViews
 
 EXT = 8.0
 IDS = ["p0", "p1", "p2"]
+INSTANCE = "0123456789abcdef"
 
 
 def test_answer_proves_only_ids_every_rank_held() -> None:
@@ -51,15 +52,22 @@ def test_none_extended_and_pruning() -> None:
 
 def test_wire_round_trip() -> None:
     msg = acked_heartbeat_message(42, heartbeat_message(["a:1", "b"]))
-    assert msg == b"LHB:42:a:1,b" and parse_acked_heartbeat(msg) == (42, b"a:1,b")
-    assert parse_heartbeat_ack(heartbeat_ack_message([7])) == ([7], frozenset())
-    assert parse_heartbeat_ack(heartbeat_ack_message([7, 9], b"x,y")) == ([7, 9], frozenset({"x", "y"}))
-    assert parse_heartbeat_ack(heartbeat_ack_message([7], b"*")) == ([7], None)
-    for bad in (b"LHB:", b"LHB:7", b"LHB:-1:a", b"LHB:1" + b"0" * 20 + b":a"):
+    assert msg == b"HB:,LHB:42,a:1,b" and parse_acked_heartbeat(msg) == (42, b"a:1,b", False)
+    tagged = acked_heartbeat_message(43, heartbeat_message(["AAAAAAAAAAA"]), tagged=True)
+    assert tagged == b"HB:,LHBT:43,AAAAAAAAAAA"
+    assert parse_acked_heartbeat(tagged) == (43, b"AAAAAAAAAAA", True)
+    i = INSTANCE
+    assert parse_heartbeat_ack(heartbeat_ack_message(i, [7])) == (i, [7], frozenset())
+    assert parse_heartbeat_ack(heartbeat_ack_message(i, [7, 9], b"x,y")) == (i, [7, 9], frozenset({"x", "y"}))
+    assert parse_heartbeat_ack(heartbeat_ack_message(i, [7], b"*")) == (i, [7], None)
+    assert parse_heartbeat_ack(heartbeat_ack_message(i, [])) == (i, [], frozenset())  # the welcome
+    for bad in (b"HB:,LHB:", b"HB:,LHB:x,a", b"HB:,LHB:-1,a", b"HB:,LHB:1" + b"0" * 20 + b",a", b"LHB:7:a"):
         assert parse_acked_heartbeat(bad) is None
-    for bad in (b"LACK:", b"LACK:x", b"LACK::a", b"LACK:1,,2", b"LACK:1,x:a"):
+    lack = b"LACK:" + i.encode()
+    for bad in (b"LACK:", b"LACK:x", lack, lack + b":x", lack + b":1,,2", lack + b":1,x:a", lack + b"::a"):
         assert parse_heartbeat_ack(bad) is None
-    assert parse_heartbeat_ack(b"LACK:3:\xff") == ([3], None)
+    assert parse_heartbeat_ack(b"LACK:" + i.upper().encode() + b":1") is None  # instances are lowercase
+    assert parse_heartbeat_ack(lack + b":3:\xff") == (i, [3], None)
 
 
 # One step of the world: ("hb", ids) D sends a heartbeat now; ("tick", dt)
@@ -94,7 +102,7 @@ def test_view_never_outlives_p_under_any_delivery(core, ranks, script, delays, d
     ledger = AckLedger()
     views = LeaseViews(margin=0.0)
     for p_id in IDS:
-        views.add(f"d-{p_id}", "P", p_id, EXT, EXT, acked=True)
+        views.add(f"d-{p_id}", "P", p_id, EXT, EXT, INSTANCE)
     to_p: list[tuple[float, int, bytes]] = []  # (arrival, rank, message)
     to_d: list[tuple[float, str, bytes]] = []
     now = 0.0
@@ -115,7 +123,7 @@ def test_view_never_outlives_p_under_any_delivery(core, ranks, script, delays, d
             cut_until = now + arg
         elif action == "hb":
             payload = ",".join(arg).encode()
-            seq = ledger.open("P", agents, payload, now)
+            seq = ledger.open("P", agents, payload, now, instance=INSTANCE)
             for rank in range(ranks):
                 msg = acked_heartbeat_message(seq, b"HB:" + payload)
                 to_p += [(t, rank, msg) for t in fate(now)]
@@ -129,14 +137,14 @@ def test_view_never_outlives_p_under_any_delivery(core, ranks, script, delays, d
             for _, rank, msg in arrived:
                 parsed = parse_acked_heartbeat(msg)
                 assert parsed is not None
-                seq, payload = parsed
+                seq, payload, _ = parsed
                 table = tables[rank]
                 table.extend_counted(payload, now)
                 seqs, missing = answered.setdefault(rank, ([], set()))
                 seqs.append(seq)
                 missing.update(i for i in payload.decode().split(",") if i not in table)
             for rank, (seqs, missing) in answered.items():
-                answer = heartbeat_ack_message(seqs, ",".join(sorted(missing)).encode())
+                answer = heartbeat_ack_message(INSTANCE, seqs, ",".join(sorted(missing)).encode())
                 to_d += [(t, agents[rank], answer) for t in fate(now)]
             for rank, table in enumerate(tables):
                 deadlines = {p_id: table.deadline(p_id) for p_id in IDS if p_id in table}
@@ -148,10 +156,12 @@ def test_view_never_outlives_p_under_any_delivery(core, ranks, script, delays, d
             for _, agent, answer in arrived_d:
                 parsed_ack = parse_heartbeat_ack(answer)
                 assert parsed_ack is not None
-                for seq in parsed_ack[0]:
-                    proven = ledger.answered(agent, seq, parsed_ack[1])
+                for seq in parsed_ack.seqs:
+                    proven = ledger.answered(agent, seq, parsed_ack.not_extended, parsed_ack.instance)
                     if proven is not None:
-                        views.heartbeat_acked(proven.engine_id, proven.remote_ids, 0.0, proven.started)
+                        views.heartbeat_acked(
+                            proven.engine_id, proven.instance, proven.remote_ids, 0.0, proven.started, now
+                        )
             ledger.prune(now - EXT)
         # The property, after every action.
         for p_id in IDS:
@@ -170,39 +180,39 @@ def test_steady_answers_keep_the_view_alive(core, ranks: int) -> None:
     for table in tables:
         table.grant("p0", EXT)
     ledger, views = AckLedger(), LeaseViews(margin=2.0)
-    views.add("d0", "P", "p0", EXT, EXT, acked=True)
+    views.add("d0", "P", "p0", EXT, EXT, INSTANCE)
     now = 0.0
     for _ in range(100):
-        seq = ledger.open("P", agents, b"p0", now)
+        seq = ledger.open("P", agents, b"p0", now, instance=INSTANCE)
         now += 0.3  # one-way delay
         for table in tables:
             table.extend_counted(b"p0", now)
         now += 0.3
         for agent in agents:
-            proven = ledger.answered(agent, seq, frozenset())
+            proven = ledger.answered(agent, seq, frozenset(), INSTANCE)
         assert proven is not None
-        views.heartbeat_acked("P", proven.remote_ids, 0.0, proven.started)
+        views.heartbeat_acked("P", INSTANCE, proven.remote_ids, 0.0, proven.started, now)
         now += 1.4  # the rest of a 2 s interval
         assert views.may_read("d0", now, 0.0)
 
 
 def test_renew_on_send_breaks_under_a_partition(core) -> None:
     """Why acknowledgements: the same partition defeats the renew-on-send rule
-    that a P without acknowledgements still gets (holder_view.heartbeat_sent)."""
+    that a P without acknowledgements still gets (lease_views.heartbeat_sent)."""
     table = core.LeaseTable(EXT)
     table.grant("p0", EXT)
     on_send, on_ack = LeaseViews(margin=2.0), LeaseViews(margin=2.0)
     on_send.add("d0", "P", "p0", EXT, EXT)
-    on_ack.add("d0", "P", "p0", EXT, EXT, acked=True)
+    on_ack.add("d0", "P", "p0", EXT, EXT, INSTANCE)
     ledger = AckLedger()
     # t=5: D's send returns (3 s > margin left), but the link is down until t=20.
     on_send.heartbeat_sent("P", ["p0"], 0.0, started=5.0, finished=5.0)
-    seq = ledger.open("P", ["r0"], b"p0", 5.0)
+    seq = ledger.open("P", ["r0"], b"p0", 5.0, instance=INSTANCE)
     assert table.pop_expired(9.0) == ["p0"]  # P frees the blocks at its deadline, 8
     table.extend_counted(b"p0", 20.0)  # the heal: the heartbeat arrives, too late
-    proven = ledger.answered("r0", seq, frozenset({"p0"}))  # P: "p0 was not held"
+    proven = ledger.answered("r0", seq, frozenset({"p0"}), INSTANCE)  # P: "p0 was not held"
     assert proven is not None
-    on_ack.heartbeat_acked("P", proven.remote_ids, 0.0, proven.started)
+    on_ack.heartbeat_acked("P", INSTANCE, proven.remote_ids, 0.0, proven.started, 20.0)
     assert on_send.may_read("d0", 10.0, 0.0) is True  # would read freed blocks
     assert on_ack.may_read("d0", 10.0, 0.0) is False  # fenced
 
@@ -215,3 +225,10 @@ def test_chunk_heartbeat_proves_its_chunk_not_a_list() -> None:
     assert proven == Proven("P", [], 5.0, (4, 9), frozenset({"b"}), count=3)
     seq = ledger.open("P", ["r0"], b"a", started=6.0, chunk=(4, 10))
     assert ledger.answered("r0", seq, None) == Proven("P", [], 6.0)  # "none extended": renews nothing
+
+
+def test_an_answer_from_another_p_process_proves_nothing() -> None:
+    ledger = AckLedger()
+    seq = ledger.open("P", ["r0"], b"a", started=5.0, instance=INSTANCE)
+    proven = ledger.answered("r0", seq, frozenset(), "fedcba9876543210")
+    assert proven == Proven("P", [], 5.0, instance=INSTANCE)  # nothing named as held

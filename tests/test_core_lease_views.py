@@ -1,4 +1,4 @@
-"""D's conservative lease view (holder_view.py): unit tests and a property test
+"""D's conservative lease view (lease_views.py): unit tests and a property test
 that the view never lets D read after P's real lease table has dropped the lease."""
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from vllm_nixl_lease._wire import heartbeat_payload
 from vllm_nixl_lease.decode.lease_views import LeaseViews
+
+INSTANCE = "0123456789abcdef"
 
 
 def test_view_starts_at_the_reported_deadline_on_local_clock() -> None:
@@ -136,13 +138,15 @@ def test_view_never_outlives_the_grantors_lease(core, h: dict) -> None:
 
 
 # -- renewal per heartbeat chunk, driven through the real tracker -----------
-def _chunk_renewal_run(core, seed: int, disown: bool) -> int:
+def _chunk_renewal_run(core, seed: int, disown: bool, clean: bool) -> int:
     """Random tracking, re-adds (resets), removals and paced sends through a
     real ``HeartbeatTracker``; P's answers arrive late, out of order, some
-    lost, some disowning ids.  A model renews a view only from an answer to a
-    message built after the view was added and naming its id.  Checked every
-    step: no view is ever later than the model (safety); without disowned ids
-    and repacks, exactly the model.  Returns how many answers renewed something."""
+    lost, some disowning names (unless ``clean``).  A model renews a view only
+    from an answer naming it to a message built after the view was added,
+    sent while the view was alive and younger than the extension when it
+    arrives; a disowned name ends its view.  Checked every step: no view is
+    ever later than the model (safety); in a clean run, exactly the model.
+    Returns how many answers renewed something."""
     import random
 
     rng = random.Random(seed)
@@ -164,7 +168,7 @@ def _chunk_renewal_run(core, seed: int, disown: bool) -> int:
             hb.track(local, engine, remote)
             gen += 1
             live[local] = (engine, remote, gen)
-            views.add(local, engine, remote, now + 5.0, ext, acked=True, chunk=hb.chunk_of(local))
+            views.add(local, engine, remote, now + 5.0, ext, INSTANCE, chunk=hb.chunk_of(local))
             model[local] = now + 5.0
         if live and rng.random() < 0.3:  # a reset: the same request tracked and viewed again
             local = rng.choice(sorted(live))
@@ -172,7 +176,7 @@ def _chunk_renewal_run(core, seed: int, disown: bool) -> int:
             hb.track(local, engine, remote)
             gen += 1
             live[local] = (engine, remote, gen)
-            views.add(local, engine, remote, now + 5.0, ext, acked=True, chunk=hb.chunk_of(local))
+            views.add(local, engine, remote, now + 5.0, ext, INSTANCE, chunk=hb.chunk_of(local))
             model[local] = now + 5.0
         for _ in range(rng.randrange(3)):  # departures
             if live:
@@ -189,26 +193,31 @@ def _chunk_renewal_run(core, seed: int, disown: bool) -> int:
                 named = set(heartbeat_payload(msg).decode().split(","))
                 covered = {(loc, g) for loc, (e, r, g) in live.items() if e == engine and r in named}
                 refused = {r for r in named if disown and rng.random() < 0.1}
-                delay = rng.randrange(4)
+                delay = 1 if clean else rng.randrange(4)
                 in_flight.append((step + delay, engine, key, version, now, covered, refused))
-        rng.shuffle(in_flight)
+        if not clean:
+            rng.shuffle(in_flight)
         keep = []
         for item in in_flight:
             due, engine, key, version, started, covered, refused = item
             if due > step:
                 keep.append(item)
                 continue
-            if rng.random() < 0.1:
+            if not clean and rng.random() < 0.1:
                 continue  # lost
-            views.chunk_acked(engine, key, version, started, refused, 0.0)
+            views.chunk_acked(engine, INSTANCE, key, version, started, refused, 0.0, now)
             for loc, g in covered:
                 entry = live.get(loc)
-                if entry is not None and entry[2] == g and entry[1] not in refused:
+                if entry is None or entry[2] != g:
+                    continue
+                if entry[1] in refused:
+                    model[loc] = -math.inf
+                elif started < model[loc] and started + ext > now:
                     if started + ext > model[loc]:
                         useful += 1
                     model[loc] = max(model[loc], started + ext)
         in_flight = keep
-        exact = not disown and hb.repacks == 0
+        exact = clean and hb.repacks == 0
         for loc in live:
             got = views.remaining(loc, now, 0.0) + now
             assert got <= model[loc] + 1e-9, (seed, step, loc, got, model[loc])
@@ -219,27 +228,59 @@ def _chunk_renewal_run(core, seed: int, disown: bool) -> int:
 
 
 @pytest.mark.parametrize("seed", range(16))
-@pytest.mark.parametrize("disown", [False, True])
-def test_chunk_answers_renew_only_what_they_prove(core, seed: int, disown: bool) -> None:
-    assert _chunk_renewal_run(core, seed, disown) > 50  # the answers did renew views
+@pytest.mark.parametrize("disown,clean", [(False, False), (True, False), (False, True)])
+def test_chunk_answers_renew_only_what_they_prove(core, seed: int, disown: bool, clean: bool) -> None:
+    assert _chunk_renewal_run(core, seed, disown, clean) > 50  # the answers did renew views
 
 
 def test_chunk_answer_guards() -> None:
     views = LeaseViews(margin=0.0)
-    views.add("a", "P", "ra", 10.0, 20.0, acked=True, chunk=(7, 3))
-    views.add("b", "P", "rb", 10.0, 20.0, acked=True, chunk=(7, 5))  # joined after version 4
-    views.chunk_acked("P", 7, 4, started=5.0)
+    views.add("a", "P", "ra", 10.0, 20.0, INSTANCE, chunk=(7, 3))
+    views.add("b", "P", "rb", 10.0, 20.0, INSTANCE, chunk=(7, 5))  # joined after version 4
+    views.chunk_acked("P", INSTANCE, 7, 4, started=5.0, offset=0.0)
     assert views.remaining("a", 0.0, 0.0) == pytest.approx(25.0)
     assert views.remaining("b", 0.0, 0.0) == pytest.approx(10.0)  # not in that message
-    views.add("a", "P", "ra", 6.0, 20.0, acked=True, chunk=(7, 6))  # reset
+    views.add("a", "P", "ra", 6.0, 20.0, INSTANCE, chunk=(7, 6))  # reset
     assert views.remaining("a", 0.0, 0.0) == pytest.approx(6.0)  # the old answer does not apply
-    views.chunk_acked("P", 7, 6, started=8.0, not_extended=["ra"])
-    assert views.remaining("a", 0.0, 0.0) == pytest.approx(6.0)  # disowned
+    views.chunk_acked("P", INSTANCE, 7, 6, started=8.0, not_extended=["ra"], offset=0.0)
+    assert views.remaining("a", 0.0, 0.0) == -math.inf  # disowned: ended at once
     assert views.remaining("b", 0.0, 0.0) == pytest.approx(28.0)
-    views.chunk_acked("P", 7, 6, started=7.0)  # older send, answered late: changes nothing
+    views.chunk_acked("P", INSTANCE, 7, 6, started=7.0, offset=0.0)  # older send, answered late
     assert views.remaining("b", 0.0, 0.0) == pytest.approx(28.0)
-    views.add("c", "P", "rc", 10.0, 20.0, acked=False, chunk=(7, 1))  # P does not answer: not renewed
+    views.add("c", "P", "rc", 10.0, 20.0, chunk=(7, 1))  # a plain P does not answer: not renewed
     assert views.remaining("c", 0.0, 0.0) == pytest.approx(10.0)
-    # A "move" to the chunk it is in (the repack left it there) keeps it above the disowning answer.
-    assert views.move_to_chunk("a", (7, 6), 0.0) and views.remaining("a", 0.0, 0.0) == pytest.approx(6.0)
+    views.chunk_acked("P", INSTANCE, 7, 7, started=27.0, offset=0.0, now=27.0)  # the chain goes on
+    assert views.remaining("b", 0.0, 0.0) == pytest.approx(47.0)
+    views.chunk_acked("P", INSTANCE, 7, 7, started=50.0, offset=0.0, now=50.0)  # after b lapsed (47)
+    assert views.remaining("b", 0.0, 0.0) == pytest.approx(47.0)  # a lapsed view never revives
     assert views.prune_chunk_acks(sent_before=100.0) == 1
+
+
+def test_first_answer_after_the_view_lapsed_ends_it() -> None:
+    views = LeaseViews(margin=0.0)
+    views.add("a", "P", "ra", 10.0, 20.0, INSTANCE, chunk=(7, 1))
+    views.chunk_acked("P", INSTANCE, 7, 1, started=12.0, offset=0.0, now=12.0)
+    assert views.remaining("a", 0.0, 0.0) == -math.inf
+
+
+def test_answers_too_old_to_renew_are_ignored() -> None:
+    views = LeaseViews(margin=0.0)
+    views.add("a", "P", "ra", 10.0, 20.0, INSTANCE)
+    assert views.heartbeat_acked("P", INSTANCE, ["ra"], 0.0, started=5.0, now=26.0) == 0  # 5 + 20 <= 26
+    assert views.heartbeat_acked("P", INSTANCE, ["ra"], 0.0, started=5.0, now=24.0) == 1
+    assert views.remaining("a", 0.0, 0.0) == pytest.approx(25.0)
+
+
+def test_another_process_proven_ends_the_old_views() -> None:
+    views = LeaseViews(margin=0.0)
+    views.add("a", "P", "ra", 10.0, 20.0, INSTANCE)
+    views.add("b", "P", "rb", 10.0, 20.0)  # plain
+    views.add("c", "Q", "rc", 10.0, 20.0, INSTANCE)
+    assert views.instance_proven("P", INSTANCE) == 1  # the plain view of P ends
+    assert views.instance_proven("P", INSTANCE) == 0
+    assert views.instance_proven("P", "fedcba9876543210") == 1
+    assert views.remaining("a", 0.0, 0.0) == views.remaining("b", 0.0, 0.0) == -math.inf
+    assert views.remaining("c", 0.0, 0.0) == pytest.approx(10.0)
+    views.add("d", "P", "rd", 10.0, 20.0, INSTANCE)  # arrives late, from the old process
+    assert views.remaining("d", 0.0, 0.0) == -math.inf
+    assert views.any_name("P", INSTANCE) == "rd" and views.any_name("Q", "x") is None

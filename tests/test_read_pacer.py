@@ -89,7 +89,7 @@ def _recv(*ids: str) -> dict:
 
 
 def _heartbeat() -> dict:
-    return {"P": EngineHeartbeats([heartbeat_message(["p-x"])], "127.0.0.1", 5600, 1)}
+    return {"P": EngineHeartbeats("P", [heartbeat_message(["p-x"])], "127.0.0.1", 5600, 1)}
 
 
 def test_burst_is_spread_over_steps_with_heartbeats_first(d_worker, clock: Clock) -> None:

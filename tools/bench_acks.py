@@ -21,16 +21,17 @@ from harness.upstream_fake import FakeNixlWrapper, make_upstream_worker, stock_w
 from tools.bench_core import median_ns, req_ids
 from vllm_nixl_lease import encode_heartbeats
 from vllm_nixl_lease._wire import (
-    ACK_HELLO_PREFIX,
     ACKED_HEARTBEAT_OVERHEAD,
     acked_heartbeat_message,
     default_lease_extension,
     heartbeat_ack_message,
+    hello_message,
 )
 
 LEASE = 30
 EXTENSION = default_lease_extension(LEASE)
 MAX_BYTES = 8192
+INSTANCE = "0123456789abcdef"  # the P process answers name
 
 
 def our_worker(name: str):
@@ -51,15 +52,16 @@ def p_round(leases: int) -> dict[str, float]:
     lhb = [acked_heartbeat_message(seq, m) for seq, m in enumerate(hb, 1)]
     stock = make_upstream_worker(stock_worker_class(), EXTENSION, FakeNixlWrapper(keep_sent=False))
     ours = our_worker("P")
+    ours.lease_keeper.adopt_instance(SimpleNamespace(lease_instance=(INSTANCE, b"k" * 16)))
     for rid in ids:
         stock._reqs_to_send[rid] = 1e12
         ours._reqs_to_process.add(rid)
         ours._reqs_to_send[rid] = 1e12
     # D's hello, loaded once (as in a running fleet)
     d_metadata = FakeNixlWrapper(name="D").get_partial_agent_metadata(None)
-    ours.nixl_wrapper.deliver("D", ACK_HELLO_PREFIX + d_metadata)
+    ours.nixl_wrapper.deliver("D", hello_message(5.0, d_metadata, ids[0]))
     ours._get_new_notifs()
-    ours.ack_answerer._loading["D"].result()
+    ours.ack_answerer._loading["D"][0].result()
     ours._get_new_notifs()
 
     def routed(worker, msgs):
@@ -87,15 +89,19 @@ def d_round(leases: int) -> dict[str, float]:
         d = our_worker("D")
         d._remote_agents["P"] = {(0, 0): b"P"}
         d._engine_clock_offset["P"] = 0.0
+        instance = INSTANCE if acked else ""
         for i, rid in enumerate(ids):
-            d.read_fence.views.add(f"d{i}", "P", rid, 1e12, 20.0, acked)
+            d.read_fence.views.add(f"d{i}", "P", rid, 1e12, 20.0, instance)
+        if acked:  # the connection proven: P's welcome arrived
+            d.nixl_wrapper.deliver("P", heartbeat_ack_message(INSTANCE, []))
+            d._get_new_notifs()
 
-        def send(d=d, acked=acked):
-            meta = SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": EngineHeartbeats(hb, "h", 1, 1)}})
-            d._send_heartbeats(meta)
+        def send(d=d, acked=acked, instance=instance):
+            hbs = EngineHeartbeats("P", hb, "h", 1, 1, instance=instance)
+            d._send_heartbeats(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": hbs}}))
             if acked:  # P's answer to every message of the round, as P sends it
                 seqs = list(d.ack_requester.ledger._sent)
-                d.nixl_wrapper.deliver("P", heartbeat_ack_message(seqs))
+                d.nixl_wrapper.deliver("P", heartbeat_ack_message(INSTANCE, seqs))
                 d._get_new_notifs()
 
         out[label] = median_ns(send, 9) / 1e3

@@ -58,8 +58,12 @@ from typing import Any
 from harness.tiny_model import tiny_model_dir
 from harness.upstream_fake import FakeNixlWrapper, make_upstream_worker, stock_worker_class
 from tools.bench_core import req_ids
-from vllm_nixl_lease._wire import default_heartbeat_interval, default_lease_extension, heartbeat_payload
-from vllm_nixl_lease.lease_tags import lease_tag
+from vllm_nixl_lease._wire import (
+    PARAM_LEASE_TAG,
+    default_heartbeat_interval,
+    default_lease_extension,
+    heartbeat_payload,
+)
 
 LEASE = 30  # s: upstream's default
 EXTENSION = default_lease_extension(LEASE)
@@ -144,6 +148,13 @@ class D:
             self.worker._engine_clock_offset[engine] = 0.0
         self.hello_answered: set[str] = set()
         self.by_tag: dict[str, str] = {}  # what our P resolves LHBT: tags with
+        # Each P engine's scheduler side (our P): its instance and tags, for the params.
+        from vllm_nixl_lease.vllm.config import LeaseConfig
+        from vllm_nixl_lease.vllm.p_scheduler.lease_params import LeaseParams
+
+        p_config = LeaseConfig.from_extra_config({"kv_lease_duration": LEASE})
+        self.p_params = {engine: LeaseParams(p_config) for engine in engines}
+        self.instance_of = {f"agent-{e}": p.instance.instance for e, p in self.p_params.items()}
         self.output = SimpleNamespace(total_num_scheduled_tokens=1, finished_recving=set())
 
     def request(self, local_id: str, engine: str, remote_id: str) -> Any:
@@ -156,10 +167,8 @@ class D:
             tp_size=1,
         )
         if self.acked:  # what our P adds in request_finished
-            from vllm_nixl_lease.vllm.p_scheduler.lease_params import add_lease_params
-
-            add_lease_params(params, self.clock.now + LEASE, float(EXTENSION))
-            self.by_tag[lease_tag(remote_id)] = remote_id
+            self.p_params[engine].add(params, remote_id, self.clock.now + LEASE)
+            self.by_tag[params[PARAM_LEASE_TAG]] = remote_id
         return SimpleNamespace(request_id=local_id, kv_transfer_params=params)
 
     def step(self, arrivals: list[Any], departures: list[str]) -> tuple[int, int, int, int]:
@@ -192,9 +201,8 @@ class D:
         for D's next step); ``last_sent``: P's id -> this step's time for each
         id heartbeated.  Returns (heartbeat messages, ids) sent."""
         from vllm_nixl_lease._wire import (
-            ACK_HELLO_PREFIX,
-            ACKED_HEARTBEAT_PREFIX,
-            TAGGED_HEARTBEAT_PREFIX,
+            EXTENSION_PREFIX,
+            HELLO_KIND,
             heartbeat_ack_message,
             parse_acked_heartbeat,
         )
@@ -204,25 +212,27 @@ class D:
         seqs: dict[str, list[int]] = {}
         msgs = ids = 0
         for agent, msg in sent:
-            if msg.startswith(ACK_HELLO_PREFIX):
+            if msg.startswith(EXTENSION_PREFIX + HELLO_KIND):  # our P welcomes D at once
+                wrapper.deliver(agent, heartbeat_ack_message(self.instance_of[agent], []))
                 continue
             msgs += 1
-            if msg.startswith((ACKED_HEARTBEAT_PREFIX, TAGGED_HEARTBEAT_PREFIX)):
+            tagged = False
+            if msg.startswith(EXTENSION_PREFIX):
                 parsed = parse_acked_heartbeat(msg)
                 assert parsed is not None
                 seqs.setdefault(agent, []).append(parsed[0])
-                payload = parsed[1]
+                payload, tagged = parsed[1], parsed[2]
             else:
                 payload = heartbeat_payload(msg)
             named = payload.decode().split(",")
-            if msg.startswith(TAGGED_HEARTBEAT_PREFIX):
+            if tagged:
                 named = [self.by_tag[tag] for tag in named]
             ids += len(named)
             now = self.clock.now
             for remote_id in named:
                 last_sent[remote_id] = heartbeated[remote_id] = now
         for agent, agent_seqs in seqs.items():
-            wrapper.deliver(agent, heartbeat_ack_message(agent_seqs))
+            wrapper.deliver(agent, heartbeat_ack_message(self.instance_of[agent], agent_seqs))
         return msgs, ids
 
 

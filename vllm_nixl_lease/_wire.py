@@ -1,51 +1,66 @@
-"""The wire format D and P exchange as NIXL notifications, and the lease arithmetic
-both sides derive from ``kv_lease_duration``.  This is its only home: the core
-(twins and Cython modules), the adapter, the tools and the tests all import it.
+"""The wire protocol D and P speak as NIXL notifications, the lease fields P
+adds to ``kv_transfer_params``, and the lease arithmetic both sides derive
+from ``kv_lease_duration``.  This is its only home (``docs/PROTOCOL.md`` is
+its specification, ``protocol.pml`` its model): the core, the adapter, the
+tools and the tests all import it.
 
-Messages (byte strings, as upstream vLLM sends them):
+Upstream's messages (byte strings, kept exactly):
 - heartbeat, D -> P: ``HB:<id>,<id>,...`` -- extend each named lease;
 - completion, D -> P: ``<req_id>:<expected_consumers>`` -- one consumer read the
   blocks; split on the last colon (request ids may contain colons);
-- push registration, D -> P (push mode): ``PUSH_REG:...`` -- upstream's own,
-  passed through to its code untouched.
+- push registration, D -> P (push mode): ``PUSH_REG:...`` -- passed through to
+  upstream's code untouched.
 
-Ours only, sent only to a peer that advertised it (a stock P never sees them;
-see ``vllm/d_worker/ack_requester.py``):
-- acknowledged heartbeat, D -> P: ``LHB:<seq>:<id>,<id>,...`` -- a heartbeat
-  (same id list as ``HB:``) that P answers with an acknowledgement;
-- tagged heartbeat, D -> P: ``LHBT:<seq>:<tag>,<tag>,...`` -- the same, naming
-  each lease by its 11-byte tag (``lease_tags.py``) instead of its id; only to
-  a P that advertised tags; P's answer names the tags it did not extend;
-- acknowledgement, P -> D: ``LACK:<seq>,<seq>,...`` (every id those
-  heartbeats named was leased and is now extended) or
-  ``LACK:<seqs>:<id>,<id>,...`` (these ids were not leased, the rest were) or
-  ``LACK:<seqs>:*`` (treat none as extended); one per D agent per P step;
-- hello, D -> P: ``LHELLO:<NIXL agent metadata>`` -- D's connection info
-  (no memory), so P can send acknowledgements back.
+Ours (protocol version ``LEASE_PROTOCOL_VERSION``), D -> P, each behind the
+escape ``HB:,`` -- a heartbeat whose first id is empty, which no D ever sends,
+so a stock P that gets one by mistake parses it as a heartbeat naming no lease
+of its own:
+- hello: ``HB:,LHELLO:<ver>:<interval_ms>:<metadata>:<key>`` -- D's NIXL
+  connection info (base64url, no memory), so P can answer; ``key`` names a
+  lease D holds on P (its tag or id), which admits the hello;
+- acknowledged heartbeat: ``HB:,LHB:<seq>,<id>,<id>,...``;
+- tagged heartbeat: ``HB:,LHBT:<seq>,<tag>,<tag>,...`` (``lease_tags.py``).
+P -> D, only to agents whose hello P admitted:
+- acknowledgement: ``LACK:<instance>:<seqs>`` (every key those heartbeats named
+  was held, unambiguously, and is now extended), ``LACK:<instance>:<seqs>:<keys>``
+  (these were not), ``LACK:<instance>:<seqs>:*`` (count none as extended);
+  with no seqs, the welcome that answers a hello.  ``instance`` names the P
+  process (a fresh one per start), so D can tell a restarted P apart.
 
 Imports nothing from vLLM.
 """
 
 from __future__ import annotations
 
+import binascii
+import math
+import secrets
+from base64 import urlsafe_b64decode, urlsafe_b64encode
 from collections.abc import Iterable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, NamedTuple
 
+LEASE_PROTOCOL_VERSION = 2
 HEARTBEAT_PREFIX = b"HB:"
 HEARTBEAT_SEPARATOR = b","
 PUSH_REG_PREFIX = b"PUSH_REG:"
-ACKED_HEARTBEAT_PREFIX = b"LHB:"
-TAGGED_HEARTBEAT_PREFIX = b"LHBT:"
+# The escape in front of every D -> P message of ours (see the module docstring).
+EXTENSION_PREFIX = b"HB:,"
+HELLO_KIND = b"LHELLO:"
+ACKED_HEARTBEAT_KIND = b"LHB:"
+TAGGED_HEARTBEAT_KIND = b"LHBT:"
 HEARTBEAT_ACK_PREFIX = b"LACK:"
-ACK_HELLO_PREFIX = b"LHELLO:"
-# Messages P or D route to the ack components instead of the lease core.
-ACK_PREFIXES = (ACKED_HEARTBEAT_PREFIX, TAGGED_HEARTBEAT_PREFIX, HEARTBEAT_ACK_PREFIX, ACK_HELLO_PREFIX)
-# "None of the ids counts as extended" (the ack's id list would be too long).
+# Messages P's router passes on to the acknowledgement components instead of the core.
+ACK_PREFIXES = (EXTENSION_PREFIX, HEARTBEAT_ACK_PREFIX)
+# "None of the keys counts as extended" (the answer's list would be too long).
 ACK_NONE = b"*"
-# Bytes the longest acknowledged header, ``LHBT:<seq>:`` (seq < 2**64), adds
+# Bytes the longest acknowledged header, ``HB:,LHBT:<seq>,`` (seq < 2**64), adds
 # over ``HB:``: heartbeats are chunked this much smaller, so every form fits
 # ``max_heartbeat_bytes``.
-ACKED_HEARTBEAT_OVERHEAD = len(TAGGED_HEARTBEAT_PREFIX) + 20 + 1 - 3
+ACKED_HEARTBEAT_OVERHEAD = len(EXTENSION_PREFIX) + len(TAGGED_HEARTBEAT_KIND) + 20 + 1 - len(HEARTBEAT_PREFIX)
+# Largest hello accepted (NIXL's connection info over UCX is a few hundred bytes).
+MAX_HELLO_BYTES = 4096
+INSTANCE_HEX_DIGITS = 16
 # Largest expected-consumer count accepted (one per D rank; far above any TP).
 MAX_EXPECTED_CONSUMERS = 2**31 - 1
 
@@ -85,61 +100,139 @@ def request_id_bytes(req_id: object) -> bytes:
     raise TypeError(f"request id must be str or bytes, got {type(req_id).__name__}")
 
 
-# -- acknowledged heartbeats (ours only) ----------------------------------
+# -- ours: hello, acknowledged heartbeats, answers ------------------------
+def new_instance() -> str:
+    """A fresh P instance: 64 random bits as 16 lowercase hex digits."""
+    return secrets.token_hex(INSTANCE_HEX_DIGITS // 2)
+
+
+def is_instance(value: object) -> bool:
+    return (
+        isinstance(value, str)
+        and len(value) == INSTANCE_HEX_DIGITS
+        and all(c in "0123456789abcdef" for c in value)
+    )
+
+
+def is_extension(msg: bytes) -> bool:
+    """Is this one of our D -> P messages (behind the ``HB:,`` escape)?"""
+    return msg.startswith(EXTENSION_PREFIX)
+
+
+class Hello(NamedTuple):
+    version: int
+    interval_s: float
+    metadata: bytes  # NIXL's partial agent metadata of the D agent that says hello
+    key: str  # a lease it holds on P: its tag or P's request id
+
+
+def hello_message(
+    interval_s: float, metadata: bytes, key: str, version: int = LEASE_PROTOCOL_VERSION
+) -> bytes:
+    """``HB:,LHELLO:<ver>:<interval_ms>:<metadata>:<key>``."""
+    b64 = urlsafe_b64encode(metadata).rstrip(b"=")
+    interval_ms = max(0, round(interval_s * 1000))
+    return b"%s%s%d:%d:%s:%s" % (EXTENSION_PREFIX, HELLO_KIND, version, interval_ms, b64, key.encode("utf-8"))
+
+
+def parse_hello(msg: bytes) -> Hello | None:
+    """The fields of a hello (``msg`` with its escape); None when malformed or
+    longer than ``MAX_HELLO_BYTES``.  A version this side does not speak parses:
+    the caller decides."""
+    if len(msg) > MAX_HELLO_BYTES or not msg.startswith(EXTENSION_PREFIX + HELLO_KIND):
+        return None
+    fields = msg[len(EXTENSION_PREFIX) + len(HELLO_KIND) :].split(b":", 3)
+    if len(fields) != 4:
+        return None
+    version, interval_ms = _seq(fields[0]), _seq(fields[1])
+    if version is None or interval_ms is None or not fields[2] or not fields[3]:
+        return None
+    try:
+        metadata = urlsafe_b64decode(fields[2] + b"=" * (-len(fields[2]) % 4))
+        key = fields[3].decode("utf-8")
+    except (binascii.Error, ValueError):
+        return None
+    if b"," in fields[3]:
+        return None
+    return Hello(version, interval_ms / 1000, metadata, key)
+
+
 def acked_heartbeat_message(seq: int, heartbeat: bytes, tagged: bool = False) -> bytes:
-    """The ``LHB:`` form of an ``HB:`` message, asking for acknowledgement
-    ``seq``; ``LHBT:`` when its payload names tags instead of ids."""
-    prefix = TAGGED_HEARTBEAT_PREFIX if tagged else ACKED_HEARTBEAT_PREFIX
-    return b"%s%d:%s" % (prefix, seq, heartbeat_payload(heartbeat))
+    """The acknowledged form of an ``HB:`` message, asking for answer ``seq``:
+    ``HB:,LHB:<seq>,<ids>``, or ``HB:,LHBT:<seq>,<tags>`` when it names tags."""
+    kind = TAGGED_HEARTBEAT_KIND if tagged else ACKED_HEARTBEAT_KIND
+    return b"%s%s%d,%s" % (EXTENSION_PREFIX, kind, seq, heartbeat_payload(heartbeat))
 
 
-def parse_acked_heartbeat(msg: bytes) -> tuple[int, bytes] | None:
-    """``(seq, payload)`` of an ``LHB:`` or ``LHBT:`` message; None when malformed."""
-    prefix = TAGGED_HEARTBEAT_PREFIX if msg.startswith(TAGGED_HEARTBEAT_PREFIX) else ACKED_HEARTBEAT_PREFIX
-    head, rest = _split_head(msg, prefix)
-    seq = _seq(head)
-    return None if seq is None or rest is None else (seq, rest)
+def parse_acked_heartbeat(msg: bytes) -> tuple[int, bytes, bool] | None:
+    """``(seq, names, tagged)`` of an acknowledged heartbeat (with its escape);
+    None when it is none or malformed."""
+    if not msg.startswith(EXTENSION_PREFIX):
+        return None
+    body = msg[len(EXTENSION_PREFIX) :]
+    if body.startswith(TAGGED_HEARTBEAT_KIND):
+        tagged, body = True, body[len(TAGGED_HEARTBEAT_KIND) :]
+    elif body.startswith(ACKED_HEARTBEAT_KIND):
+        tagged, body = False, body[len(ACKED_HEARTBEAT_KIND) :]
+    else:
+        return None
+    comma = body.find(b",")
+    seq = _seq(body if comma < 0 else body[:comma])
+    if seq is None:
+        return None
+    return seq, b"" if comma < 0 else body[comma + 1 :], tagged
 
 
-def is_tagged_heartbeat(msg: bytes) -> bool:
-    return msg.startswith(TAGGED_HEARTBEAT_PREFIX)
-
-
-def heartbeat_ack_message(seqs: Iterable[int], not_extended: bytes = b"") -> bytes:
-    """``LACK:<seq>,...[:<ids>]``; ``not_extended`` is a comma-joined id list or
-    ``ACK_NONE``, and applies to every listed heartbeat (an id missing from one
-    counts as missing from all: conservative)."""
-    head = HEARTBEAT_ACK_PREFIX + b",".join(b"%d" % seq for seq in seqs)
+def heartbeat_ack_message(instance: str, seqs: Iterable[int], not_extended: bytes = b"") -> bytes:
+    """``LACK:<instance>:<seq>,...[:<keys>]``; ``not_extended`` is a comma-joined
+    key list or ``ACK_NONE``, and applies to every listed heartbeat (a key
+    missing from one counts as missing from all: conservative).  No seqs: the
+    welcome that answers a hello."""
+    head = b"%s%s:%s" % (HEARTBEAT_ACK_PREFIX, instance.encode("ascii"), b",".join(b"%d" % s for s in seqs))
     return head + b":" + not_extended if not_extended else head
 
 
-def parse_heartbeat_ack(msg: bytes) -> tuple[list[int], frozenset[str] | None] | None:
-    """``(seqs, ids P did not extend)`` of an ``LACK:`` message, the set None for
-    "none extended"; None when malformed."""
-    seq_list, rest = _split_head(msg, HEARTBEAT_ACK_PREFIX)
-    seqs = [_seq(digits) for digits in seq_list.split(b",")]
-    if None in seqs:
+class HeartbeatAck(NamedTuple):
+    instance: str
+    seqs: list[int]  # empty: a welcome
+    not_extended: frozenset[str] | None  # None: count none as extended
+
+
+def parse_heartbeat_ack(msg: bytes) -> HeartbeatAck | None:
+    """The fields of an ``LACK:`` message; None when malformed."""
+    if not msg.startswith(HEARTBEAT_ACK_PREFIX):
         return None
-    rest = rest or b""
-    if not rest:
-        return seqs, frozenset()
-    if rest == ACK_NONE:
-        return seqs, None
+    parts = msg[len(HEARTBEAT_ACK_PREFIX) :].split(b":", 2)
+    if len(parts) < 2:
+        return None
     try:
-        return seqs, frozenset(rest.decode("utf-8").split(","))
+        instance = parts[0].decode("ascii")
     except UnicodeDecodeError:
-        return seqs, None  # cannot tell which: none counts
-
-
-def _split_head(msg: bytes, prefix: bytes) -> tuple[bytes, bytes | None]:
-    # b"<prefix><head>" -> (head, None); b"<prefix><head>:<rest>" -> (head, rest)
-    body = msg[len(prefix) :]
-    colon = body.find(b":")
-    return (body, None) if colon < 0 else (body[:colon], body[colon + 1 :])
+        return None
+    if not is_instance(instance):
+        return None
+    seqs: list[int] = []
+    if parts[1]:
+        for digits in parts[1].split(b","):
+            seq = _seq(digits)
+            if seq is None:
+                return None
+            seqs.append(seq)
+    rest = parts[2] if len(parts) == 3 else b""
+    if not seqs and rest:
+        return None
+    if not rest:
+        return HeartbeatAck(instance, seqs, frozenset())
+    if rest == ACK_NONE:
+        return HeartbeatAck(instance, seqs, None)
+    try:
+        return HeartbeatAck(instance, seqs, frozenset(rest.decode("utf-8").split(",")))
+    except UnicodeDecodeError:
+        return HeartbeatAck(instance, seqs, None)  # cannot tell which: none counts
 
 
 def _seq(digits: bytes) -> int | None:
-    """A sequence number: 1-20 ASCII digits."""
+    """A sequence number (or another small count): 1-20 ASCII digits."""
     if not digits or len(digits) > 20 or not digits.isdigit():
         return None
     return int(digits)
@@ -147,16 +240,68 @@ def _seq(digits: bytes) -> int | None:
 
 # -- lease fields P adds to kv_transfer_params (pull; stock D ignores them) --
 PARAM_LEASE_DEADLINE = "remote_lease_deadline"  # P's deadline, on P's scheduler clock
-PARAM_LEASE_EXTENSION = "remote_lease_extension"  # how far one heartbeat moves it
-# P answers acknowledged heartbeats (``LHB:``): D renews its views on answers.
-PARAM_LEASE_ACKS = "remote_lease_acks"
-# P also takes acknowledged heartbeats that name lease tags (``LHBT:``).
-PARAM_LEASE_TAGS = "remote_lease_tags"
+PARAM_LEASE_EXTENSION = "remote_lease_extension"  # how far one heartbeat moves it (P's)
+PARAM_LEASE_INTERVAL = "remote_lease_interval"  # how often P expects heartbeats (P's)
+PARAM_LEASE_PROTOCOL = "remote_lease_protocol"  # LEASE_PROTOCOL_VERSION: P takes our messages
+PARAM_LEASE_INSTANCE = "remote_lease_instance"  # the P process that granted the lease
+PARAM_LEASE_TAG = "remote_lease_tag"  # the lease's tag, for ``LHBT:`` (lease_tags.py)
 
 
-def takes_tags(params: Mapping[str, Any] | None) -> bool:
-    """D side: do these params come from a P that takes ``LHBT:`` heartbeats?"""
-    return bool(params) and params.get(PARAM_LEASE_ACKS) is True and params.get(PARAM_LEASE_TAGS) is True
+@dataclass(frozen=True, slots=True)
+class LeaseTerms:
+    """What one request's ``kv_transfer_params`` say about its lease on P.
+
+    ``instance`` is empty for a *plain* lease: a P that does not speak our
+    protocol version (stock, an older or a newer release of ours), which D
+    heartbeats with upstream's ``HB:`` only.
+    """
+
+    deadline: float
+    extension: float
+    interval: float | None
+    instance: str = ""
+    tag: str | None = None
+
+    @property
+    def acknowledged(self) -> bool:
+        return bool(self.instance)
+
+
+def lease_terms(params: Mapping[str, Any] | None) -> LeaseTerms | None:
+    """D side: the lease terms of a request's params; None when they carry no
+    lease deadline (a stock P); ValueError when the deadline or extension is
+    malformed.  Capabilities come from these params alone, never from what an
+    engine id said before."""
+    if not params:
+        return None
+    deadline = params.get(PARAM_LEASE_DEADLINE)
+    extension = params.get(PARAM_LEASE_EXTENSION)
+    if deadline is None and extension is None:
+        return None
+    if not (_finite(deadline) and _finite(extension) and extension > 0):
+        raise ValueError(
+            f"{PARAM_LEASE_DEADLINE}={deadline!r} / {PARAM_LEASE_EXTENSION}={extension!r} "
+            "must be finite numbers and the extension > 0"
+        )
+    interval = params.get(PARAM_LEASE_INTERVAL)
+    interval = float(interval) if _finite(interval) and interval >= 0 else None
+    instance = params.get(PARAM_LEASE_INSTANCE)
+    if params.get(PARAM_LEASE_PROTOCOL) != LEASE_PROTOCOL_VERSION or not is_instance(instance):
+        return LeaseTerms(float(deadline), float(extension), interval)
+    tag = params.get(PARAM_LEASE_TAG)
+    return LeaseTerms(float(deadline), float(extension), interval, instance, tag if is_tag(tag) else None)
+
+
+def is_tag(value: object) -> bool:
+    """Exactly 11 characters of unpadded base64url (``lease_tags.TAG_LENGTH``)."""
+    return isinstance(value, str) and len(value) == 11 and all(c in _B64URL for c in value)
+
+
+_B64URL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 # -- completions ----------------------------------------------------------

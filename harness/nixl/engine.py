@@ -24,8 +24,7 @@ from collections import deque
 from types import SimpleNamespace
 from typing import Any
 
-from vllm_nixl_lease._wire import is_tagged_heartbeat
-from vllm_nixl_lease.lease_tags import lease_tag
+from vllm_nixl_lease._wire import PARAM_LEASE_TAG, parse_acked_heartbeat
 
 from . import model
 from .fleet import PORT_TAKEN
@@ -101,7 +100,7 @@ class Engine:
 
         self.spec = spec
         self.status = RequestStatus
-        self.engine_id = f"{spec.name or spec.role}-{os.getpid()}"
+        self.engine_id = spec.engine_id or f"{spec.name or spec.role}-{os.getpid()}"
         os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = spec.host_ip or "127.0.0.1"
         os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(spec.side_channel_port)
         # A file store, not TCP: no port to race for on a shared machine.
@@ -228,7 +227,6 @@ class Engine:
             self.sched.on_new_request(req)
             self.sched.update_state_after_alloc(req, FakeBlocks(blocks), 0)
             self.reqs[req_id] = {"req": req, "blocks": blocks, "submitted_t": time.monotonic(), "hb": 0}
-            self.by_tag[lease_tag(req_id)] = req_id  # our D names it so in LHBT:
             self.fills[req_id] = blocks
             self.live += 1
         self.step()
@@ -239,6 +237,8 @@ class Engine:
             req.num_computed_tokens = tokens
             req.status = self.status.FINISHED_LENGTH_CAPPED
             delay, params = self.sched.request_finished(req, rec["blocks"])
+            if params and PARAM_LEASE_TAG in params:
+                self.by_tag[params[PARAM_LEASE_TAG]] = req_id  # our D names it so in LHBT:
             rec["finished_t"] = time.monotonic()
             rec["delay_free"] = delay
             out[req_id] = params
@@ -493,7 +493,8 @@ class Engine:
         held it: ``hb`` count, first and last arrival, longest wait between two."""
         pending, self._hb_unmatched = self._hb_unmatched, []
         for t, rank, agent, msg in pending:
-            names = self.by_tag if is_tagged_heartbeat(msg) else None
+            acked = parse_acked_heartbeat(msg)
+            names = self.by_tag if acked is not None and acked[2] else None
             for raw in heartbeat_ids_of(msg).split(b","):
                 name = raw.decode("utf-8", "replace")
                 rec = self.reqs.get(names.get(name, "") if names is not None else name)

@@ -219,6 +219,8 @@ class Fleet:
         start_timeout: float = 240.0,
     ) -> list[Engine]:
         """Start ``(role, name, EngineSpec fields)`` engines side by side; return them in order.
+        A ``side_channel_port`` among the fields is kept (a restart under the same
+        address); every other engine gets a free one.
 
         Safe to overlap: every engine gets its own side-channel port (picked
         together, so distinct), its own dist-init file and KV cache; only the
@@ -226,8 +228,12 @@ class Fleet:
         when picked can be bound by someone else before the engine's listener
         binds it: a lost race restarts just that engine on a new port."""
         specs = []
-        for (role, name, kw), port in zip(engines, free_ports(len(engines)), strict=True):
+        fixed: set[int] = set()  # engines that must take the port they were given (a restart)
+        for i, ((role, name, kw), port) in enumerate(zip(engines, free_ports(len(engines)), strict=True)):
             kw = dict(kw)
+            if "side_channel_port" in kw:
+                port = kw.pop("side_channel_port")
+                fixed.add(i)
             kw.update(self._placement(kw.pop("host", None)))
             specs.append(
                 EngineSpec(
@@ -252,7 +258,7 @@ class Fleet:
                     try:
                         eng.wait_started()
                     except SidePortTaken:
-                        if attempt == 2:
+                        if attempt == 2 or i in fixed:
                             raise
                         (port,) = free_ports(1)
                         specs[i].side_channel_port = port

@@ -19,9 +19,10 @@ import zlib
 from typing import Any
 
 from vllm_nixl_lease._wire import (
-    ACKED_HEARTBEAT_PREFIX,
-    TAGGED_HEARTBEAT_PREFIX,
+    EXTENSION_PREFIX,
+    HELLO_KIND,
     heartbeat_payload,
+    is_extension,
     is_heartbeat,
     parse_acked_heartbeat,
 )
@@ -302,8 +303,8 @@ class Rank:
 
 
 def is_any_heartbeat(msg: bytes) -> bool:
-    """Upstream's ``HB:`` or our acknowledged ``LHB:`` / ``LHBT:``."""
-    return is_heartbeat(msg) or msg.startswith((ACKED_HEARTBEAT_PREFIX, TAGGED_HEARTBEAT_PREFIX))
+    """Upstream's ``HB:`` or our acknowledged ``LHB:`` / ``LHBT:`` (not our hello)."""
+    return is_heartbeat(msg) and not msg.startswith(EXTENSION_PREFIX + HELLO_KIND)
 
 
 def preemptions() -> int:
@@ -313,10 +314,10 @@ def preemptions() -> int:
 
 def heartbeat_ids_of(msg: bytes) -> bytes:
     """The id (or, for ``LHBT:``, tag) payload of any heartbeat form."""
-    if is_heartbeat(msg):
-        return heartbeat_payload(msg)
-    parsed = parse_acked_heartbeat(msg)
-    return parsed[1] if parsed else b""
+    if is_extension(msg):
+        parsed = parse_acked_heartbeat(msg)
+        return parsed[1] if parsed else b""
+    return heartbeat_payload(msg) if is_heartbeat(msg) else b""
 
 
 def rank_main(spec: EngineSpec, rank: int, dist_init: str, conn: Any) -> None:

@@ -26,6 +26,9 @@ class EngineSpec:
     # stall the step (and its heartbeats) for seconds on this box.
     max_admit: int = 128
     name: str = ""
+    # The engine id (vLLM's kv_transfer_config.engine_id); empty: "<name>-<pid>".
+    # A restart under the same id reuses it, as deployments that set it do.
+    engine_id: str = ""
     # Seconds added to this engine's time.perf_counter (P and D clocks skewed).
     clock_skew: float = 0.0
     # A host of harness.netns.TwoHosts: the engine (and its TP ranks, forked

@@ -6,10 +6,11 @@ when P may long have freed the blocks; a D that renewed its view on the send
 then reads someone else's KV.  So D renews a view only when P says it
 applied the heartbeat:
 
-- D sends ``LHB:<seq>:<ids>`` to every P rank of an engine at local time
-  ``started`` and records ``seq`` here;
+- D sends ``HB:,LHB:<seq>,<ids>`` to every P rank of an engine at local time
+  ``started`` and records ``seq`` here, with the P process whose leases it names;
 - each P rank extends the leases it holds (to at least its arrival time plus
-  the extension) and answers ``LACK:<seq>`` naming the ids it did not hold;
+  the extension) and answers ``LACK:<instance>:<seq>`` naming the ids it did
+  not hold (or held ambiguously: a reused id, a colliding tag);
 - once every rank has answered, each id no rank disowned was leased on every
   rank when the heartbeat arrived, which was after ``started``: its lease ends
   no earlier than ``started + extension``, whatever the delays were.
@@ -38,6 +39,7 @@ class _Sent:
     none_extended: bool = False
     chunk: tuple[int, int] | None = None  # (key, version) of the tracker chunk it encodes
     count: int = 0  # ids a chunk heartbeat named
+    instance: str = ""  # the P process its leases belong to
 
 
 @dataclass(slots=True, frozen=True)
@@ -54,6 +56,7 @@ class Proven:
     chunk: tuple[int, int] | None = None
     not_extended: frozenset[str] = frozenset()
     count: int = 0  # ids the chunk heartbeat named
+    instance: str = ""  # the P process that proved it
 
 
 class AckLedger:
@@ -74,32 +77,42 @@ class AckLedger:
         started: float,
         chunk: tuple[int, int] | None = None,
         count: int | None = None,
+        *,
+        instance: str = "",
     ) -> int:
         """Record a heartbeat about to be sent to ``agents``; return its sequence
         number.  ``chunk``: the tracker chunk ``(key, version)`` it encodes;
         then only the payload's id count is kept (the answer proves the chunk,
-        not a list).  ``count``: that id count, if the caller has it already."""
+        not a list).  ``count``: that id count, if the caller has it already.
+        ``instance``: the P process whose leases it names."""
         seq = self._next
         self._next += 1
         waiting = set(agents)
         if waiting:
             if chunk is None:
-                self._sent[seq] = _Sent(engine_id, bytes(payload), started, waiting)
+                self._sent[seq] = _Sent(engine_id, bytes(payload), started, waiting, instance=instance)
             else:
                 if count is None:
                     count = payload.count(b",") + 1 if payload else 0
-                self._sent[seq] = _Sent(engine_id, b"", started, waiting, chunk=chunk, count=count)
+                self._sent[seq] = _Sent(
+                    engine_id, b"", started, waiting, chunk=chunk, count=count, instance=instance
+                )
         return seq
 
-    def answered(self, agent: str, seq: int, not_extended: frozenset[str] | None) -> Proven | None:
+    def answered(
+        self, agent: str, seq: int, not_extended: frozenset[str] | None, instance: str | None = None
+    ) -> Proven | None:
         """Take ``agent``'s answer to ``seq`` (``not_extended`` None: count none
-        as extended).  Returns what is proven once the last agent has answered;
-        None while answers are missing, and for an unknown, pruned or repeated answer."""
+        as extended).  ``instance``: the P process that answered; an answer from
+        another process than the one whose leases the heartbeat named proves
+        nothing about them.  Returns what is proven once the last agent has
+        answered; None while answers are missing, and for an unknown, pruned or
+        repeated answer."""
         sent = self._sent.get(seq)
         if sent is None or agent not in sent.waiting:
             return None
         sent.waiting.discard(agent)
-        if not_extended is None:
+        if not_extended is None or (instance is not None and instance != sent.instance):
             sent.none_extended = True
         else:
             sent.not_extended.update(not_extended)
@@ -108,18 +121,25 @@ class AckLedger:
         del self._sent[seq]
         if sent.chunk is not None:
             if sent.none_extended:
-                return Proven(sent.engine_id, [], sent.started)
+                return Proven(sent.engine_id, [], sent.started, instance=sent.instance)
             return Proven(
-                sent.engine_id, [], sent.started, sent.chunk, frozenset(sent.not_extended), sent.count
+                sent.engine_id,
+                [],
+                sent.started,
+                sent.chunk,
+                frozenset(sent.not_extended),
+                sent.count,
+                sent.instance,
             )
         if sent.none_extended or not sent.payload:
-            return Proven(sent.engine_id, [], sent.started)
+            return Proven(sent.engine_id, [], sent.started, instance=sent.instance)
         try:
             ids = sent.payload.decode("utf-8").split(",")
         except UnicodeDecodeError:
             ids = []
         skip = sent.not_extended
-        return Proven(sent.engine_id, [i for i in ids if i not in skip] if skip else ids, sent.started)
+        kept = [i for i in ids if i not in skip] if skip else ids
+        return Proven(sent.engine_id, kept, sent.started, instance=sent.instance)
 
     def prune(self, sent_before: float) -> int:
         """Forget heartbeats sent before ``sent_before`` (an answer to them

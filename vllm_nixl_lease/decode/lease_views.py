@@ -3,37 +3,49 @@
 P frees a request's KV blocks when its lease ends; D must never READ them after
 that.  D cannot see P's table, so it keeps a *view* that is never later than
 P's real deadline (Gray and Cheriton's rule: the holder lets a lease expire
-earlier than the grantor does):
+earlier than the grantor does).  ``docs/PROTOCOL.md`` section 4 is the
+specification; this is it in code.
 
-- it starts at the deadline P reported (P's clock), converted with the clock
-  offset measured at the NIXL handshake;
-- from a P that acknowledges heartbeats (``acked`` views): P's answer to a
-  heartbeat D sent at local time ``t`` renews the view to ``t + extension``
-  (``heartbeat_acked``; ``ack_ledger.py`` says why that needs no assumption
-  about delivery);
-- from a P that does not, a heartbeat D sent at ``t`` renews the view to
-  ``t + extension`` only if the view still had more than ``margin`` left when
-  the send finished (``heartbeat_sent``).  P applies a heartbeat before it
-  sweeps in the same step, so a heartbeat that reaches P within ``margin``
-  cannot arrive after P's deadline, and P's new deadline is at least its
-  arrival time (>= ``t``) plus the extension.  This assumes delivery within
-  ``margin``, which a partition breaks (UCX queues the send and delivers it
-  after the heal); acknowledged views assume nothing about delivery;
-- before D reads, ``remaining`` must exceed ``margin`` (room for the READ itself
-  and for the clock-offset estimate), or D fences the read.
+Every view belongs to a P engine and one of its **instances** (a P process:
+a P restarted under the same engine id is another instance); the instance is
+empty for a *plain* P, which does not speak our protocol.
 
-Renewed per chunk, not per id.  D's scheduler packs the ids it heartbeats into
-chunks, each one message (``HeartbeatTracker``); a chunk has a key and a
-version bumped whenever its ids change or one of them is tracked again.  A
-view knows its chunk and the version at which it joined (``joined``).  P's
-answer to the message of chunk ``key`` at version ``v`` sent at ``started``
-(``chunk_acked``) is stored once per chunk, O(1) instead of O(ids); a view
-takes it up when read (``_local``), only if ``joined <= v``:
-- an id that joined the chunk after the message was built was not in it;
-- a view added again (reset) joined at a version above every older message,
-  so an answer to one of those cannot renew the new view.
-An id P said it did not extend first takes up what the chunk had proven
-before, then joins above ``v``.  Answers only ever move views forward.
+- A view starts at the deadline P reported (P's clock), converted with the
+  clock offset measured at the NIXL handshake.
+- Acknowledged views (an instance): P's answer to a heartbeat D sent at local
+  time ``s`` renews the view to ``s + extension`` (``ack_ledger.py`` says why
+  that needs no assumption about delivery), but only if ``s`` is before the
+  view's deadline: a view that lapsed never revives, so a late answer about
+  another lease that shares the name (a reused id, a colliding tag) cannot
+  bring it back; an answer to a send the extension has already outlived is
+  ignored (it could renew nothing); an answer naming the view's key as not
+  held ends it at once.
+- Plain views: a heartbeat D sent at ``s`` renews the view to ``s +
+  extension`` only if the view still had more than its margin left when the
+  send finished (``heartbeat_sent``).  That assumes delivery within the margin,
+  which a partition breaks; acknowledged views assume nothing about delivery.
+- Before D reads, ``remaining`` must exceed the view's ``margin`` (room for the
+  READ itself and for the clock-offset estimate), or D fences the read.
+- When P's own answers prove that an engine now runs instance J
+  (``instance_proven``), every view of that engine with another instance, and
+  every plain view of it, ends: those leases died with their process.
+
+Renewed per chunk, not per id.  D's scheduler packs the names it heartbeats
+into chunks, each one message (``HeartbeatTracker``); a chunk has a key and a
+version bumped whenever its names change or one of them is tracked again.  A
+view knows its chunk and the version at which it joined (``joined``).  An
+answer to the message of chunk ``key`` at version ``v`` sent at ``s``
+(``chunk_acked``) names every view that joined at or before ``v``:
+- a view's first such answer is applied to it at once (``_first``: views that
+  joined since the chunk's last answer wait in a short list), which records
+  when its renewals began;
+- after that the chunk's answers are stored once per chunk, O(1) instead of
+  O(names), with the start of the chunk's unbroken chain of answers (each
+  sent less than an extension after the one before); a view takes the latest
+  up when it is read (``_local``), if the chain began no later than the
+  view's first answer: then the view was alive at every answer in between.
+A break in the chain (an extension without an answer) leaves the views where
+they were: they lapse.
 
 No vLLM imports: the vLLM adapter feeds it (``vllm/d_worker/read_fence.py``,
 ``vllm/d_worker/ack_requester.py``).
@@ -46,36 +58,52 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+_ENDED = -math.inf  # the deadline of a view that ended
+
 
 @dataclass(slots=True)
 class _View:
     engine_id: str
-    remote_id: str
+    instance: str  # the P process that granted it; empty: a plain P
+    name: str  # how heartbeats name it: P's request id or its tag
     grantor_deadline: float  # as reported by P, on P's clock
     extension: float  # P's heartbeat extension
-    acked: bool = False  # P acknowledges heartbeats: renew only on its answers
+    margin: float  # fence a READ with this little left
     local_deadline: float | None = None  # on D's clock, once converted
     chunk: int | None = None  # key of the heartbeat chunk naming it
     joined: int = 0  # that chunk's version when the view joined it
+    first_answer: float | None = None  # send time of the first answer applied to it
+
+
+@dataclass(slots=True)
+class _ChunkAnswer:
+    version: int  # the latest answered message's version
+    started: float  # ... and its send time (D's clock)
+    chain_start: float  # the first send of the unbroken chain of answers it ends
 
 
 class LeaseViews:
-    """Views of P's leases, keyed by D's request id and by (P engine, P's id)."""
+    """Views of P's leases, keyed by D's request id and by (P engine, instance, name)."""
 
     def __init__(self, margin: float) -> None:
         if not (math.isfinite(margin) and margin >= 0):
             raise ValueError(f"margin must be a finite number >= 0, got {margin!r}")
-        self.margin = margin
+        self.margin = margin  # the most any view keeps (lease_safety_margin)
         self._views: dict[str, _View] = {}
-        # (P engine, P's id) -> the local ids viewing it (several D requests
-        # may wait on one P request; an answer about it renews each)
-        self._by_remote: dict[tuple[str, str], list[str]] = {}
-        # Engines that acknowledge heartbeats (learnt from their views; kept).
-        self.acked_engines: set[str] = set()
+        # (engine, instance, name) -> the local ids viewing it (several D
+        # requests may wait on one P request; an answer about it renews each)
+        self._by_remote: dict[tuple[str, str, str], list[str]] = {}
+        # (engine, instance) -> names viewed, oldest first (a live one for D's hello)
+        self._names: dict[tuple[str, str], dict[str, None]] = {}
         self.max_extension = 0.0  # the longest extension any view had
-        # (engine, chunk key) -> (version, started) of the latest acknowledged
-        # message of that chunk; oldest first (for pruning).
-        self._chunk_acks: OrderedDict[tuple[str, int], tuple[int, float]] = OrderedDict()
+        # (engine, chunk key) -> the latest answer to that chunk; oldest first (for pruning)
+        self._chunk_answers: OrderedDict[tuple[str, int], _ChunkAnswer] = OrderedDict()
+        # (engine, chunk key) -> acknowledged views waiting for their first answer
+        self._first: dict[tuple[str, int], list[str]] = {}
+        # engine -> the instance P's answers last proved it runs
+        self._proven: dict[str, str] = {}
+        # engine -> the shortest extension of its views (breaks a chunk's chain of answers)
+        self._extension: dict[str, float] = {}
 
     def __len__(self) -> int:
         return len(self._views)
@@ -87,16 +115,18 @@ class LeaseViews:
         self,
         local_id: str,
         engine_id: str,
-        remote_id: str,
+        name: str,
         grantor_deadline: float,
         extension: float,
-        acked: bool = False,
+        instance: str = "",
         chunk: tuple[int, int] | None = None,
+        margin: float | None = None,
     ) -> None:
         """Start viewing a lease P reported; a second add for the same id replaces
-        the first.  ``acked``: P answers heartbeats, so only answers renew it.
-        ``chunk``: ``(key, version)`` of the heartbeat chunk naming it, as
-        ``HeartbeatTracker.chunk_of`` returned right after tracking it."""
+        the first.  ``instance``: the P process (empty: a plain P, renewed on
+        sends).  ``chunk``: ``(key, version)`` of the heartbeat chunk naming it,
+        as ``HeartbeatTracker.chunk_of`` returned right after tracking it.
+        ``margin``: this view's (at most ``self.margin``)."""
         if not (math.isfinite(grantor_deadline) and math.isfinite(extension) and extension > 0):
             raise ValueError(
                 f"lease of {local_id!r}: deadline {grantor_deadline!r} / extension {extension!r} "
@@ -105,67 +135,147 @@ class LeaseViews:
         if local_id in self._views:
             self.drop(local_id)
         extension = float(extension)
-        if chunk is None:
-            view = _View(engine_id, remote_id, float(grantor_deadline), extension, acked)
-        else:
-            view = _View(engine_id, remote_id, float(grantor_deadline), extension, acked, None, *chunk)
+        margin = self.margin if margin is None else min(self.margin, max(0.0, margin))
+        view = _View(engine_id, instance, name, float(grantor_deadline), extension, margin)
+        if self._proven.get(engine_id, instance) != instance:
+            view.local_deadline = _ENDED  # P already proved another process runs there
         self._views[local_id] = view
-        key = (engine_id, remote_id)
+        key = (engine_id, instance, name)
         sharing = self._by_remote.get(key)
         if sharing is None:
             self._by_remote[key] = [local_id]
+            self._names.setdefault((engine_id, instance), {})[name] = None
         else:
             sharing.append(local_id)
-        if acked and engine_id not in self.acked_engines:
-            self.acked_engines.add(engine_id)
+        if chunk is not None:
+            self._join(local_id, view, *chunk)
         if extension > self.max_extension:
             self.max_extension = extension
+        if extension < self._extension.get(engine_id, math.inf):
+            self._extension[engine_id] = extension
 
     def drop(self, local_id: str) -> bool:
         view = self._views.pop(local_id, None)
         if view is None:
             return False
-        key = (view.engine_id, view.remote_id)
+        self._unwait(local_id, view)
+        key = (view.engine_id, view.instance, view.name)
         sharing = self._by_remote[key]
         if len(sharing) == 1:
             del self._by_remote[key]
+            names = self._names[(view.engine_id, view.instance)]
+            del names[view.name]
+            if not names:
+                del self._names[(view.engine_id, view.instance)]
         else:
             sharing.remove(local_id)
         return True
 
+    def any_name(self, engine_id: str, instance: str) -> str | None:
+        """The name of a lease of this P instance that D still views (the newest)."""
+        names = self._names.get((engine_id, instance))
+        return next(reversed(names)) if names else None
+
+    # -- renewals ------------------------------------------------------------
     def heartbeat_sent(
         self, engine_id: str, remote_ids: Iterable[str], offset: float, started: float, finished: float
     ) -> int:
-        """Account one heartbeat to ``engine_id`` sent between ``started`` and ``finished``
-        (D's clock); ``offset`` is P's clock minus D's.  Returns how many views it renewed."""
+        """Account one heartbeat to a plain ``engine_id`` sent between ``started``
+        and ``finished`` (D's clock); ``offset`` is P's clock minus D's.  Returns
+        how many views it renewed."""
         renewed = 0
-        for view in self._named(engine_id, remote_ids):
-            if view.acked:
-                continue  # only P's answer renews it
+        for view in self._named(engine_id, "", remote_ids):
             deadline = self._local(view, offset)
             # Judged at the end of the send (latest moment it left), renewed
             # from its start (earliest moment P can have received it).
-            if deadline - finished > self.margin:
+            if deadline - finished > view.margin:
                 view.local_deadline = max(deadline, started + view.extension)
                 renewed += 1
         return renewed
 
     def heartbeat_acked(
-        self, engine_id: str, remote_ids: Iterable[str], offset: float, started: float
+        self,
+        engine_id: str,
+        instance: str,
+        remote_ids: Iterable[str],
+        offset: float,
+        started: float,
+        now: float,
     ) -> int:
-        """P applied a heartbeat D sent at ``started`` (D's clock) to each of
-        ``remote_ids`` while it held their leases: renew them to ``started +
-        extension``.  Returns how many views it renewed."""
+        """P ``instance`` applied a heartbeat D sent at ``started`` (D's clock) to
+        each of ``remote_ids`` while it held their leases: renew them to
+        ``started + extension`` (views still alive at ``started`` only).
+        Returns how many views it renewed."""
         renewed = 0
-        for view in self._named(engine_id, remote_ids):
+        for view in self._named(engine_id, instance, remote_ids):
             deadline = self._local(view, offset)
-            if started + view.extension > deadline:
-                view.local_deadline = started + view.extension
+            renewed_to = started + view.extension
+            if started < deadline and renewed_to > deadline and renewed_to > now:
+                view.local_deadline = renewed_to
                 renewed += 1
         return renewed
 
+    def chunk_acked(
+        self,
+        engine_id: str,
+        instance: str,
+        key: int,
+        version: int,
+        started: float,
+        not_extended: Iterable[str] = (),
+        offset: float | None = None,
+        now: float = -math.inf,
+    ) -> None:
+        """P ``instance`` applied the message of chunk ``key`` at ``version``,
+        sent at ``started`` (D's clock), to every name in it except
+        ``not_extended``, whose views end.  Renews every view that joined that
+        chunk at or before ``version`` to ``started + extension``: the views
+        waiting for their first answer now, the rest when read (see the module
+        docstring).  ``now``: when the answer arrived."""
+        ack_key = (engine_id, key)
+        for view in self._named(engine_id, instance, not_extended):
+            # Only a view that joined this chunk after the message was built was
+            # surely not in it; any other view of the name ends (a repack may
+            # have moved one that was).
+            if view.chunk != key or view.joined <= version:
+                view.local_deadline = _ENDED
+        if offset is None:
+            return  # nothing can be converted: the views stay where they are (conservative)
+        waiting = self._first.get(ack_key)
+        if waiting:
+            still = []
+            for local_id in waiting:
+                view = self._views.get(local_id)
+                if view is None or view.chunk != key:
+                    continue
+                if view.joined > version:
+                    still.append(local_id)
+                    continue
+                deadline = self._local(view, offset)
+                if started < deadline and now < started + view.extension:
+                    view.local_deadline = max(deadline, started + view.extension)
+                    view.first_answer = started
+                else:
+                    view.local_deadline = _ENDED  # lapsed before its first answer
+            if still:
+                self._first[ack_key] = still
+            else:
+                del self._first[ack_key]
+        answers = self._chunk_answers
+        prior = answers.get(ack_key)
+        if prior is None:
+            answers[ack_key] = _ChunkAnswer(version, started, started)
+        elif started > prior.started:
+            # Messages are built and sent in order: a later send has a version at
+            # least as high.  A gap of an extension without an answer breaks the
+            # chain: views renewed before it may have lapsed in between.
+            gap = started - prior.started
+            chain_start = started if gap >= self._extension.get(engine_id, 0.0) else prior.chain_start
+            answers[ack_key] = _ChunkAnswer(max(version, prior.version), started, chain_start)
+            answers.move_to_end(ack_key)
+
     def move_to_chunk(self, local_id: str, chunk: tuple[int, int], offset: float | None) -> bool:
-        """The view's id now lives in chunk ``(key, version)`` (its engine was
+        """The view's name now lives in chunk ``(key, version)`` (its engine was
         repacked); what its old chunk proved is kept.  ``offset``: P's clock
         minus D's, None while unknown (then the old chunk's proof is dropped:
         conservative).  Returns False when ``local_id`` is not viewed."""
@@ -176,63 +286,63 @@ class LeaseViews:
             self._local(view, offset)  # take up the old chunk's proof first
         key, version = chunk
         if key == view.chunk:
-            # Not moved after all: never lower ``joined`` (an id P disowned
-            # joined above the answer that disowned it).
-            view.joined = max(view.joined, version)
+            view.joined = max(view.joined, version)  # never lower ``joined``
         else:
-            view.chunk, view.joined = key, version
+            self._join(local_id, view, key, version)
         return True
 
-    def chunk_acked(
-        self,
-        engine_id: str,
-        key: int,
-        version: int,
-        started: float,
-        not_extended: Iterable[str] = (),
-        offset: float | None = None,
-    ) -> None:
-        """P applied the message of chunk ``key`` at ``version``, sent at
-        ``started`` (D's clock), to every id in it except ``not_extended``:
-        renews each view that joined that chunk at or before ``version`` to
-        ``started + extension``, lazily (see the module docstring)."""
-        ack_key = (engine_id, key)
-        acks = self._chunk_acks
-        if not_extended:
-            for view in self._named(engine_id, not_extended):
-                if view.chunk == key and view.joined <= version:
-                    if offset is not None:
-                        self._local(view, offset)  # keep what earlier answers proved
-                    view.joined = version + 1
-        prior = acks.get(ack_key)
-        if prior is None or started > prior[1]:
-            # Messages are built and sent in order: a later send has a version
-            # at least as high, so the latest send is the only one worth keeping.
-            acks[ack_key] = (max(version, prior[0]) if prior else version, started)
-            acks.move_to_end(ack_key)
+    def instance_proven(self, engine_id: str, instance: str) -> int:
+        """P's answers prove ``engine_id`` now runs ``instance``: end every view of
+        it with another instance, and every plain view of it.  Returns how many
+        views ended."""
+        if self._proven.get(engine_id) == instance:
+            return 0
+        self._proven[engine_id] = instance
+        ended = 0
+        for view in self._views.values():
+            if view.engine_id == engine_id and view.instance != instance and view.local_deadline != _ENDED:
+                view.local_deadline = _ENDED
+                ended += 1
+        return ended
 
     def prune_chunk_acks(self, sent_before: float) -> int:
         """Forget chunk answers to sends before ``sent_before`` (their renewals
         are over by then; forgetting only ever shortens a view)."""
-        acks = self._chunk_acks
+        answers = self._chunk_answers
         dropped = 0
-        while acks:
-            key, (_, started) = next(iter(acks.items()))
-            if started >= sent_before:
+        while answers:
+            key, answer = next(iter(answers.items()))
+            if answer.started >= sent_before:
                 break
-            acks.popitem(last=False)
+            answers.popitem(last=False)
             dropped += 1
         return dropped
 
-    def _named(self, engine_id: str, remote_ids: Iterable[str]) -> Iterator[_View]:
-        """The views of those of ``remote_ids`` (P's ids on ``engine_id``) that D views."""
+    def _join(self, local_id: str, view: _View, key: int, version: int) -> None:
+        self._unwait(local_id, view)
+        view.chunk, view.joined, view.first_answer = key, version, None
+        if view.instance:
+            self._first.setdefault((view.engine_id, key), []).append(local_id)
+
+    def _unwait(self, local_id: str, view: _View) -> None:
+        """Take a view off its chunk's list of views waiting for a first answer."""
+        if view.first_answer is None and view.chunk is not None and view.instance:
+            waiting = self._first.get((view.engine_id, view.chunk))
+            if waiting is not None and local_id in waiting:
+                waiting.remove(local_id)
+                if not waiting:
+                    del self._first[(view.engine_id, view.chunk)]
+
+    def _named(self, engine_id: str, instance: str, names: Iterable[str]) -> Iterator[_View]:
+        """The views of those of ``names`` (of ``engine_id``'s ``instance``) that D views."""
         by_remote, views = self._by_remote, self._views
-        for remote_id in remote_ids:
-            sharing = by_remote.get((engine_id, remote_id))
+        for name in names:
+            sharing = by_remote.get((engine_id, instance, name))
             if sharing is not None:
                 for local_id in sharing:
                     yield views[local_id]
 
+    # -- reads -----------------------------------------------------------------
     def remaining(self, local_id: str, now: float, offset: float) -> float | None:
         """Seconds the view of ``local_id`` has left at ``now`` (D's clock); None if not viewed."""
         view = self._views.get(local_id)
@@ -242,21 +352,32 @@ class LeaseViews:
 
     def may_read(self, local_id: str, now: float, offset: float) -> bool | None:
         """True if a READ may start now, False to fence it, None if ``local_id`` is not viewed."""
-        left = self.remaining(local_id, now, offset)
-        return None if left is None else left > self.margin
+        view = self._views.get(local_id)
+        if view is None:
+            return None
+        return self._local(view, offset) - now > view.margin
 
     def engine_of(self, local_id: str) -> str | None:
         view = self._views.get(local_id)
         return None if view is None else view.engine_id
 
+    def instance_of(self, local_id: str) -> str | None:
+        view = self._views.get(local_id)
+        return None if view is None else view.instance
+
     def _local(self, view: _View, offset: float) -> float:
         deadline = view.local_deadline
         if deadline is None:
             deadline = view.local_deadline = view.grantor_deadline - offset
-        if view.chunk is not None:
-            ack = self._chunk_acks.get((view.engine_id, view.chunk))
-            if ack is not None and ack[0] >= view.joined and view.acked:
-                renewed = ack[1] + view.extension
-                if renewed > deadline:
-                    deadline = view.local_deadline = renewed
+        elif deadline == _ENDED:
+            return deadline
+        if view.first_answer is not None and view.chunk is not None:
+            answer = self._chunk_answers.get((view.engine_id, view.chunk))
+            if (
+                answer is not None
+                and answer.version >= view.joined
+                and answer.chain_start <= view.first_answer
+                and answer.started + view.extension > deadline
+            ):
+                deadline = view.local_deadline = answer.started + view.extension
         return deadline

@@ -249,6 +249,16 @@ class LeaseConfig:
         return self.heartbeat_interval / 4
 
     @property
+    def stall_s(self) -> float:
+        """A P step gap this long is P's own stall, not D's silence: half the extension."""
+        return self.lease_extension / 2
+
+    @property
+    def hello_retry_s(self) -> float:
+        """D repeats a hello P has not answered this often, while it waits to read."""
+        return min(1.0, self.lease_extension / 8)
+
+    @property
     def rehello_after_s(self) -> float:
         """D repeats its hello to a P rank silent two intervals: P restarted, forgot it,
         or lost the hello."""

@@ -1,27 +1,36 @@
-"""What the D scheduler hands its workers for heartbeats and read fencing."""
+"""What the schedulers hand their workers: D's heartbeats and lease views,
+P's instance, the idle-step flag."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 # Attribute set on upstream's NixlConnectorMetadata: engine id -> EngineHeartbeats.
 LEASE_HEARTBEATS_ATTR = "lease_heartbeats"
 # Attribute set on upstream's NixlConnectorMetadata: LeaseViewUpdates.
 LEASE_VIEWS_ATTR = "lease_views"
+# Attribute set on upstream's NixlConnectorMetadata (P): (instance, tag key)
+# of this P (p_scheduler/lease_params.py).
+LEASE_INSTANCE_ATTR = "lease_instance"
 
 
 @dataclass(slots=True)
 class EngineHeartbeats:
-    """Pre-encoded ``HB:`` messages for one P engine plus its handshake info.
+    """Pre-encoded ``HB:`` messages for one heartbeat group: a P engine, one of
+    its instances and one way of naming leases (``d_scheduler/heartbeat_schedule.py``),
+    plus the engine's handshake info.
 
     Messages are built and chunked once on the scheduler (``max_heartbeat_bytes``
     each), so workers only forward bytes.  ``chunks``: for each message, the
     tracker chunk ``(key, version)`` it encodes (None from other sources), so
     P's answer renews that chunk's views at once (``decode/lease_views.py``).
-    ``tagged``: the messages name lease tags (``lease_tags.py``), to go out as
-    ``LHBT:``.
+    ``instance``: the P instance whose leases they name; empty for a plain P,
+    which gets them as upstream's ``HB:``; else they go out acknowledged
+    (``LHB:``, or ``LHBT:`` when ``tagged``: they name lease tags).
     """
 
+    engine_id: str
     messages: list[bytes]
     host: str
     port: int
@@ -29,12 +38,14 @@ class EngineHeartbeats:
     dcp_size: int = 1
     pp_size: int = 1
     chunks: list[tuple[int, int]] | None = None
+    instance: str = ""
     tagged: bool = False
 
     def __reduce__(self) -> tuple[type, tuple]:
         # The metadata is pickled every step (multiprocess executor): a plain
         # constructor call unpickles faster than dataclass slot state.
         return EngineHeartbeats, (
+            self.engine_id,
             self.messages,
             self.host,
             self.port,
@@ -42,17 +53,28 @@ class EngineHeartbeats:
             self.dcp_size,
             self.pp_size,
             self.chunks,
+            self.instance,
             self.tagged,
         )
+
+
+class NewView(NamedTuple):
+    """A lease view to start (``decode/lease_views.py``): what the request's
+    params said (``_wire.LeaseTerms``) and the name its heartbeats give it."""
+
+    engine_id: str
+    instance: str  # empty: a plain P (no acknowledgements)
+    name: str  # P's request id, or its tag
+    deadline: float  # P's, on P's clock
+    extension: float  # P's
+    interval: float | None  # P's heartbeat interval, when P said
 
 
 @dataclass(slots=True)
 class LeaseViewUpdates:
     """Lease views that start and end this step (see ``decode/lease_views.py``)."""
 
-    # local request id -> (P engine id, P's request id, P's deadline on P's clock,
-    # extension, P acknowledges heartbeats)
-    new: dict[str, tuple[str, str, float, float, bool]]
+    new: dict[str, NewView]  # by local request id
     dropped: list[str]
     # local request id -> (chunk key, version) of the heartbeat chunk naming
     # it: for the new views, and for views whose ids were repacked.

@@ -3,7 +3,8 @@ overridden once, calling the lease components in order.
 
 Components (all per scheduler process):
 - ``heartbeats``: ``HeartbeatSchedule`` (D) -- which heartbeats are due, as bytes;
-- ``lease_views``: ``LeaseViewCollector`` (D, pull) -- views of P's leases for the read fence.
+- ``lease_views``: ``LeaseViewCollector`` (D, pull) -- views of P's leases for the read fence;
+- ``lease_params``: ``LeaseParams`` (P, pull) -- the lease terms D gets, and this P's instance.
 """
 
 from __future__ import annotations
@@ -13,13 +14,12 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import NixlPullConnectorScheduler
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_scheduler import NixlPushConnectorScheduler
 
-from .._wire import takes_tags
 from .config import LeaseConfig
 from .d_scheduler.heartbeat_schedule import HeartbeatSchedule
 from .d_scheduler.lease_view_collector import LeaseViewCollector
 from .metadata import LEASE_IDLE_ATTR
 from .p_scheduler.idle_step import step_is_idle
-from .p_scheduler.lease_params import add_lease_params
+from .p_scheduler.lease_params import LeaseParams
 
 
 class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
@@ -30,25 +30,25 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
         self._heartbeat_interval = lease_config.heartbeat_interval  # upstream reads it; keep ours
         self.heartbeats = HeartbeatSchedule(lease_config)
         self.lease_views = LeaseViewCollector(lease_config, self._TRANSFER_MODE)
+        self.lease_params = LeaseParams(lease_config)
 
     # D: upstream validates and records the request in its own heartbeat
     # dicts; our components take it over from there.
     def on_new_request(self, request: Any) -> None:
         super().on_new_request(request)
-        # Tags ride on acknowledged heartbeats, which only the read fence's views ask for.
-        tags = self.lease_views.enabled and self.lease_config.heartbeat_tags
+        req_id = request.request_id
+        entry = self._heartbeat_req_engine.get(req_id)
+        if entry is None:
+            return
+        # The request's own params say what its P takes (never an engine id's past);
+        # acknowledged heartbeats exist to renew the read fence's views.
+        terms = self.lease_views.terms_of(req_id, entry[0], request.kv_transfer_params)
         taken = self.heartbeats.take_over(
-            self, request.request_id, super()._stop_heartbeat, tags and takes_tags(request.kv_transfer_params)
+            self, req_id, super()._stop_heartbeat, terms, self.lease_config.heartbeat_tags
         )
-        if taken is not None:
-            engine_id, remote_id = taken
-            self.lease_views.add(
-                request.request_id,
-                engine_id,
-                remote_id,
-                request.kv_transfer_params,
-                self.heartbeats.chunk_of(request.request_id),
-            )
+        if taken is not None and terms is not None:
+            engine_id, instance, name = taken
+            self.lease_views.add(req_id, engine_id, instance, name, terms, self.heartbeats.chunk_of(req_id))
 
     def _stop_heartbeat(self, req_id: str) -> None:
         self.lease_views.drop(req_id)
@@ -60,6 +60,7 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
         self.heartbeats.attach(meta)
         self.lease_views.rechunk(self.heartbeats.take_repacked(), self.heartbeats.chunk_of)
         self.lease_views.attach(meta)
+        self.lease_params.attach(meta)
         setattr(meta, LEASE_IDLE_ATTR, step_is_idle(scheduler_output, meta))
         return meta
 
@@ -67,8 +68,7 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         delay_free, params = super().request_finished(request, block_ids)
         if delay_free and params and params.get("do_remote_prefill"):
-            deadline = self._reqs_need_send.get(request.request_id)
-            add_lease_params(params, deadline, self.lease_config.lease_extension)
+            self.lease_params.add(params, request.request_id, self._reqs_need_send.get(request.request_id))
         return delay_free, params
 
 

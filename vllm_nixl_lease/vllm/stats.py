@@ -94,6 +94,34 @@ LEASE_COUNTERS: dict[str, tuple[str, str]] = {
         "vllm:nixl_lease_heartbeat_acks_received",
         "Heartbeat acknowledgements D received from P.",
     ),
+    "num_heartbeat_acks_ignored": (
+        "vllm:nixl_lease_heartbeat_acks_ignored",
+        "Acknowledgements D ignored: from an agent of no connection it reads over (a stale or "
+        "rogue peer).",
+    ),
+    "num_hellos_refused": (
+        "vllm:nixl_lease_hellos_refused",
+        "Hellos P refused: another protocol version, naming no lease held here, or too many loading.",
+    ),
+    "num_ack_agents_evicted": (
+        "vllm:nixl_lease_ack_agents_evicted",
+        "D agents P unloaded to admit another past its agent cap (the least recently useful first).",
+    ),
+    "num_views_ended": (
+        "vllm:nixl_lease_views_ended",
+        "Lease views D ended because P's answers proved another P process runs under that engine "
+        "id (a restart): those requests are fenced, never read.",
+    ),
+    "num_reads_waiting_proof": (
+        "vllm:nixl_lease_reads_waiting_proof",
+        "READs D held back until P's answer proved which P process the connection reaches "
+        "(a fresh or repeated handshake).",
+    ),
+    "num_stalls_graced": (
+        "vllm:nixl_lease_p_stalls",
+        "P steps that came after a gap longer than half the extension (P itself stalled): the "
+        "leases due meanwhile waited one heartbeat interval before expiring.",
+    ),
 }
 # key -> (Prometheus name, help text); values in seconds.
 LEASE_HISTOGRAMS: dict[str, tuple[str, str]] = {

@@ -7,9 +7,10 @@ Components (one set per worker; a worker is P, D or both with ``kv_both``):
 - ``heartbeat_sender``: ``HeartbeatSender`` (D) -- sends, handshake wait, retry;
 - ``read_pacer``: ``ReadPacer`` (D, pull) -- bounds a step's READ posting, carries the rest;
 - ``read_fence``: ``ReadFence`` (D, pull) -- skips a READ whose lease may be gone;
-- ``ack_requester``: ``AckRequester`` (D, pull) -- asks our P to acknowledge
-  heartbeats; only answers renew the fence's views;
-- ``ack_answerer``: ``AckAnswerer`` (P, pull) -- answers them;
+- ``ack_requester``: ``AckRequester`` (D, pull) -- hellos, proof of which P
+  process a connection reaches, acknowledged heartbeats; only answers renew
+  the fence's views;
+- ``ack_answerer``: ``AckAnswerer`` (P, pull) -- admits hellos, answers them;
 - ``idle_pause``: ``IdlePause`` (P) -- pauses an empty step while leases are held.
 They reach upstream only through ``upstream.UpstreamWorker``.
 """
@@ -23,6 +24,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPu
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPushConnectorWorker
 
 from .._wire import heartbeat_payload, is_heartbeat
+from ..decode.lease_views import LeaseViews
 from .config import LeaseConfig
 from .d_worker.ack_requester import AckRequester
 from .d_worker.heartbeat_sender import HeartbeatSender
@@ -49,15 +51,12 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         self.lease_keeper = LeaseKeeper(self, lease_config)
         self._reqs_to_send = self.lease_keeper.deadlines  # upstream grants leases through these
         self._reqs_to_process = self.lease_keeper.in_batch
-        self.ack_answerer = AckAnswerer(
-            self,
-            self.lease_keeper,
-            lease_config.forget_after_s,
-            lease_config.answer_gap_s,
-            lease_config.forget_sweep_s,
-        )
-        self.read_fence = ReadFence(self, lease_config)
-        self.ack_requester = AckRequester(self, self.read_fence.views, lease_config.rehello_after_s)
+        self.ack_answerer = AckAnswerer(self, self.lease_keeper, lease_config)
+        # After its own stall, P waits the longest heartbeat interval a D said it keeps.
+        self.lease_keeper.peer_interval = self.ack_answerer.longest_interval
+        views = LeaseViews(lease_config.lease_safety_margin)
+        self.ack_requester = AckRequester(self, views, lease_config)
+        self.read_fence = ReadFence(self, views, lease_config, self.ack_requester.proof)
         self.heartbeat_sender = HeartbeatSender(
             self, lease_config.max_heartbeat_bytes, self.read_fence.heartbeat_delivered, self.ack_requester
         )
@@ -67,12 +66,16 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
     # -- one step, in the order upstream calls these --------------------------
     def start_load_kv(self, metadata: Any) -> None:
         self.idle_pause.begin_step(metadata)
+        self.lease_keeper.adopt_instance(metadata)  # P: this P process, before any grant
         self.read_fence.add_views(metadata)
         # Heartbeats before the reads (upstream sends them after): a step that
         # posts thousands of READs must not delay P's renewals or D's answers.
         self.heartbeat_sender.send(metadata)
-        # Then READs an earlier step ran out of time for, oldest first.
+        # Then READs that waited for the proof of their P process, and those an
+        # earlier step ran out of time for, oldest first.
         self.read_pacer.begin_step()
+        for req_id, meta in self.read_fence.take_parked():
+            self._post_read(req_id, meta)
         for req_id, meta in self.read_pacer.carried_over():
             self._post_read(req_id, meta)
         super().start_load_kv(metadata)  # reads, grants leases, then _send_heartbeats (done above)
@@ -94,7 +97,8 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
     def get_transfer_results(self) -> Any:
         # _get_new_notifs, _pop_done_transfers, then _reap_expired_send_leases
         results = super().get_transfer_results()
-        self.idle_pause.end_step(results, len(self._recving_transfers) + len(self.read_pacer))
+        waiting = len(self._recving_transfers) + len(self.read_pacer) + len(self.read_fence.parked)
+        self.idle_pause.end_step(results, waiting)
         return results
 
     def _get_new_notifs(self) -> set[str]:

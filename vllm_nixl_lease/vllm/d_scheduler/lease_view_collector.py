@@ -7,18 +7,23 @@ bounded.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable
 from itertools import chain
 from typing import Any
 
 from vllm.logger import init_logger
 
-from ..._wire import PARAM_LEASE_ACKS, PARAM_LEASE_DEADLINE, PARAM_LEASE_EXTENSION
+from ..._wire import LeaseTerms, lease_terms
 from ..config import LeaseConfig
-from ..metadata import LEASE_VIEWS_ATTR, LeaseViewUpdates
+from ..metadata import LEASE_VIEWS_ATTR, LeaseViewUpdates, NewView
+from ..ratelimit import RateLimitedLog
 
 logger = init_logger(__name__)
+
+
+# Engines whose "no lease deadline" line was logged, remembered to log it once
+# each; past this many the oldest is forgotten (and may be logged again).
+MAX_LOGGED_ENGINES = 1024
 
 
 class LeaseViewCollector:
@@ -27,45 +32,56 @@ class LeaseViewCollector:
     def __init__(self, lease_config: LeaseConfig, transfer_mode: str) -> None:
         # Push mode: P writes into D, D never reads, nothing to fence.
         self.enabled = lease_config.lease_fencing and transfer_mode == "pull"
-        self._new: dict[str, tuple[str, str, float, float, bool]] = {}
+        self._new: dict[str, NewView] = {}
         self._dropped: list[str] = []
         self._chunks: dict[str, tuple[int, int]] = {}
         self._shipped: dict[str, str] = {}  # local id -> P engine id
-        self._fencing_off_engines: set[str] = set()
+        self._fencing_off_engines: dict[str, None] = {}
+        self._malformed_log = RateLimitedLog(logger)
 
-    def add(
-        self,
-        local_id: str,
-        engine_id: str,
-        remote_id: str,
-        params: dict[str, Any],
-        chunk: tuple[int, int] | None = None,
-    ) -> None:
-        """``chunk``: the heartbeat chunk ``(key, version)`` naming the request
-        (``HeartbeatTracker.chunk_of`` right after tracking it)."""
+    def terms_of(self, local_id: str, engine_id: str, params: dict[str, Any] | None) -> LeaseTerms | None:
+        """The request's lease terms (``_wire.lease_terms``), or None: fencing
+        is off, P reports no lease (stock: logged once per engine) or the
+        fields are malformed (logged, rate-limited); its read is then not fenced."""
         if not self.enabled:
-            return
-        deadline = params.get(PARAM_LEASE_DEADLINE)
-        extension = params.get(PARAM_LEASE_EXTENSION)
-        if _finite(deadline) and _finite(extension) and extension > 0:
-            acks = params.get(PARAM_LEASE_ACKS) is True
-            self._new[local_id] = (engine_id, remote_id, float(deadline), float(extension), acks)
-            if chunk is not None:
-                self._chunks[local_id] = chunk
-            return
-        if deadline is not None or extension is not None:
-            logger.warning(
-                "Request %s: ignoring malformed lease fields from P engine %s (%s=%r, %s=%r); "
-                "its read is not fenced",
-                local_id, engine_id, PARAM_LEASE_DEADLINE, deadline, PARAM_LEASE_EXTENSION, extension,
+            return None
+        try:
+            terms = lease_terms(params)
+        except ValueError as exc:
+            self._malformed_log.warning(
+                1, "Request %s: ignoring malformed lease fields from P engine %s (%s); its read is "
+                "not fenced", local_id, engine_id, exc,
             )  # fmt: skip
-        elif engine_id not in self._fencing_off_engines:
-            self._fencing_off_engines.add(engine_id)
+            return None
+        if terms is None and engine_id not in self._fencing_off_engines:
+            self._fencing_off_engines[engine_id] = None
+            if len(self._fencing_off_engines) > MAX_LOGGED_ENGINES:
+                del self._fencing_off_engines[next(iter(self._fencing_off_engines))]
             logger.info(
                 "P engine %s reports no lease deadline (a stock prefill connector): reads from it are "
                 "not fenced, as upstream",
                 engine_id,
             )
+        return terms
+
+    def add(
+        self,
+        local_id: str,
+        engine_id: str,
+        instance: str,
+        name: str,
+        terms: LeaseTerms,
+        chunk: tuple[int, int] | None = None,
+    ) -> None:
+        """Start a view of the lease ``name`` (P's id or tag) of P ``engine_id``,
+        ``instance`` (empty: a plain P).  ``chunk``: the heartbeat chunk
+        ``(key, version)`` naming the request (``HeartbeatTracker.chunk_of``
+        right after tracking it)."""
+        self._new[local_id] = NewView(
+            engine_id, instance, name, terms.deadline, terms.extension, terms.interval
+        )
+        if chunk is not None:
+            self._chunks[local_id] = chunk
 
     def drop(self, local_id: str) -> None:
         self._chunks.pop(local_id, None)
@@ -78,7 +94,8 @@ class LeaseViewCollector:
         engines = set(engine_ids)
         if not engines:
             return
-        viewed = chain(self._shipped.items(), ((local_id, entry[0]) for local_id, entry in self._new.items()))
+        new = ((local_id, view.engine_id) for local_id, view in self._new.items())
+        viewed = chain(self._shipped.items(), new)
         for local_id, engine_id in viewed:
             if engine_id in engines:
                 chunk = chunk_of(local_id)
@@ -87,11 +104,8 @@ class LeaseViewCollector:
 
     def attach(self, meta: Any) -> None:
         updates = LeaseViewUpdates(self._new, self._dropped, self._chunks)
-        for local_id, entry in self._new.items():
-            self._shipped[local_id] = entry[0]
+        for local_id, view in self._new.items():
+            self._shipped[local_id] = view.engine_id
         self._new, self._dropped, self._chunks = {}, [], {}
         setattr(meta, LEASE_VIEWS_ATTR, updates)
 
-
-def _finite(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,33 +1,53 @@
-"""D worker: ask P to acknowledge heartbeats and renew lease views only on
-its answers (``ack_ledger.py`` has the argument; ``ack_answerer.py`` is P's side).
+"""D worker: our side of the acknowledgement protocol (``docs/PROTOCOL.md``;
+``decode/ack_ledger.py`` has the argument; ``p_worker/ack_answerer.py`` is P's side).
 
-Only for P engines that advertised acknowledgements in ``kv_transfer_params``
-(their views are ``acked``); a stock P never receives ``LHB:``/``LHELLO:``.
-Per P agent, D first sends ``LHELLO:`` with its NIXL connection info, and
-again when that agent has not answered for ``rehello_s`` (P restarted its
-bookkeeping, forgot an idle D, or the hello was lost).
+Only for requests whose own params advertise our protocol version (their
+views carry a P instance); a stock P never receives our messages, and even
+then each is behind the ``HB:,`` escape it parses harmlessly.
+
+- Proof.  Every answer P sends names its instance (the P process).  A
+  connection to engine E (upstream's ``_remote_agents[E]``) is **proven** to
+  reach instance I once every one of its agents has answered with I.  NIXL
+  agent names are per process, so a restarted P comes back under new names
+  with nothing proven.  D sends acknowledged heartbeats (``LHB:``/``LHBT:``)
+  for I only over a connection proven I, and reads I's blocks only then
+  (``read_fence.py``).  Once a connection is proven another instance, I's
+  views end (``LeaseViews.instance_proven``).
+- Hello.  To an agent that has not proven the instance D wants, D says hello
+  (its NIXL connection info, and the name of one lease it holds there, which
+  P checks) at most every ``hello_retry_s``; P welcomes it at once.  To a
+  proven agent silent for ``rehello_after_s`` (P forgot an idle D, or lost
+  the hello) D says hello again.
+- Answers (``LACK:``) renew the views they prove, only from an agent of the
+  current connection, for sequence numbers D sent that agent, for sends the
+  extension has not yet outlived.
+Per-agent state is kept only for agents of current connections.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from vllm.logger import init_logger
 
 from ..._wire import (
-    ACK_HELLO_PREFIX,
     HEARTBEAT_ACK_PREFIX,
     acked_heartbeat_message,
     heartbeat_payload,
+    hello_message,
     parse_heartbeat_ack,
 )
 from ...decode.ack_ledger import AckLedger
 from ...decode.lease_views import LeaseViews
+from ..config import LeaseConfig
 from ..ratelimit import RateLimitedLog
 from ..upstream import UpstreamWorker
 
 logger = init_logger(__name__)
+
+PROVEN, PENDING, OTHER = "proven", "pending", "other"
 
 
 def connection_metadata(wrapper: object) -> bytes:
@@ -38,95 +58,176 @@ def connection_metadata(wrapper: object) -> bytes:
     return wrapper.get_partial_agent_metadata(nixlRegDList(DRAM_SEG), True, ["UCX"])  # type: ignore[attr-defined]
 
 
-class AckRequester:
-    """D's acknowledged heartbeats: builds ``LHB:`` sends, takes ``LACK:`` answers."""
+def agent_name(agent: str | bytes) -> str:
+    """Upstream keeps the names ``add_remote_agent`` returned (bytes); answers arrive keyed by str."""
+    return agent.decode() if isinstance(agent, bytes) else agent
 
-    def __init__(self, upstream: UpstreamWorker, views: LeaseViews, rehello_s: float) -> None:
+
+class AckRequester:
+    """D's acknowledged heartbeats: hellos, proof per connection, ``LHB:`` sends, ``LACK:`` answers."""
+
+    def __init__(self, upstream: UpstreamWorker, views: LeaseViews, lease_config: LeaseConfig) -> None:
         self._upstream = upstream
         self._views = views
-        self._rehello_s = rehello_s
+        self._rehello_s = lease_config.rehello_after_s
+        self._hello_retry_s = lease_config.hello_retry_s
+        self._interval = lease_config.heartbeat_interval
+        self._sweep_s = lease_config.forget_sweep_s
         self.ledger = AckLedger()
-        self._hello: bytes | None = None
+        self._metadata: bytes | None = None
+        self._proven: dict[str, str] = {}  # P agent -> the instance its answers carry
         self._hello_sent: dict[str, float] = {}  # P agent -> last hello
         self._answered: dict[str, float] = {}  # P agent -> last answer
+        self._next_sweep = 0.0
         self._log = RateLimitedLog(logger)
+        self._stranger_log = RateLimitedLog(logger)
 
-    def wanted(self, engine_id: str) -> bool:
-        """Does this P engine acknowledge heartbeats?"""
-        return engine_id in self._views.acked_engines
+    # -- proof -------------------------------------------------------------
+    def proof(self, engine_id: str, instance: str) -> str:
+        """``PROVEN``: every agent of the connection to ``engine_id`` answered as
+        ``instance``; ``OTHER``: one answered as another instance; else ``PENDING``
+        (not connected, or not all have answered yet)."""
+        agents = self._upstream._remote_agents.get(engine_id)
+        if not agents:
+            return PENDING
+        proven = self._proven
+        state = PROVEN
+        for agent in agents.values():
+            seen = proven.get(agent_name(agent))
+            if seen != instance:
+                if seen is not None:
+                    return OTHER
+                state = PENDING
+        return state
+
+    def hellos(
+        self, engine_id: str, instance: str, agents: Sequence[str | bytes]
+    ) -> list[tuple[str | bytes, bytes]]:
+        """Hellos for the agents of ``engine_id`` that have not proven ``instance``
+        and were not greeted in the last ``hello_retry_s``."""
+        now = time.perf_counter()
+        return self._hellos(engine_id, instance, agents, now, lambda name: self._proven.get(name) != instance)
 
     def sends(
         self,
         engine_id: str,
-        agents: Sequence[str],
+        instance: str,
+        agents: Sequence[str | bytes],
         messages: Sequence[bytes],
         chunks: Sequence[tuple[int, int]] | None = None,
         counts: Sequence[int] | None = None,
         tagged: bool = False,
-    ) -> list[tuple[str, bytes]]:
-        """The (agent, message) pairs for one engine's heartbeats: hellos where
-        due, then each ``HB:`` message as ``LHB:`` (``LHBT:`` when ``tagged``)
-        to every agent, recorded.  ``chunks``: each message's tracker chunk
-        ``(key, version)``, so that its answer renews the chunk's views at once
-        instead of id by id.  ``counts``: each message's id count, if the
-        caller has it."""
+    ) -> list[tuple[str | bytes, bytes]]:
+        """The (agent, message) pairs for one group's heartbeats over a proven
+        connection: hellos to agents silent for ``rehello_after_s``, then each
+        ``HB:`` message in its acknowledged form to every agent, recorded.
+        ``chunks``: each message's tracker chunk ``(key, version)``, so that
+        its answer renews the chunk's views at once instead of name by name.
+        ``counts``: each message's name count, if the caller has it."""
         now = time.perf_counter()
-        pairs: list[tuple[str, bytes]] = []
-        # Upstream keeps the names add_remote_agent returned (bytes); answers
-        # arrive keyed by str.
-        names = [agent.decode() if isinstance(agent, bytes) else agent for agent in agents]
-        for agent, name in zip(agents, names, strict=True):
-            if self._hello_due(name, now):
-                hello = self._hello_message()
-                if hello is not None:
-                    pairs.append((agent, hello))
-                    self._hello_sent[name] = now
+        pairs = self._hellos(engine_id, instance, agents, now, self._silent(now))
+        names = [agent_name(agent) for agent in agents]
         for i, msg in enumerate(messages):
             chunk = chunks[i] if chunks is not None else None
             count = counts[i] if counts is not None else None
-            seq = self.ledger.open(engine_id, names, heartbeat_payload(msg), now, chunk, count)
+            payload = heartbeat_payload(msg)
+            seq = self.ledger.open(engine_id, names, payload, now, chunk, count, instance=instance)
             acked = acked_heartbeat_message(seq, msg, tagged)
             pairs.extend((agent, acked) for agent in agents)
         return pairs
 
+    def _silent(self, now: float) -> Callable[[str], bool]:
+        rehello, answered = self._rehello_s, self._answered
+        return lambda name: now - answered.get(name, -math.inf) >= rehello
+
+    def _hellos(
+        self,
+        engine_id: str,
+        instance: str,
+        agents: Sequence[str | bytes],
+        now: float,
+        wanted: Callable[[str], bool],
+    ) -> list[tuple[str | bytes, bytes]]:
+        pairs: list[tuple[str | bytes, bytes]] = []
+        hello: bytes | None = None
+        for agent in agents:
+            name = agent_name(agent)
+            if not wanted(name) or now - self._hello_sent.get(name, -math.inf) < self._hello_retry_s:
+                continue
+            if hello is None:
+                hello = self._hello_message(engine_id, instance)
+                if hello is None:
+                    return pairs
+            pairs.append((agent, hello))
+            self._hello_sent[name] = now
+        return pairs
+
+    def _hello_message(self, engine_id: str, instance: str) -> bytes | None:
+        key = self._views.any_name(engine_id, instance)
+        if key is None:
+            return None  # no lease of it left to name: nothing to prove
+        if self._metadata is None:
+            try:
+                self._metadata = connection_metadata(self._upstream.nixl_wrapper)
+            except Exception as exc:
+                self._log.warning(1, "Cannot build the heartbeat-ack hello (no acknowledgements): %s", exc)
+                return None
+        return hello_message(self._interval, self._metadata, key)
+
+    # -- answers -------------------------------------------------------------
     def received(self, messages: Mapping[str, list[bytes]]) -> None:
-        """One step's ``LACK:`` answers; renew the views they prove."""
+        """One step's ``LACK:`` answers: record proof, renew the views they prove."""
         now = time.perf_counter()
         stats = self._upstream.xfer_stats
-        offsets = self._upstream._engine_clock_offset
         answers = renewed = 0
+        engine_of: dict[str, str] | None = None
         for agent, msgs in messages.items():
             for msg in msgs:
                 if not msg.startswith(HEARTBEAT_ACK_PREFIX):
                     continue
-                parsed = parse_heartbeat_ack(msg)
-                if parsed is None:
+                ack = parse_heartbeat_ack(msg)
+                if ack is None:
                     stats.add("num_malformed_notifs", 1)
                     self._log.warning(
-                        1, "Skipped a malformed heartbeat acknowledgement from %s: %r", agent, msg[:64]
+                        1, "Skipped a malformed heartbeat acknowledgement from %.64s: %r", agent, msg[:64]
                     )
                     continue
-                seqs, not_extended = parsed
-                answers += len(seqs)
+                if engine_of is None:
+                    engine_of = self._engines_by_agent()
+                engine_id = engine_of.get(agent)
+                if engine_id is None:
+                    # Not an agent of any connection this worker holds: proves nothing.
+                    stats.add("num_heartbeat_acks_ignored", 1)
+                    self._stranger_log.warning(
+                        1, "Ignored an acknowledgement from %.64s: not a P agent D reads from", agent
+                    )
+                    continue
                 self._answered[agent] = now
-                for seq in seqs:
-                    proven = self.ledger.answered(agent, seq, not_extended)
-                    if proven is None:
+                self._proven[agent] = ack.instance
+                if self.proof(engine_id, ack.instance) == PROVEN:
+                    ended = self._views.instance_proven(engine_id, ack.instance)
+                    if ended:
+                        stats.add("num_views_ended", ended)
+                answers += len(ack.seqs)
+                offset = self._upstream._engine_clock_offset.get(engine_id)
+                for seq in ack.seqs:
+                    proven = self.ledger.answered(agent, seq, ack.not_extended, ack.instance)
+                    if proven is None or proven.engine_id != engine_id:
                         continue
-                    offset = offsets.get(proven.engine_id)
                     if proven.chunk is not None:
                         key, version = proven.chunk
                         self._views.chunk_acked(
-                            proven.engine_id, key, version, proven.started, proven.not_extended, offset
-                        )
+                            engine_id, proven.instance, key, version, proven.started,
+                            proven.not_extended, offset, now,
+                        )  # fmt: skip
                         renewed += max(0, proven.count - len(proven.not_extended))
                     elif offset is not None:
                         renewed += self._views.heartbeat_acked(
-                            proven.engine_id, proven.remote_ids, offset, proven.started
+                            engine_id, proven.instance, proven.remote_ids, offset, proven.started, now
                         )
         if answers:
             stats.add("num_heartbeat_acks_recv", answers)
-            # per-id answers count the views they moved, chunk answers the ids they proved
+            # per-name answers count the views they moved, chunk answers the names they proved
             stats.add("num_heartbeat_views_renewed", renewed)
         # An answer to a heartbeat older than the longest extension could
         # not move any view: stop waiting for it (and forget chunk answers
@@ -135,19 +236,24 @@ class AckRequester:
         if len(self.ledger):
             self.ledger.prune(horizon)
         self._views.prune_chunk_acks(horizon)
+        if now >= self._next_sweep:
+            self._next_sweep = now + self._sweep_s
+            self._forget_gone()
 
-    def _hello_due(self, agent: str, now: float) -> bool:
-        sent = self._hello_sent.get(agent)
-        if sent is None:
-            return True
-        last = max(sent, self._answered.get(agent, sent))
-        return now - last >= self._rehello_s
+    def _engines_by_agent(self) -> dict[str, str]:
+        return {
+            agent_name(agent): engine_id
+            for engine_id, agents in self._upstream._remote_agents.items()
+            for agent in agents.values()
+        }
 
-    def _hello_message(self) -> bytes | None:
-        if self._hello is None:
-            try:
-                self._hello = ACK_HELLO_PREFIX + connection_metadata(self._upstream.nixl_wrapper)
-            except Exception as exc:
-                self._log.warning(1, "Cannot build the heartbeat-ack hello (no acknowledgements): %s", exc)
-                return None
-        return self._hello
+    def _forget_gone(self) -> None:
+        """Keep per-agent state only for agents of current connections."""
+        current = self._engines_by_agent()
+        for table in (self._proven, self._hello_sent, self._answered):
+            for agent in [a for a in table if a not in current]:
+                del table[agent]
+
+    def agents_known(self) -> int:
+        """Agents this worker keeps state for (for bounds tests)."""
+        return len(self._proven.keys() | self._hello_sent.keys() | self._answered.keys())

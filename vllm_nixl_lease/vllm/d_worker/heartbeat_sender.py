@@ -13,10 +13,14 @@ only forwards bytes.  Differences from upstream's ``_send_heartbeats``, all on p
   its TCP timeouts, a restarted P) marks the engine invalid through upstream's
   own mechanism, so it is released and handshaken again; upstream keeps the
   dead agent and every later heartbeat and READ to that P fails;
-- to a P that acknowledges heartbeats, messages go out as ``LHB:`` (``LHBT:``
-  when they name lease tags) through
-  ``AckRequester`` (its answers renew D's views); to any other P as upstream's
-  ``HB:``, and a completed send is reported to ``on_delivered``.
+- a group whose P instance speaks our protocol (``EngineHeartbeats.instance``)
+  is heartbeated acknowledged (``LHB:``, or ``LHBT:`` when its messages name
+  lease tags) through ``AckRequester``, whose answers renew D's views, and only
+  over a connection proven to reach that instance: until then the group waits
+  (``awaiting_proof``) while D says hello, and is sent on the first step the
+  proof is there; a connection proven to reach another instance drops it
+  (those leases died with their process).  A plain group goes out as
+  upstream's ``HB:``, and a completed send is reported to ``on_delivered``.
 """
 
 from __future__ import annotations
@@ -29,11 +33,11 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-from ..._wire import ACK_HELLO_PREFIX
+from ..._wire import EXTENSION_PREFIX, HELLO_KIND
 from ...decode.heartbeat_tracker import encode_heartbeats
 from ..metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
 from ..upstream import UpstreamWorker
-from .ack_requester import AckRequester
+from .ack_requester import OTHER, PROVEN, AckRequester
 
 logger = init_logger(__name__)
 
@@ -60,9 +64,12 @@ class HeartbeatSender:
         self._on_delivered = on_delivered
         self._acks = acks
         self._last_metadata: Any = None  # one send per step's metadata
-        # engine -> (heartbeats, handshake future) while its handshake runs
+        # Keyed by heartbeat group (the scheduler's; one P engine and instance):
+        # (heartbeats, handshake future) while the engine's handshake runs
         self.waiting: dict[str, tuple[EngineHeartbeats, Future[Any]]] = {}
-        # engine -> (heartbeats, [(agent, message), ...]) whose send failed
+        # heartbeats waiting for the connection's proof of the group's instance
+        self.awaiting_proof: dict[str, EngineHeartbeats] = {}
+        # (heartbeats, [(agent, message), ...]) whose send failed
         self.retry: dict[str, tuple[EngineHeartbeats, list[tuple[str, bytes]]]] = {}
 
     def send(self, metadata: Any) -> None:
@@ -75,29 +82,32 @@ class HeartbeatSender:
         fresh: dict[str, EngineHeartbeats] | None = getattr(metadata, LEASE_HEARTBEATS_ATTR, None)
         if fresh is None:
             fresh = self._from_stock_metadata(metadata)
-        if not (fresh or self.waiting or self.retry):
+        if not (fresh or self.waiting or self.awaiting_proof or self.retry):
             return
         # Take what was left over from earlier steps before sending this
         # step's tick, so a send failing now is retried next step, not now.
         waiting, self.waiting = self.waiting, {}
+        awaiting, self.awaiting_proof = self.awaiting_proof, {}
         retry, self.retry = self.retry, {}
-        for engine_id, hb in fresh.items():
-            held = waiting.pop(engine_id, None)
+        for key, hb in fresh.items():
+            held = waiting.pop(key, (None, None))[0] or awaiting.pop(key, None)
             if hb.chunks is None:
                 # A whole-engine tick supersedes what was waiting or queued for retry.
-                retry.pop(engine_id, None)
-            elif held is not None and held[0].chunks is not None:
-                hb = merged(held[0], hb)  # a paced tick names only some chunks
-            self._send_engine(engine_id, hb, None)
-        for engine_id, (hb, fut) in waiting.items():
+                retry.pop(key, None)
+            elif held is not None and held.chunks is not None:
+                hb = merged(held, hb)  # a paced tick names only some chunks
+            self._send_group(key, hb, None)
+        for key, (hb, fut) in waiting.items():
             if not fut.done():
-                self.waiting[engine_id] = (hb, fut)
-            elif engine_id in self._upstream._remote_agents:
-                self._send_engine(engine_id, hb, None)
+                self.waiting[key] = (hb, fut)
+            elif hb.engine_id in self._upstream._remote_agents:
+                self._send_group(key, hb, None)
             # else: the handshake failed (upstream logged and counted it);
             # the next tick starts a new one, as upstream does.
-        for engine_id, (hb, pairs) in retry.items():
-            self._send_engine(engine_id, hb, pairs)
+        for key, hb in awaiting.items():
+            self._send_group(key, hb, None)
+        for key, (hb, pairs) in retry.items():
+            self._send_group(key, hb, pairs)
 
     def _from_stock_metadata(self, metadata: Any) -> dict[str, EngineHeartbeats]:
         # Metadata built by a stock scheduler (e.g. a test) carries id sets.
@@ -105,14 +115,13 @@ class HeartbeatSender:
         for engine_id, info in getattr(metadata, "heartbeat_by_engine", {}).items():
             messages = encode_heartbeats(sorted(info.req_ids), self._max_bytes)
             out[engine_id] = EngineHeartbeats(
-                messages, info.host, info.port, info.tp_size, info.dcp_size, info.pp_size
+                engine_id, messages, info.host, info.port, info.tp_size, info.dcp_size, info.pp_size
             )
         return out
 
-    def _send_engine(
-        self, engine_id: str, hb: EngineHeartbeats, pairs: list[tuple[str, bytes]] | None
-    ) -> None:
+    def _send_group(self, key: str, hb: EngineHeartbeats, pairs: list[tuple[str, bytes]] | None) -> None:
         up = self._upstream
+        engine_id = hb.engine_id
         if pairs is None:
             fut = up._ensure_handshake(
                 engine_id,
@@ -124,7 +133,7 @@ class HeartbeatSender:
                 up._hb_handshake_notif_only and hb.pp_size > 1,
             )
             if fut is not None:
-                self.waiting[engine_id] = (hb, fut)
+                self.waiting[key] = (hb, fut)
                 return
         elif engine_id not in up._remote_agents:
             return  # engine evicted since the failure
@@ -138,10 +147,23 @@ class HeartbeatSender:
         if pairs is None:
             agents = list(up._remote_agents[engine_id].values())
             counts = [ids_in(msg) for msg in hb.messages]
-            # Tagged messages mean nothing to P as ``HB:``: always ``LHBT:``.
-            if self._acks is not None and (hb.tagged or self._acks.wanted(engine_id)):
-                pairs = self._acks.sends(engine_id, agents, hb.messages, hb.chunks, counts, hb.tagged)
+            if hb.instance:
+                if self._acks is None:
+                    return  # no acknowledgements on this worker: nothing to renew
+                proof = self._acks.proof(engine_id, hb.instance)
+                if proof == OTHER:
+                    return  # another P process runs there: these leases died with theirs
                 acked = True
+                if proof == PROVEN:
+                    pairs = self._acks.sends(
+                        engine_id, hb.instance, agents, hb.messages, hb.chunks, counts, hb.tagged
+                    )
+                else:
+                    # Never our heartbeats to a process not proven to be the one
+                    # that granted them: say hello, keep them for the proof.
+                    self.awaiting_proof[key] = hb
+                    pairs = self._acks.hellos(engine_id, hb.instance, agents)
+                    counts = [0]
             else:
                 pairs = [(agent, msg) for agent in agents for msg in hb.messages]
         failed: list[tuple[str, bytes]] = []
@@ -158,13 +180,13 @@ class HeartbeatSender:
                 logger.debug("Failed to send heartbeat to engine %s", engine_id, exc_info=True)
                 continue
             nbytes += len(msg)
-            if not msg.startswith(ACK_HELLO_PREFIX):
+            if not msg.startswith(_HELLO):
                 sent += 1
                 if counts is None:
                     ids += ids_in(msg)
         if counts is not None:  # every agent got every message, less what failed
             ids = sum(counts) * len(agents)
-            ids -= sum(ids_in(msg) for _, msg in failed if not msg.startswith(ACK_HELLO_PREFIX))
+            ids -= sum(ids_in(msg) for _, msg in failed)
         if fresh and not acked and self._on_delivered is not None:
             # A message renews D's lease views only once every P rank has it;
             # retried sends (later, partial) never do: conservative.
@@ -181,11 +203,11 @@ class HeartbeatSender:
             if disconnected:
                 self._reconnect(engine_id)  # the next tick handshakes again
             else:
-                queued = self.retry.get(engine_id)
+                queued = self.retry.get(key)
                 if queued is not None:  # this step's tick and an older retry both failed
                     known = set(queued[1])
                     failed = queued[1] + [pair for pair in failed if pair not in known]
-                self.retry[engine_id] = (hb, failed[-MAX_RETRY_PAIRS:])
+                self.retry[key] = (hb, failed[-MAX_RETRY_PAIRS:])
 
     def _reconnect(self, engine_id: str) -> None:
         up = self._upstream
@@ -220,6 +242,12 @@ def is_disconnect(exc: BaseException) -> bool:
     return type(exc).__name__ == "nixlRemoteDisconnectError" or "REMOTE_DISCONNECT" in str(exc)
 
 
+_HELLO = EXTENSION_PREFIX + HELLO_KIND
+
+
 def ids_in(msg: bytes) -> int:
-    """How many ids a heartbeat message names (``HB:a,b`` or ``LHB:<seq>:a,b``)."""
+    """How many names a heartbeat message carries (``HB:a,b`` or ``HB:,LHB:<seq>,a,b``;
+    a hello, none)."""
+    if msg.startswith(EXTENSION_PREFIX):
+        return 0 if msg.startswith(_HELLO) else msg.count(b",") - 1
     return msg.count(b",") + 1

@@ -12,11 +12,26 @@ A READ that was issued but whose completion D sees only after the view ended
 (it stalled: a partition, a congested link) is discarded the same way
 (``discard_late``): P may have freed and reused the blocks while it ran.
 Seen before the view ended, every byte was read while P still held the lease.
+
+Which process a READ reaches: a view of a P instance (a P that speaks our
+protocol) is read only over a connection proven to reach that instance
+(``ack_requester.py``); while the connection is not proven yet (a fresh or
+repeated handshake) the READ waits (``parked``, tried again every step), and
+once it is proven to reach another process the view has ended and the READ is
+fenced.  A plain P's view (no instance) is bound to the connection it is first
+read over; if upstream replaced that connection since (a repeated handshake,
+an invalid engine) the READ is fenced: the old process's views end with it.
+
+Each view's margin follows the lease terms P advertised: at most
+``lease_safety_margin``, and at most half the room between P's extension and
+D's heartbeat interval plus P's answer delay, so P and D configured with
+different ``kv_lease_duration`` values never fence reads P still holds.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from vllm.logger import init_logger
@@ -24,21 +39,48 @@ from vllm.logger import init_logger
 from ..._wire import heartbeat_ids
 from ...decode.lease_views import LeaseViews
 from ..config import LeaseConfig
-from ..metadata import LEASE_VIEWS_ATTR
+from ..metadata import LEASE_VIEWS_ATTR, NewView
 from ..ratelimit import RateLimitedLog
 from ..upstream import UpstreamWorker
+from .ack_requester import OTHER, PENDING, agent_name
 
 logger = init_logger(__name__)
 
 
-class ReadFence:
-    """D's views of P's leases, and the decision to skip a READ."""
+READ, FENCE, WAIT = "read", "fence", "wait"
 
-    def __init__(self, upstream: UpstreamWorker, lease_config: LeaseConfig) -> None:
+
+class ReadFence:
+    """D's views of P's leases, and the decision to skip a READ.
+
+    ``proof(engine, instance)``: does the connection to ``engine`` reach
+    ``instance`` (``AckRequester.proof``)?  None: this worker asks no P for
+    acknowledgements, and never reads a view that needs them."""
+
+    def __init__(
+        self,
+        upstream: UpstreamWorker,
+        views: LeaseViews,
+        lease_config: LeaseConfig,
+        proof: Callable[[str, str], str] | None = None,
+    ) -> None:
         self._upstream = upstream
-        self.views = LeaseViews(lease_config.lease_safety_margin)
+        self.views = views
+        self._interval = lease_config.heartbeat_interval
+        self._proof = proof
+        # Plain views: the connection (its agents) each was first read over.
+        self._bound: dict[str, frozenset[str]] = {}
+        # READs waiting for the proof of their P instance: req id -> upstream's meta.
+        self.parked: dict[str, Any] = {}
         self._log = RateLimitedLog(logger)
         self._log_late = RateLimitedLog(logger)
+
+    def view_margin(self, view: NewView) -> float:
+        """The margin of one view: ``lease_safety_margin`` at most, and at most
+        half the room P's terms leave between a heartbeat and the next answer."""
+        p_interval = view.interval if view.interval is not None else self._interval
+        room = view.extension - self._interval - p_interval / 2
+        return max(0.0, min(self.views.margin, room / 2))
 
     # -- views shipped by the scheduler, around upstream's start_load_kv -----
     def add_views(self, metadata: Any) -> None:
@@ -46,57 +88,99 @@ class ReadFence:
         if updates is None:
             return
         chunks = getattr(updates, "chunks", None) or {}
-        for local_id, (engine_id, remote_id, deadline, extension, acked) in updates.new.items():
-            self.views.add(local_id, engine_id, remote_id, deadline, extension, acked, chunks.get(local_id))
-        if len(chunks) > len(updates.new):  # views whose ids were repacked into new chunks
+        views = self.views
+        for local_id, view in updates.new.items():
+            views.add(
+                local_id,
+                view.engine_id,
+                view.name,
+                view.deadline,
+                view.extension,
+                view.instance,
+                chunks.get(local_id),
+                self.view_margin(view),
+            )
+        if len(chunks) > len(updates.new):  # views whose names were repacked into new chunks
             offsets = self._upstream._engine_clock_offset
             for local_id, chunk in chunks.items():
                 if local_id not in updates.new:
-                    engine_id = self.views.engine_of(local_id)
+                    engine_id = views.engine_of(local_id)
                     if engine_id is not None:
-                        self.views.move_to_chunk(local_id, chunk, offsets.get(engine_id))
+                        views.move_to_chunk(local_id, chunk, offsets.get(engine_id))
 
     def drop_views(self, metadata: Any) -> None:
         # After the reads: an id whose tracking ended this step may still be read in it.
         updates = getattr(metadata, LEASE_VIEWS_ATTR, None)
         if updates is not None:
             for local_id in updates.dropped:
-                self.views.drop(local_id)
+                self._forget(local_id)
+
+    def _forget(self, local_id: str) -> None:
+        self.views.drop(local_id)
+        self._bound.pop(local_id, None)
 
     # -- one READ ----------------------------------------------------------
     def fenced(self, req_id: str, meta: Any) -> bool:
-        """True when the READ must not be issued; it is then reported as a failed load."""
-        if not self._must_fence(req_id, meta):
+        """True when the READ must not be posted now: fenced (reported as a
+        failed load) or waiting for proof (``parked``, tried again next step)."""
+        verdict = self._verdict(req_id, meta)
+        if verdict == READ:
             return False
+        if verdict == WAIT:
+            if req_id not in self.parked:
+                self._upstream.xfer_stats.add("num_reads_waiting_proof", 1)
+            self.parked[req_id] = meta
+            return True
         up = self._upstream
         up.xfer_stats.add("num_reads_fenced", 1)
         self._log.warning(
             1,
             "Not reading KV of %s from engine %s: its lease on P may already have ended (D's view "
-            "has <= %.1fs left); reported as a failed load (kv_load_failure_policy applies)",
+            "has too little left, or P restarted since); reported as a failed load "
+            "(kv_load_failure_policy applies)",
             req_id,
             meta.remote.engine_id,
-            self.views.margin,
         )
-        self.views.drop(req_id)
+        self._forget(req_id)
         up._handle_failed_transfer(req_id, None, up._recv_failures, record_failed_transfer=False)
         return True
 
-    def _must_fence(self, req_id: str, meta: Any) -> bool:
+    def take_parked(self) -> Iterator[tuple[str, Any]]:
+        """READs that waited for proof, to try again; those whose view is gone
+        (their request ended meanwhile) are dropped."""
+        parked, self.parked = self.parked, {}
+        for req_id, meta in parked.items():
+            if req_id in self.views:
+                yield req_id, meta
+
+    def _verdict(self, req_id: str, meta: Any) -> str:
         if req_id not in self.views or meta.remote is None:
-            return False
+            return READ
         engine_id = meta.remote.engine_id
         # Not connected yet: upstream defers the read to after the handshake
         # and calls us again then, with the clock offset measured.
-        if engine_id not in self._upstream._remote_agents:
-            return False
+        agents = self._upstream._remote_agents.get(engine_id)
+        if not agents:
+            return READ
         offset = self._upstream._engine_clock_offset.get(engine_id)
         if offset is None:
-            return False
+            return READ
         # Nothing to read (e.g. all prefix-cached): upstream only notifies P.
         if not any(len(group) > 0 for group in meta.local_block_ids):
-            return False
-        return not self.views.may_read(req_id, time.perf_counter(), offset)
+            return READ
+        instance = self.views.instance_of(req_id)
+        if instance:
+            proof = OTHER if self._proof is None else self._proof(engine_id, instance)
+            if proof == OTHER:
+                return FENCE
+            if proof == PENDING:
+                return WAIT if self.views.may_read(req_id, time.perf_counter(), offset) else FENCE
+        else:
+            connection = frozenset(agent_name(a) for a in agents.values())
+            bound = self._bound.setdefault(req_id, connection)
+            if bound != connection:
+                return FENCE  # the process it was granted by may be gone with that connection
+        return READ if self.views.may_read(req_id, time.perf_counter(), offset) else FENCE
 
     # -- READs completed this step (after upstream's _pop_done_transfers) ----
     def discard_late(self, done: set[str], failed: set[str]) -> None:

@@ -1,20 +1,72 @@
-"""P scheduler: tell D, through the ``kv_transfer_params`` a finished prefill
-returns, when its lease ends and what this P understands (``_wire.py`` names
-the keys).  Stock D ignores the extra keys."""
+"""P scheduler: the lease terms a finished prefill's ``kv_transfer_params``
+carry to D (``_wire.py`` names the keys; stock D ignores them), and the P
+instance they name, which the scheduler ships to its workers.
+
+One ``PInstance`` per scheduler process: a fresh random instance id and a
+secret tag key at every start (``docs/PROTOCOL.md`` section 1).  D keys
+everything it keeps per engine by (engine id, instance), so a P restarted
+under the same engine id is a different P to it; the tag key never leaves P
+(D takes each lease's tag from its params), so nobody can aim two tags at
+each other.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from ..._wire import PARAM_LEASE_ACKS, PARAM_LEASE_DEADLINE, PARAM_LEASE_EXTENSION, PARAM_LEASE_TAGS
+from ..._wire import (
+    LEASE_PROTOCOL_VERSION,
+    PARAM_LEASE_DEADLINE,
+    PARAM_LEASE_EXTENSION,
+    PARAM_LEASE_INSTANCE,
+    PARAM_LEASE_INTERVAL,
+    PARAM_LEASE_PROTOCOL,
+    PARAM_LEASE_TAG,
+    new_instance,
+)
+from ...lease_tags import lease_tag, new_tag_key
+from ..config import LeaseConfig
+from ..metadata import LEASE_INSTANCE_ATTR
 
 
-def add_lease_params(params: dict[str, Any], deadline: float | None, extension: float) -> None:
-    """Pull mode: the lease deadline (this scheduler's ``perf_counter``, the
-    clock the handshake listener echoes for D's offset estimate), how far a
-    heartbeat moves it, and that this P acknowledges heartbeats, also by tag."""
-    if deadline is not None:
+@dataclass(frozen=True, slots=True)
+class PInstance:
+    """This P process as D sees it: ``instance`` (public) and ``tag_key`` (secret)."""
+
+    instance: str
+    tag_key: bytes
+
+    @classmethod
+    def new(cls) -> PInstance:
+        return cls(new_instance(), new_tag_key())
+
+
+class LeaseParams:
+    """Adds the lease terms to the params of finished prefills (pull mode)."""
+
+    def __init__(self, lease_config: LeaseConfig) -> None:
+        self.instance = PInstance.new()
+        self._extension = lease_config.lease_extension
+        self._interval = lease_config.heartbeat_interval
+
+    def add(self, params: dict[str, Any], req_id: str, deadline: float | None) -> None:
+        """The lease deadline (this scheduler's ``perf_counter``, the clock the
+        handshake listener echoes for D's offset estimate), how far and how often
+        heartbeats move it, the protocol version, this instance and the lease's tag."""
+        if deadline is None:
+            return
         params[PARAM_LEASE_DEADLINE] = deadline
-        params[PARAM_LEASE_EXTENSION] = extension
-        params[PARAM_LEASE_ACKS] = True
-        params[PARAM_LEASE_TAGS] = True
+        params[PARAM_LEASE_EXTENSION] = self._extension
+        params[PARAM_LEASE_INTERVAL] = self._interval
+        params[PARAM_LEASE_PROTOCOL] = LEASE_PROTOCOL_VERSION
+        params[PARAM_LEASE_INSTANCE] = self.instance.instance
+        try:
+            params[PARAM_LEASE_TAG] = lease_tag(req_id, self.instance.tag_key)
+        except (TypeError, ValueError):
+            pass  # an id no tag can name (not UTF-8): D heartbeats it by id
+
+    def attach(self, meta: Any) -> None:
+        """Ship the instance to the workers (every step: a few bytes, and a worker
+        needs it before the first lease it grants)."""
+        setattr(meta, LEASE_INSTANCE_ATTR, (self.instance.instance, self.instance.tag_key))

@@ -1,32 +1,39 @@
-"""P worker: answer acknowledged heartbeats (``LHB:``) so D renews its lease
-views on evidence, not on the timing of its own sends (``ack_ledger.py`` has
-the argument; ``ack_requester.py`` is D's side).
+"""P worker: admit D's hellos and answer its acknowledged heartbeats, so D
+renews its lease views on evidence, not on the timing of its own sends
+(``docs/PROTOCOL.md``; ``decode/ack_ledger.py`` has the argument;
+``d_worker/ack_requester.py`` is D's side).
 
-- ``LHELLO:<metadata>``: D's NIXL connection info (no memory).  P loads it on
-  a one-thread executor, like upstream's proactive handshake (loading a remote
-  agent can take far longer than a step), and checks that the metadata names
-  the agent that sent it.
-- ``LHB:<seq>:<ids>`` / ``LHBT:<seq>:<tags>``: extended in this step, before
-  the sweep (``LeaseKeeper.extend``), then answered with
-  ``LACK:<seq>,<seq>,...[:<names not held>]``.  Answers to one agent are
-  gathered over steps: an agent is answered once its last answer is
-  ``answer_gap_s`` old, at most ``MAX_PACED_ANSWERS_PER_STEP`` agents a step,
-  and always once its oldest unanswered heartbeat is ``answer_gap_s * 2`` old.
-  Each answer is a NIXL send, and D paces its heartbeats over the interval:
-  answering every agent in the step its heartbeats arrive would make a P with
-  many D engines send answers nearly every step.  Delay is safe: D renews a
-  view from the time it *sent* the heartbeat, so a later answer proves the
-  same (``ack_ledger.py``); the gap is far inside the extension.  Seqs whose
-  names were all held share one answer; the rest share a second one naming
-  those not held (a name missing from one counts as missing from all of
-  them: conservative).  An answer for an agent still loading waits (bounded);
-  for an agent that never said hello it is dropped and counted: D says hello
-  again.
+- Hello (``HB:,LHELLO:...``): D's NIXL connection info (no memory).  It is
+  admitted only if it speaks this protocol version, fits ``MAX_HELLO_BYTES``,
+  and names a lease this P holds (tags are keyed with P's secret, so a peer
+  that holds no lease here cannot guess one).  P then loads it on a one-thread
+  executor, like upstream's proactive handshake (loading a remote agent can
+  take far longer than a step), at most ``MAX_AGENT_LOADS`` at a time, checks
+  that the metadata names the agent that sent it, and welcomes it at once
+  (``LACK:<instance>:``): that answer is D's proof of which P process it
+  reached.  At most ``MAX_AGENTS`` agents stay loaded; past that the one whose
+  heartbeats last renewed a lease longest ago is unloaded first, so peers
+  that hold nothing here cannot keep real D engines out.
+- Acknowledged heartbeats (``HB:,LHB:<seq>,<ids>`` / ``HB:,LHBT:<seq>,<tags>``):
+  extended in this step, before the sweep (``LeaseKeeper.extend``), then
+  answered with ``LACK:<instance>:<seqs>[:<names not held>]``.  Answers to one
+  agent are gathered over steps: an agent is answered once its last answer
+  is ``answer_gap_s`` old, at most ``MAX_PACED_ANSWERS_PER_STEP`` agents a
+  step, and always once its oldest unanswered heartbeat is ``answer_gap_s *
+  2`` old.  Each answer is a NIXL send, and D paces its heartbeats over the
+  interval: answering every agent in the step its heartbeats arrive would make
+  a P with many D engines send answers nearly every step.  Delay is safe: D
+  renews a view from the time it *sent* the heartbeat.  Seqs whose names were
+  all held share one answer; the rest share a second one naming those not
+  held (a name missing from one counts as missing from all: conservative).
+  What one agent's pending answer collects is bounded: past
+  ``MAX_NOT_EXTENDED_BYTES`` of names it says "none" (``*``) and stops
+  collecting, past ``MAX_PENDING_SEQS`` heartbeats it is answered at once.
 - Agents not heard from for ``forget_after_s`` are unloaded, unless upstream
   uses them too.
 
-Only our D sends these, and only to a P that advertised acknowledgements
-(``p_scheduler/lease_params.py``).  Nothing here can raise into the step.
+Only our D sends these, and only to a P whose params advertise this protocol
+version (``p_scheduler/lease_params.py``).  Nothing here can raise into the step.
 """
 
 from __future__ import annotations
@@ -39,14 +46,16 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from vllm.logger import init_logger
 
 from ..._wire import (
-    ACK_HELLO_PREFIX,
     ACK_NONE,
-    ACKED_HEARTBEAT_PREFIX,
-    TAGGED_HEARTBEAT_PREFIX,
+    EXTENSION_PREFIX,
+    HELLO_KIND,
+    LEASE_PROTOCOL_VERSION,
     heartbeat_ack_message,
-    is_tagged_heartbeat,
+    is_tag,
     parse_acked_heartbeat,
+    parse_hello,
 )
+from ..config import LeaseConfig
 from ..d_worker.heartbeat_sender import is_disconnect
 from ..ratelimit import RateLimitedLog
 from ..upstream import UpstreamWorker
@@ -57,13 +66,17 @@ logger = init_logger(__name__)
 # Answers kept per agent while its metadata loads; older ones are dropped
 # (D then just does not renew from them).
 MAX_QUEUED_ACKS = 256
-# Distinct D agents P loads; a hello flood past this is ignored and logged.
+# D agents loaded at once; past this the least recently useful is unloaded.
 MAX_AGENTS = 4096
+# Hellos loading at once; more wait for D's next hello.
+MAX_AGENT_LOADS = 8
 # One answer lists at most this many heartbeats ...
 MAX_SEQS_PER_ANSWER = 256
-# ... and names the ids P did not extend; past this many bytes it says "none"
+# ... and names the keys P did not extend; past this many bytes it says "none"
 # instead, so a hostile heartbeat cannot make P echo megabytes.
 MAX_NOT_EXTENDED_BYTES = 4096
+# Heartbeats one agent may have waiting for an answer; then it is answered at once.
+MAX_PENDING_SEQS = 4 * MAX_SEQS_PER_ANSWER
 # Agents answered in one step because their gap is over (overdue ones on top).
 MAX_PACED_ANSWERS_PER_STEP = 2
 _IDS, _TAGS = HeartbeatForm.IDS, HeartbeatForm.TAGS  # module globals: cheaper than class lookups
@@ -72,80 +85,112 @@ _IDS, _TAGS = HeartbeatForm.IDS, HeartbeatForm.TAGS  # module globals: cheaper t
 class _Answer:
     """The heartbeats of one agent not answered yet."""
 
-    __slots__ = ("since", "held", "partial", "missing", "none")
+    __slots__ = ("since", "held", "partial", "missing", "missing_bytes", "none")
 
     def __init__(self, since: float) -> None:
         self.since = since  # when the oldest of them arrived
-        self.held: list[int] = []  # seqs whose ids were all leased here
-        self.partial: list[int] = []  # seqs naming ids not leased here
+        self.held: list[int] = []  # seqs whose names were all held here
+        self.partial: list[int] = []  # seqs naming some that were not
         self.missing: set[str] = set()
-        self.none = False  # some id could not be read: none counts as extended
+        self.missing_bytes = 0  # the joined length of ``missing``, about
+        self.none = False  # some name could not be read, or too many: none counts as extended
+
+    def add_missing(self, names: list[str]) -> None:
+        if self.none:
+            return
+        for name in names:
+            if name not in self.missing:
+                self.missing.add(name)
+                self.missing_bytes += len(name) + 1
+        if self.missing_bytes > MAX_NOT_EXTENDED_BYTES:
+            self.none = True
+            self.missing = set()
+
+    def __len__(self) -> int:
+        return len(self.held) + len(self.partial)
+
+
+class _Agent:
+    """A D agent whose hello P admitted and loaded."""
+
+    __slots__ = ("heard", "useful", "interval_s")
+
+    def __init__(self, now: float, interval_s: float) -> None:
+        self.heard = now  # last hello or heartbeat
+        self.useful = now  # last heartbeat that named a lease held here
+        self.interval_s = interval_s  # the heartbeat interval it said it keeps
 
 
 class AckAnswerer:
-    """Answers ``LHB:`` heartbeats; loads and forgets the D agents it answers.
+    """Admits hellos and answers acknowledged heartbeats; loads and forgets the
+    D agents it answers.  Times come from ``LeaseConfig``."""
 
-    The times come from ``LeaseConfig`` (``forget_after_s``, ``answer_gap_s``,
-    ``forget_sweep_s``)."""
-
-    def __init__(
-        self,
-        upstream: UpstreamWorker,
-        keeper: LeaseKeeper,
-        forget_after_s: float,
-        answer_gap_s: float = 0.0,
-        forget_sweep_s: float = 10.0,
-    ) -> None:
+    def __init__(self, upstream: UpstreamWorker, keeper: LeaseKeeper, lease_config: LeaseConfig) -> None:
         self._upstream = upstream
         self._keeper = keeper
-        self._forget_after = forget_after_s
-        self._forget_sweep = forget_sweep_s
-        self._answer_gap = answer_gap_s  # 0: every agent answered in the step its heartbeats arrive
+        self._forget_after = lease_config.forget_after_s
+        self._forget_sweep = lease_config.forget_sweep_s
+        self._answer_gap = lease_config.answer_gap_s  # 0: every agent answered in the step
         self._pending: dict[str, _Answer] = {}  # oldest first
         self._answered: dict[str, float] = {}  # agent -> last answer sent
-        self._heard: dict[str, float] = {}  # loaded agent -> last hello/heartbeat
-        self._loading: dict[str, Future[bytes]] = {}
+        self._agents: dict[str, _Agent] = {}  # loaded agents
+        self._loading: dict[str, tuple[Future[bytes], float]] = {}  # agent -> (load, its interval)
         # agent -> (answer, heartbeats it acknowledges) waiting for the agent's load
         self._queued: dict[str, list[tuple[bytes, int]]] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._next_sweep = 0.0
         self._log = RateLimitedLog(logger)
+        self._refused_log = RateLimitedLog(logger)
 
     def handle(self, messages: Mapping[str, list[bytes]]) -> None:
-        """One step's ``LHELLO:`` / ``LHB:`` messages (other prefixes are someone
-        else's); then the answers that are due."""
+        """One step's messages behind the ``HB:,`` escape (other prefixes are
+        someone else's); then the answers that are due."""
         now = time.perf_counter()
         if self._loading:
             self._finish_loads()
         for agent, msgs in messages.items():
             for msg in msgs:
-                if msg.startswith((ACKED_HEARTBEAT_PREFIX, TAGGED_HEARTBEAT_PREFIX)):
+                if not msg.startswith(EXTENSION_PREFIX):
+                    continue
+                if msg.startswith(HELLO_KIND, len(EXTENSION_PREFIX)):
+                    self._hello(agent, msg, now)
+                else:
                     self._heartbeat(agent, msg, now)
-                elif msg.startswith(ACK_HELLO_PREFIX):
-                    self._hello(agent, msg[len(ACK_HELLO_PREFIX) :], now)
         if self._pending:
             self._answer_due(now)
         if now >= self._next_sweep:
             self._next_sweep = now + self._forget_sweep
             self._forget_idle(now)
 
+    def longest_interval(self) -> float:
+        """The longest heartbeat interval a loaded D agent said it keeps (0: none)."""
+        return max((a.interval_s for a in self._agents.values()), default=0.0)
+
+    def __len__(self) -> int:
+        """Agents loaded or loading (for bounds tests)."""
+        return len(self._agents) + len(self._loading)
+
     def shutdown(self) -> None:
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
 
-    # -- LHB ------------------------------------------------------------------
+    # -- acknowledged heartbeats ------------------------------------------------
     def _heartbeat(self, agent: str, msg: bytes, now: float) -> None:
         parsed = parse_acked_heartbeat(msg)
         if parsed is None:
-            self._upstream.xfer_stats.add("num_malformed_notifs", 1)
-            self._log.warning(1, "Skipped a malformed acknowledged heartbeat from %s: %r", agent, msg[:64])
+            self._malformed(agent, msg)
             return
-        seq, payload = parsed
-        missing = self._keeper.extend(_TAGS if is_tagged_heartbeat(msg) else _IDS, (payload,), now)
-        if not self._answerable(agent):
-            # No hello yet (or forgotten): D says hello again when answers stop.
+        seq, payload, tagged = parsed
+        missing = self._keeper.extend(_TAGS if tagged else _IDS, (payload,), now)
+        known = self._agents.get(agent)
+        if known is None and agent not in self._loading:
+            # No hello admitted (or forgotten): D says hello again when answers stop.
             self._upstream.xfer_stats.add("num_heartbeat_acks_dropped", 1)
             return
+        if known is not None:
+            known.heard = now
+            if missing is not None and payload and len(missing) <= payload.count(b","):
+                known.useful = now  # it named at least one lease held here
         answer = self._pending.get(agent)
         if answer is None:
             answer = self._pending[agent] = _Answer(now)
@@ -153,10 +198,14 @@ class AckAnswerer:
             answer.none = True
             answer.partial.append(seq)
         elif missing:
-            answer.missing.update(missing)
+            answer.add_missing(missing)
             answer.partial.append(seq)
         else:
             answer.held.append(seq)
+        if len(answer) >= MAX_PENDING_SEQS:
+            del self._pending[agent]
+            self._answered[agent] = now
+            self._answer(agent, answer, now)
 
     def _answer_due(self, now: float) -> None:
         gap = self._answer_gap
@@ -173,29 +222,26 @@ class AckAnswerer:
             self._answer(agent, answer, now)
 
     def _answer(self, agent: str, answer: _Answer, now: float) -> None:
-        if not self._answerable(agent):
+        if not self._answerable(agent) or not self._keeper.instance:
             # Forgotten or unloaded since the heartbeats arrived.
-            dropped = len(answer.held) + len(answer.partial)
-            self._upstream.xfer_stats.add("num_heartbeat_acks_dropped", dropped)
+            self._upstream.xfer_stats.add("num_heartbeat_acks_dropped", len(answer))
             return
         self._answer_seqs(agent, answer.held, b"", now)
         if answer.partial:
-            not_extended = b",".join(sorted(m.encode() for m in answer.missing))
-            if answer.none or len(not_extended) > MAX_NOT_EXTENDED_BYTES:
-                not_extended = ACK_NONE
+            not_extended = ACK_NONE if answer.none else b",".join(sorted(m.encode() for m in answer.missing))
             self._answer_seqs(agent, answer.partial, not_extended, now)
 
     def _answerable(self, agent: str) -> bool:
         """Loaded from its hello, or loading (answers then wait in ``_queued``)."""
-        return agent in self._heard or agent in self._loading
+        return agent in self._agents or agent in self._loading
 
     def _answer_seqs(self, agent: str, seqs: list[int], not_extended: bytes, now: float) -> None:
+        instance = self._keeper.instance  # this P process (LeaseKeeper.adopt_instance)
         stats = self._upstream.xfer_stats
         for start in range(0, len(seqs), MAX_SEQS_PER_ANSWER):
             chunk = seqs[start : start + MAX_SEQS_PER_ANSWER]
-            msg = heartbeat_ack_message(chunk, not_extended)
-            if agent in self._heard:
-                self._heard[agent] = now
+            msg = heartbeat_ack_message(instance, chunk, not_extended)
+            if agent in self._agents:
                 self._send(agent, msg, len(chunk))
                 continue
             queued = self._queued.setdefault(agent, [])
@@ -209,34 +255,76 @@ class AckAnswerer:
             self._upstream.nixl_wrapper.send_notif(agent, notif_msg=msg)
         except Exception as exc:
             stats.add("num_heartbeat_acks_dropped", heartbeats)
-            self._log.warning(1, "Could not acknowledge heartbeats to %s: %s", agent, exc)
-            if is_disconnect(exc) and self._heard.pop(agent, None) is not None:
+            self._log.warning(1, "Could not answer %s: %s", agent, exc)
+            if is_disconnect(exc) and self._agents.pop(agent, None) is not None:
                 # UCX gave the connection up: unload it; D's next hello loads it afresh.
                 if not self._used_by_upstream(agent):
                     self._remove(agent)
             return
-        stats.add("num_heartbeat_acks_sent", heartbeats)
+        if heartbeats:
+            stats.add("num_heartbeat_acks_sent", heartbeats)
 
-    # -- LHELLO -----------------------------------------------------------------
-    def _hello(self, agent: str, metadata: bytes, now: float) -> None:
-        if agent in self._heard:
-            self._heard[agent] = now
+    def _welcome(self, agent: str) -> None:
+        """The answer to a hello: which P process D reached (D's proof)."""
+        if self._keeper.instance:
+            self._send(agent, heartbeat_ack_message(self._keeper.instance, ()), 0)
+
+    # -- hellos -----------------------------------------------------------------
+    def _hello(self, agent: str, msg: bytes, now: float) -> None:
+        hello = parse_hello(msg)
+        if hello is None:
+            self._malformed(agent, msg)
+            return
+        if hello.version != LEASE_PROTOCOL_VERSION:
+            self._refuse(agent, f"protocol version {hello.version}, not {LEASE_PROTOCOL_VERSION}")
+            return
+        known = self._agents.get(agent)
+        if known is not None:
+            known.heard = now
+            known.interval_s = hello.interval_s
+            self._welcome(agent)  # D asks again when it lacks proof or answers
             return
         if agent in self._loading:
             return
+        if not self._holds(hello.key, now):
+            self._refuse(agent, "it names no lease held here")
+            return
         if self._used_by_upstream(agent):
-            self._heard[agent] = now  # already loaded (e.g. kv_both): nothing to add
+            # Already loaded (e.g. kv_both): nothing to add.
+            self._agents[agent] = _Agent(now, hello.interval_s)
+            self._welcome(agent)
             return
-        if len(self._heard) + len(self._loading) >= MAX_AGENTS:
-            self._log.warning(1, "Ignoring a hello from %s: already answering %d agents", agent, MAX_AGENTS)
+        if len(self._loading) >= MAX_AGENT_LOADS:
+            self._refuse(agent, f"{MAX_AGENT_LOADS} hellos are loading")
             return
+        if len(self._agents) + len(self._loading) >= MAX_AGENTS:
+            self._evict_least_useful()
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="lease-ack-hello")
-        self._loading[agent] = self._executor.submit(self._upstream.nixl_wrapper.add_remote_agent, metadata)
+        load = self._executor.submit(self._upstream.nixl_wrapper.add_remote_agent, hello.metadata)
+        self._loading[agent] = (load, hello.interval_s)
+
+    def _holds(self, key: str, now: float) -> bool:
+        """Does ``key`` (a tag or P's request id) name a lease held here?"""
+        table = self._keeper.table
+        if is_tag(key):
+            extended, _, unknown = table.extend_tagged(key.encode("ascii"), now)
+            return extended > 0 and not unknown
+        return key in table
+
+    def _evict_least_useful(self) -> None:
+        if not self._agents:
+            return
+        agent = min(self._agents, key=lambda a: self._agents[a].useful)
+        del self._agents[agent]
+        self._pending.pop(agent, None)
+        self._upstream.xfer_stats.add("num_ack_agents_evicted", 1)
+        if not self._used_by_upstream(agent):
+            self._remove(agent)
 
     def _finish_loads(self) -> None:
         now = time.perf_counter()
-        for agent, fut in list(self._loading.items()):
+        for agent, (fut, interval_s) in list(self._loading.items()):
             if not fut.done():
                 continue
             del self._loading[agent]
@@ -252,22 +340,33 @@ class AckAnswerer:
                 # Someone else's metadata: never answer on another agent's behalf.
                 self._upstream.xfer_stats.add("num_heartbeat_acks_dropped", sum(n for _, n in queued))
                 self._log.warning(1, "Hello from %s carried the metadata of %s; ignored", agent, name)
-                if name not in self._heard and not self._used_by_upstream(name):
+                if name not in self._agents and not self._used_by_upstream(name):
                     self._remove(name)
                 continue
-            self._heard[agent] = now
+            self._agents[agent] = _Agent(now, interval_s)
+            self._welcome(agent)
             for msg, heartbeats in queued:
                 self._send(agent, msg, heartbeats)
 
+    def _refuse(self, agent: str, why: str) -> None:
+        self._upstream.xfer_stats.add("num_hellos_refused", 1)
+        self._refused_log.warning(1, "Refused a heartbeat-acknowledgement hello from %.64s: %s", agent, why)
+
+    def _malformed(self, agent: str, msg: bytes) -> None:
+        self._upstream.xfer_stats.add("num_malformed_notifs", 1)
+        self._log.warning(1, "Skipped a malformed lease message from %.64s: %r", agent, msg[:64])
+
     # -- forgetting ---------------------------------------------------------------
     def _forget_idle(self, now: float) -> None:
-        for agent, heard in list(self._heard.items()):
-            if now - heard > self._forget_after:
-                del self._heard[agent]
+        for agent, known in list(self._agents.items()):
+            if now - known.heard > self._forget_after:
+                del self._agents[agent]
                 if not self._used_by_upstream(agent):
                     self._remove(agent)
         for agent in [a for a in self._answered if not self._answerable(a)]:
             del self._answered[agent]
+        for agent in [a for a in self._queued if a not in self._loading]:
+            del self._queued[agent]
 
     def _remove(self, agent: str) -> None:
         try:

@@ -8,13 +8,21 @@ Everything P does with a lease happens here:
 - released on read: ``route`` returns the requests every consumer has read;
 - expired: ``expire`` sweeps the table once per step, at most
   ``max_expiries_per_step`` leases, and logs through ``expiry_log.log_expired``.
+  After a step gap longer than ``stall_s`` (P itself stalled: a long step, a
+  stopped process), the leases that fell due during the gap wait one more
+  heartbeat interval (``grace_s``): D's heartbeats sent while P could not
+  listen are drained and applied first, so P does not take its own silence
+  for D's.  Holding a lease longer is always safe.
+- tagged: the tag index is keyed with this P's secret (``adopt_instance``,
+  from the scheduler's metadata), so tags match the ones D got in its params.
 """
 
 from __future__ import annotations
 
 import enum
+import math
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 from vllm.logger import init_logger
 
@@ -23,6 +31,7 @@ from ...prefill.expiry_log import log_expired
 from ...prefill.lease_table import LeaseTable
 from ...prefill.notification_router import NotificationRouter
 from ..config import LeaseConfig
+from ..metadata import LEASE_INSTANCE_ATTR
 from ..ratelimit import RateLimitedLog
 from ..upstream import UpstreamWorker
 from .push_aliases import LeaseAliases
@@ -64,10 +73,39 @@ class LeaseKeeper:
         self._active_reported = 0
         self._malformed_log = RateLimitedLog(logger)
         self._unknown_log = RateLimitedLog(logger)
+        # This P process, as its scheduler named it (empty until the first metadata).
+        self.instance = ""
+        # P's own stalls (see the module docstring).
+        self.stall_s = lease_config.stall_s
+        self._own_interval = lease_config.heartbeat_interval
+        # The longest interval a D said it heartbeats at (the ack answerer's, when wired).
+        self.peer_interval: Callable[[], float] = lambda: 0.0
+        self._last_sweep: float | None = None
+        self._grace_until = -math.inf
+        self._stall_began = 0.0
 
     @property
     def table(self) -> LeaseTable:
         return self.router.table
+
+    def adopt_instance(self, metadata: object) -> None:
+        """Take this P's instance and tag key from the scheduler's metadata (once)."""
+        shipped = getattr(metadata, LEASE_INSTANCE_ATTR, None)
+        if shipped is None or shipped[0] == self.instance:
+            return
+        instance, tag_key = shipped
+        try:
+            self.router.table.set_tag_key(tag_key)
+        except ValueError as exc:  # a second scheduler instance for one worker: keep the first
+            self._malformed_log.warning(1, "Ignoring P instance %s from the scheduler: %s", instance, exc)
+            return
+        self.instance = instance
+
+    @property
+    def grace_s(self) -> float:
+        """How long leases that fell due while P stalled wait: one heartbeat
+        interval, the longest any D said it keeps (never past the extension)."""
+        return min(self.extension, max(self._own_interval, self.peer_interval(), self.stall_s / 4))
 
     # -- grant / release (called by the views) ------------------------------
     def _granted(self, req_id: str) -> None:
@@ -227,9 +265,16 @@ class LeaseKeeper:
         spread over steps); report the count held."""
         router = self.router
         stats = self._upstream.xfer_stats
+        now = time.perf_counter()
+        last, self._last_sweep = self._last_sweep, now
         if len(router.table):
             start = time.perf_counter_ns()
-            expired = router.expire(time.perf_counter(), self.max_expiries_per_step)
+            if last is not None and now - last > self.stall_s:
+                # P stalled (not D): what fell due meanwhile waits for D's heartbeats.
+                self._grace_until, self._stall_began = now + self.grace_s, last
+                stats.add("num_stalls_graced", 1)
+            sweep_at = now if now >= self._grace_until else min(now, self._stall_began)
+            expired = router.expire(sweep_at, self.max_expiries_per_step)
             ids = expired.ids
             if ids:
                 stats.record_kv_expired_reqs(len(ids))
