@@ -43,6 +43,7 @@ from vllm_nixl_lease.vllm.p_worker.ack_answerer import (
 from vllm_nixl_lease.vllm.p_worker.lease_keeper import LeaseKeeper
 
 CONFIG = LeaseConfig.from_extra_config({"kv_lease_duration": 12})  # extension 8, interval 2, margin 2
+TAG_KEY = bytes(range(16))  # P's tag key (its scheduler draws one per instance)
 EXT = CONFIG.lease_extension
 READ = SimpleNamespace(remote=SimpleNamespace(engine_id="P"), local_block_ids=[[1]])
 
@@ -57,6 +58,7 @@ class Pair:
         for r, up in enumerate(self.p):
             up.nixl_wrapper.name = f"P-agent-{r}"
             keeper = LeaseKeeper(up, CONFIG)
+            keeper.table.set_tag_key(TAG_KEY)
             self.keepers.append(keeper)
             self.ackers.append(AckAnswerer(up, keeper, forget_after_s=60))
         self.d = FakeUpstreamWorker()
@@ -77,13 +79,13 @@ class Pair:
             del params[PARAM_LEASE_ACKS]
         assert takes_tags(params) == acks
         collector = LeaseViewCollector(CONFIG, "pull")
-        collector.add(d_id, "P", lease_tag(p_id) if tagged else p_id, params)
+        collector.add(d_id, "P", lease_tag(p_id, TAG_KEY) if tagged else p_id, params)
         meta = SimpleNamespace()
         collector.attach(meta)
         self.fence.add_views(meta)
 
     def d_heartbeat(self, *p_ids: str, tagged: bool = False) -> None:
-        names = [lease_tag(p_id) for p_id in p_ids] if tagged else p_ids
+        names = [lease_tag(p_id, TAG_KEY) for p_id in p_ids] if tagged else p_ids
         hb = EngineHeartbeats([heartbeat_message(names)], "10.0.0.1", 5600, len(self.p), tagged=tagged)
         self.sender.send(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": hb}}))
 
@@ -152,7 +154,7 @@ def test_tagged_heartbeat_renews_on_both_sides(clock: Clock) -> None:
     net.d_heartbeat("p1", "p2", tagged=True)
     sent = net.take_d_sends()
     beats = [m for _, m in sent if not m.startswith(ACK_HELLO_PREFIX)]
-    tagged = heartbeat_message([lease_tag("p1"), lease_tag("p2")])
+    tagged = heartbeat_message([lease_tag("p1", TAG_KEY), lease_tag("p2", TAG_KEY)])
     assert beats == [acked_heartbeat_message(1, tagged, tagged=True)] * 2  # one per P rank, 11 bytes a lease
     clock.advance(1)
     net.p_step(sent)
@@ -183,7 +185,7 @@ def test_tagged_heartbeat_never_renews_a_freed_lease(clock: Clock) -> None:
     clock.advance(1)
     net.p_step(held)
     answers = net.take_p_sends()
-    assert [parse_heartbeat_ack(m) for _, m in answers] == [([1], frozenset({lease_tag("p1")}))]
+    assert [parse_heartbeat_ack(m) for _, m in answers] == [([1], frozenset({lease_tag("p1", TAG_KEY)}))]
     net.d_receive(answers)
     assert net.fence.fenced("d1", READ)
     assert net.remaining("d2") == pytest.approx(held_at + EXT - clock.now)
@@ -202,7 +204,7 @@ def test_tagged_heartbeat_never_claims_an_id_with_a_comma(clock: Clock) -> None:
     net.p_step(net.take_d_sends())
     assert net.keepers[0].table.deadline("a,b") == before
     answers = net.take_p_sends()
-    assert [parse_heartbeat_ack(m) for _, m in answers] == [([1], frozenset({lease_tag("a,b")}))]
+    assert [parse_heartbeat_ack(m) for _, m in answers] == [([1], frozenset({lease_tag("a,b", TAG_KEY)}))]
     net.d_receive(answers)
     assert net.remaining("d1") == pytest.approx(EXT - 2) and net.remaining("d2") == pytest.approx(EXT)
 
@@ -211,7 +213,7 @@ def test_read_completion_drops_the_tag_on_p(clock: Clock) -> None:
     net = Pair(clock)
     net.grant("p1", "d1", tagged=True)
     keeper = net.keepers[0]
-    tag = lease_tag("p1")
+    tag = lease_tag("p1", TAG_KEY)
     assert keeper.table.extend_tagged(tag.encode(), clock.now) == (1, 1, [])
     keeper.route({"D-agent": [b"p1:1"]})
     assert "p1" not in keeper.table
@@ -226,7 +228,7 @@ def test_hostile_tagged_heartbeats_are_counted_not_applied(clock: Clock) -> None
     clock.advance(1)
     hello = ACK_HELLO_PREFIX + b"fake-md:D-agent"
     lhbt = TAGGED_HEARTBEAT_PREFIX
-    crafted = [lhbt, lhbt + b"x:" + lease_tag("p1").encode(), lhbt + b"2:\xff\xfe"]
+    crafted = [lhbt, lhbt + b"x:" + lease_tag("p1", TAG_KEY).encode(), lhbt + b"2:\xff\xfe"]
     crafted.append(lhbt + b"3:p1,,zz," + b"A" * 5000)
     _, msgs = keeper.route({"D-agent": [hello, *crafted]})
     acker.handle(msgs)

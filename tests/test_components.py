@@ -24,6 +24,7 @@ from vllm_nixl_lease.vllm.p_worker.idle_pause import IdlePause
 from vllm_nixl_lease.vllm.p_worker.lease_keeper import HeartbeatForm, LeaseKeeper
 
 CONFIG = LeaseConfig.from_extra_config({"kv_lease_duration": 12})  # extension 8, interval 2, margin 2
+TAG_KEY = bytes(range(16))  # P's tag key (its scheduler draws one per instance)
 
 
 def test_keeper_grants_extends_releases_and_expires(clock: Clock) -> None:
@@ -69,6 +70,7 @@ def test_keeper_extend_answers_by_heartbeat_form(clock: Clock) -> None:
     not held; None when the payload cannot be read."""
     up = FakeUpstreamWorker()
     keeper = LeaseKeeper(up, CONFIG)
+    keeper.table.set_tag_key(TAG_KEY)
     keeper.deadlines["a"] = clock.now + 8
     clock.advance(5)
     assert keeper.extend(HeartbeatForm.IDS, [b"a,zz"]) == ["zz"]
@@ -76,8 +78,8 @@ def test_keeper_extend_answers_by_heartbeat_form(clock: Clock) -> None:
     assert keeper.extend(HeartbeatForm.IDS, [b"a"]) == []
     assert keeper.extend(HeartbeatForm.IDS, [b"a,\xff"]) is None
     clock.advance(1)
-    tags = f"{lease_tag('a')},{lease_tag('b')}".encode()
-    assert keeper.extend(HeartbeatForm.TAGS, [tags]) == [lease_tag("b")]
+    tags = f"{lease_tag('a', TAG_KEY)},{lease_tag('b', TAG_KEY)}".encode()
+    assert keeper.extend(HeartbeatForm.TAGS, [tags]) == [lease_tag("b", TAG_KEY)]
     assert keeper.table.deadline("a") == pytest.approx(clock.now + 8)
     assert keeper.extend(HeartbeatForm.TAGS, [b"\xff" + tags]) is None
     assert (up.count("num_heartbeat_msgs_recv"), up.count("num_tagged_heartbeats_recv")) == (5, 2)

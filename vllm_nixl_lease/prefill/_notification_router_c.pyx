@@ -123,11 +123,13 @@ cdef class NotificationRouter:
     def route(self, notifs, now):
         """Route one step's notifications (see the twin for the contract)."""
         cdef LeaseTable table = self.table
-        cdef double new_deadline = table._extended_deadline(check_now(now))
+        cdef double t = check_now(now)
+        cdef double new_deadline = table._extended_deadline(t)
         try:
             items = notifs.items()
         except AttributeError:
             raise TypeError(f"notifications must be a mapping, got {type(notifs).__name__}") from None
+        table._observe(t)  # completions date their tombstones with it
         cdef object result = RouteResult()
         cdef Py_ssize_t n, colon, i, hb_msgs = 0, hb_ids = 0, hb_ext = 0, unknown_n = 0
         cdef const char* p
@@ -148,7 +150,7 @@ cdef class NotificationRouter:
                 p = PyBytes_AS_STRING(msg)
                 n = PyBytes_GET_SIZE(msg)
                 if n >= _HB_LEN and memcmp(p, <const char*>_HB, _HB_LEN) == 0:
-                    ext, seen = table._extend_span(p + _HB_LEN, n - _HB_LEN, new_deadline)
+                    ext, seen = table._extend_span(p + _HB_LEN, n - _HB_LEN, new_deadline, None)
                     hb_msgs += 1
                     hb_ids += seen
                     hb_ext += ext

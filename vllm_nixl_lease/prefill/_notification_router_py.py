@@ -107,6 +107,7 @@ class NotificationRouter:
         items = _items_of(notifs)
         result = RouteResult()
         table = self.table
+        table._observe(now)  # completions date their tombstones with it
         for agent, messages in items:
             if not isinstance(messages, MESSAGES_TYPES):
                 _count_malformed(result, messages)
