@@ -212,6 +212,9 @@ class ModelRouter:
                 if not isinstance(msg, bytes):
                     out["malformed"] += 1
                     continue
+                if msg.startswith(b"HB:,"):  # the lease protocol's escape
+                    out["passthrough"].setdefault(agent, []).append(msg)
+                    continue
                 if is_heartbeat(msg):
                     ext, seen = self.extend_counted(heartbeat_payload(msg), now)
                     out["hb"][0] += 1

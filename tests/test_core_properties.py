@@ -23,7 +23,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from vllm_nixl_lease._wire import heartbeat_message, heartbeat_payload
+from vllm_nixl_lease._wire import EXTENSION_PREFIX, heartbeat_message, heartbeat_payload
 from vllm_nixl_lease.lease_tags import lease_tag
 
 IDS = ["a", "b", "c:1", "réq", "x" * 40, "cmpl-7:0", "z", "ü" * 70, "y" * 90, "a,b"]
@@ -49,6 +49,12 @@ id_list_st = st.lists(
     st.one_of(id_st.map(str.encode), st.sampled_from([b"", b"\xff", b"unknown"])), max_size=6
 )
 hb_st = st.builds(heartbeat_message, id_list_st)
+# the lease protocol's escape: never a heartbeat, whatever follows it
+escape_st = st.one_of(
+    st.just(EXTENSION_PREFIX),
+    st.builds(lambda ids: EXTENSION_PREFIX + b"LHB:1," + b",".join(ids), id_list_st),
+    st.sampled_from([EXTENSION_PREFIX + b"a:1", EXTENSION_PREFIX + b"\xff", b"HB:", b"HB:a,", b"HB:,,a"]),
+)
 acked_st = id_list_st.map(b",".join) | st.sampled_from([b"\xff,a", b"a,\xfe\xff,b", b"a,,b,"])
 # LHBT: payloads: tags of known ids (under either key), of ids never granted, near-tags, junk
 tagged_st = st.lists(
@@ -60,7 +66,7 @@ tagged_st = st.lists(
     max_size=6,
 ).map(lambda tags: ",".join(tags).encode()) | st.sampled_from([b"\xff", b"A,\xfe,B"])
 not_bytes_st = st.sampled_from(["a:1", None, 7, 1.5, bytearray(b"a:1"), memoryview(b"b:1"), ["a:1"]])
-message_st = st.one_of(completion_st, completion_st, hb_st, junk_st, not_bytes_st)
+message_st = st.one_of(completion_st, completion_st, hb_st, escape_st, junk_st, not_bytes_st)
 messages_st = st.one_of(
     st.lists(message_st, max_size=6),
     st.lists(message_st, max_size=3).map(tuple),
