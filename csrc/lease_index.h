@@ -17,6 +17,11 @@
 #define VNL_IN_BATCH 0x80000000u
 #define VNL_SEQ_BITS 0x7FFFFFFFu
 
+/* Slot.flags: indexed under its tag; ambiguous (docs/PROTOCOL.md P3: an
+   answer never calls its keys held). */
+#define VNL_TAGGED 1u
+#define VNL_AMBIGUOUS 2u
+
 /* Equality of two n-byte strings without a call: 8-byte words, the last
    one overlapping (ids are short; memcmp's call cost more than the work). */
 static inline int vnl_eq(const char* a, const char* b, size_t n) {

@@ -138,18 +138,21 @@ def test_seq_renumbering_keeps_tie_order():
 
 
 def test_memory_bounded_under_unique_id_churn(core):
-    """Unique ids granted and released forever must not grow the table."""
-    t = core.LeaseTable(10.0)
+    """Unique ids granted and freed forever must not grow the table: the
+    tombstones of the freed ones age out as the clock moves on."""
+    t = core.LeaseTable(10.0)  # tombstones live 20 s
     for i in range(1000):
         t.grant(f"live{i}", 1e9)
     sizes = []
     for rnd in range(6):
+        now = 1e6 + 100.0 * rnd
         for i in range(20_000):
             rid = f"gone{rnd}-{i}"
             t.grant(rid, float(i))
             if i % 2:
                 t.release(rid)
-        t.pop_expired(1e6)
+        t.pop_expired(now)
+        assert t.tombstones() == 10_000  # this round's expiries; its releases are older than 20 s
         sizes.append(t.nbytes())
     assert len(t) == 1000
     assert max(sizes[2:]) <= sizes[1] * 1.25
@@ -171,10 +174,14 @@ def test_memory_follows_live_count_after_burst(core):
             t.grant(rid, 1e9)
         peak = t.nbytes()
         if drain == "release":
+            t.pop_expired(2.0, 0)  # the frees are dated 2.0
             for rid in ids[:-100]:
                 t.release(rid)
         else:
             assert len(t.pop_expired(2.0)) == len(ids) - 100
+        assert t.tombstones() == len(ids) - 100
+        t.pop_expired(2.0 + 20.0 + 0.5, 0)  # past the tombstones' 20 s
+        assert t.tombstones() == 0
         assert len(t) == 100 and sorted(t.ids()) == keep
         assert t.nbytes() <= 2 * fresh.nbytes() < peak
         assert t.heap_size() <= 2 * len(t) + 64
@@ -218,3 +225,202 @@ def test_limit_contract(core):
     ):
         with pytest.raises(exc):
             t.pop_expired(1.0, bad)
+
+
+# -- tombstones and ambiguity (docs/PROTOCOL.md P3, P4 and section 5) -------
+KEY = bytes(range(16))
+
+
+def same_tag(n: int, bits: int) -> list[str]:
+    """``n`` ids whose tags collide in a table with ``tag_bits=bits``."""
+    from vllm_nixl_lease.lease_tags import tag_digest
+
+    def group(req_id: str) -> int:
+        return tag_digest(req_id, KEY) & (2**bits - 1)
+
+    first = group("x-0")
+    return [r for r in (f"x-{i}" for i in range(1000)) if group(r) == first][:n]
+
+
+def tagged_table(core, bits: int, **options):
+    t = core.LeaseTable(4.0, tag_bits=bits, **options)  # tombstones live 8 s by default
+    t.set_tag_key(KEY)
+    t.pop_expired(100.0, 0)  # the table's clock: frees are dated 100
+    return t
+
+
+@pytest.mark.parametrize("bits", [1, 2])
+def test_freed_while_a_tag_mate_lives(core, bits):
+    """(a) X freed while Y shares its tag: Y is ambiguous for its life, so its
+    tag is answered not held (and still extended), whatever else renews Y."""
+    from vllm_nixl_lease.lease_tags import lease_tag
+
+    x, y = same_tag(2, bits)
+    t = tagged_table(core, bits)
+    t.grant(x, 200.0)
+    t.grant(y, 200.0)
+    tag = lease_tag(y, KEY)
+    assert t.extend_tagged(tag.encode(), 100.0) == (2, 1, [])  # both held: exactly what it names
+    assert t.release(x)
+    assert t.is_ambiguous(y) and not t.is_ambiguous(x)
+    assert t.extend_tagged(tag.encode(), 150.0) == (1, 1, [tag])
+    assert t.deadline(y) == 200.0  # max(old, 154)
+    assert t.extend_tagged(tag.encode(), 199.0) == (1, 1, [tag]) and t.deadline(y) == 203.0
+    assert t.extend_acked(y.encode(), 199.5) == (1, 1, [y])  # by id too: the lease is ambiguous
+    t.grant(y, 300.0)  # granted again: still the same lease, still ambiguous
+    assert t.is_ambiguous(y)
+
+
+@pytest.mark.parametrize("bits", [1, 2])
+def test_granted_on_a_tombstoned_tag(core, bits):
+    """(b) X freed, then Y granted on X's tag within ``tombstone_s``: Y is
+    ambiguous.  (c) Granted after the tombstone aged out: it is not."""
+    from vllm_nixl_lease.lease_tags import lease_tag
+
+    x, y, z = same_tag(3, bits)
+    t = tagged_table(core, bits)
+    t.grant(x, 200.0)
+    assert t.release(x)  # dated 100: its keys are tombstones until 108
+    assert t.tombstones() == 2  # x's id and its tag
+    t.pop_expired(108.0, 0)  # exactly tombstone_s later: still live (inclusive)
+    t.grant(y, 200.0)
+    assert t.is_ambiguous(y)
+    assert t.extend_tagged(lease_tag(y, KEY).encode(), 108.0) == (1, 1, [lease_tag(y, KEY)])
+    t.pop_expired(108.001, 0)
+    assert t.tombstones() == 0
+    t.grant(z, 200.0)
+    assert not t.is_ambiguous(z) and t.is_ambiguous(y)
+    assert t.release(y)  # dated 108.001: z shared the tag, so z is ambiguous now
+    assert t.is_ambiguous(z)
+
+
+def test_tombstone_window_is_a_constructor_option(core):
+    t = core.LeaseTable(4.0, tombstone_s=1.0)
+    t.pop_expired(10.0, 0)
+    t.grant("x", 100.0)
+    t.release("x")
+    t.pop_expired(11.5, 0)
+    t.grant("x", 100.0)
+    assert not t.is_ambiguous("x")
+    for bad in (-1.0, math.nan, math.inf, "x"):
+        with pytest.raises((ValueError, TypeError)):
+            core.LeaseTable(4.0, tombstone_s=bad)
+    for bad, exc in ((0, ValueError), (65, ValueError), (1.5, TypeError), (True, TypeError)):
+        with pytest.raises(exc):
+            core.LeaseTable(4.0, tag_bits=bad)
+    for bad, exc in ((0, ValueError), (-3, ValueError), (2.0, TypeError)):
+        with pytest.raises(exc):
+            core.LeaseTable(4.0, max_tombstones=bad)
+
+
+def test_id_reused_within_the_window(core):
+    """(d) An id freed and granted again within ``tombstone_s``: an ``LHB:``
+    naming it may be D's about the old lease, so the answer lists it (and the
+    lease is extended all the same); an id never freed is answered held."""
+    t = core.LeaseTable(4.0)
+    t.grant("old", 10.0)
+    t.grant("fresh", 10.0)
+    t.extend(b"", 1.0)
+    assert t.pop_expired(10.0) == ["old", "fresh"]  # freed at 10: tombstones until 18
+    t.grant("old", 30.0)
+    t.grant("other", 30.0)
+    assert t.extend_acked(b"old,other,gone", 12.0) == (2, 3, ["old", "gone"])
+    assert t.deadline("old") == 30.0  # extended: max(30, 16)
+    assert t.extend_acked(b"old,other", 27.0) == (2, 2, ["old"]) and t.deadline("old") == 31.0
+    t.release("old")
+    t.pop_expired(40.0, 0)  # 27 + 8 < 40: the window has passed
+    t.grant("old", 50.0)
+    assert t.extend_acked(b"old", 41.0) == (1, 1, [])
+
+
+def test_extend_acked_payloads(core):
+    t = core.LeaseTable(4.0)
+    t.grant("a", 10.0)
+    t.grant("réq", 10.0)
+    assert t.extend_acked(b"", 1.0) == (0, 0, [])
+    assert t.extend_acked(b",a,,zz,", 1.0) == (1, 2, ["zz"])  # empty names name nothing
+    assert t.extend_acked("réq,a".encode(), 7.0) == (2, 2, [])
+    assert t.deadline("a") == t.deadline("réq") == 11.0
+    # Not UTF-8: the answer counts none as extended, but the held ids were.
+    assert t.extend_acked(b"a,\xff,zz", 8.0) == (1, 3, None) and t.deadline("a") == 12.0
+    assert t.extend_acked("a,\ud800", 9.0) == (1, 2, None) and t.deadline("a") == 13.0
+    assert t.extend_acked(bytearray(b"a,zz"), 10.0) == (1, 2, ["zz"])
+    assert t.extend_acked(memoryview(b"a"), 11.0) == (1, 1, [])
+    assert t.extend_acked("a,zz", 11.0) == (1, 2, ["zz"]) and t.deadline("a") == 15.0
+
+
+def test_release_dates_tombstones_with_the_latest_now(core):
+    """``release`` takes no time: it uses the largest ``now`` any call gave
+    (here a router's ``route`` and an ``extend``), never one that went back."""
+    table = core.LeaseTable(4.0)
+    router = core.NotificationRouter(table)
+    router.route({}, 50.0)
+    table.extend(b"", 20.0)  # earlier than 50: the clock stays at 50
+    table.grant("x", 100.0)
+    table.release("x")  # dated 50: a tombstone until 58
+    table.pop_expired(58.0, 0)
+    table.grant("x", 100.0)
+    assert table.is_ambiguous("x")
+    router.add_in_batch("y")
+    router.grant("y", 100.0)
+    assert router.route({"d": [b"y:1"]}, 70.0).completed == ["y"]  # a completion: dated 70
+    table.pop_expired(78.0, 0)
+    table.grant("y", 100.0)
+    assert table.is_ambiguous("y")
+    table.release("y")
+    table.pop_expired(86.5, 0)
+    table.grant("y", 100.0)
+    assert not table.is_ambiguous("y")
+
+
+def test_over_the_cap_every_grant_is_ambiguous_until_the_lost_tombstone_ages_out(core):
+    """Past ``max_tombstones`` free events the oldest goes; the table cannot
+    tell any more whether a new lease reuses its key, so every lease granted
+    until it would have aged out is ambiguous, and the loss is counted."""
+    t = core.LeaseTable(4.0, max_tombstones=3)  # no tag key: one event per free
+    t.pop_expired(100.0, 0)
+    for i, now in enumerate((100.0, 101.0, 102.0)):
+        t.pop_expired(now, 0)
+        t.grant(f"f{i}", 1000.0)
+        t.release(f"f{i}")
+    assert (t.tombstones(), t.tombstone_overflows) == (3, 0)
+    t.grant("before", 1000.0)
+    assert not t.is_ambiguous("before")
+    t.pop_expired(103.0, 0)
+    t.grant("f3", 1000.0)
+    t.release("f3")  # the 4th event: f0's (freed at 100) is dropped while live
+    assert (t.tombstones(), t.tombstone_overflows) == (3, 1)
+    t.grant("new", 1000.0)
+    assert t.is_ambiguous("new")  # f0's tombstone would have lived until 108
+    t.pop_expired(108.0, 0)
+    t.grant("new2", 1000.0)
+    assert t.is_ambiguous("new2")
+    t.pop_expired(108.5, 0)
+    t.grant("new3", 1000.0)
+    assert not t.is_ambiguous("new3") and t.is_ambiguous("new")
+    # An id freed twice in the window is one tombstone with two events: the
+    # older event leaving at the cap drops nothing live.
+    t2 = core.LeaseTable(4.0, max_tombstones=2)
+    t2.pop_expired(0.0, 0)
+    for _ in range(3):
+        t2.grant("same", 1000.0)
+        t2.release("same")
+    assert (t2.tombstones(), t2.tombstone_overflows) == (1, 0)
+
+
+def test_tombstones_are_bounded_by_the_cap_and_the_window(core):
+    """At most ``max_tombstones`` free events (two per tagged lease: id and
+    tag), and once the clock passes the window the memory they took is given back."""
+    t = core.LeaseTable(4.0, max_tombstones=1000)
+    t.set_tag_key(KEY)
+    peak = 0
+    for step in range(50):
+        t.pop_expired(float(step), 0)
+        for i in range(100):
+            t.grant(f"s{step}-{i}", 1e9)
+            t.release(f"s{step}-{i}")
+        assert t.tombstones() <= 1000
+        peak = max(peak, t.nbytes())
+    assert t.tombstone_overflows > 0
+    t.pop_expired(100.0, 0)
+    assert t.tombstones() == 0 and t.nbytes() * 10 < peak

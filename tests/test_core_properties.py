@@ -4,7 +4,14 @@ on every random interleaving of grant/extend/release/pop/route, including the
 edges: messages that are not bytes, message lists that are not lists, ``now``
 values that are not finite times (same exception, nothing changed), long and
 non-ASCII ids, and read counts that must not outlive their lease or batch
-membership (the invariant compares every id's count with the model's)."""
+membership (the invariant compares every id's count with the model's).
+
+Two groups run side by side, each against its own model: full 64-bit tags
+with the default tombstone window and cap, and tags cut to 2 bits (so most
+tags collide) with a short window and a cap of a few events (so tombstones
+age out, overflow and make grants ambiguous within a few steps).  The tag
+key is set, kept or changed (refused while leases are held) as a rule, and
+the invariant compares ambiguity, live tombstones and overflows."""
 
 from __future__ import annotations
 
@@ -14,15 +21,22 @@ from conftest import load_core
 from core_model import ModelRouter
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from vllm_nixl_lease._wire import heartbeat_message, heartbeat_payload
+from vllm_nixl_lease._wire import EXTENSION_PREFIX, heartbeat_message, heartbeat_payload
 from vllm_nixl_lease.lease_tags import lease_tag
 
-IDS = ["a", "b", "c:1", "réq", "x" * 40, "cmpl-7:0", "z", "ü" * 70, "y" * 90]
+IDS = ["a", "b", "c:1", "réq", "x" * 40, "cmpl-7:0", "z", "ü" * 70, "y" * 90, "a,b"]
 EXTENSION = 4.0
+KEYS = [bytes(range(16)), bytes(range(1, 33))]
+# (hash bits of the Cython twin(s), table options): each group has its own model
+GROUPS = [
+    ((("cython", 64), ("python", 64)), {}),
+    ((("cython", 1), ("python", 64)), {"tag_bits": 2, "tombstone_s": 3.0, "max_tombstones": 5}),
+]
 
 id_st = st.sampled_from(IDS)
+key_st = st.sampled_from(KEYS)
 time_step = st.sampled_from([0.0, 0.5, 1.0, 2.0, 3.5])
 # 3.5: a heartbeat right after the grant gains 0.5 s, so "max(old, new)" is checked in two steps
 deadline_offset = st.sampled_from([-1.0, 0.0, 1.0, 2.0, 3.5, 4.0, 7.5])
@@ -31,20 +45,28 @@ junk_st = st.one_of(
     st.sampled_from([b"nocolon", b"x:y", b"a:0", b"a:-1", b":1", b"\xff:1", b"a:99999999999", b"PUSH_REG:z"]),
 )
 completion_st = st.builds(lambda r, n: f"{r}:{n}".encode(), id_st, st.integers(1, 3))
-hb_st = st.builds(
-    heartbeat_message,
-    st.lists(st.one_of(id_st.map(str.encode), st.sampled_from([b"", b"\xff", b"unknown"])), max_size=6),
+id_list_st = st.lists(
+    st.one_of(id_st.map(str.encode), st.sampled_from([b"", b"\xff", b"unknown"])), max_size=6
 )
-# LHBT: payloads: tags of known ids, tags of ids never granted, near-tags, junk
+hb_st = st.builds(heartbeat_message, id_list_st)
+# the lease protocol's escape: never a heartbeat, whatever follows it
+escape_st = st.one_of(
+    st.just(EXTENSION_PREFIX),
+    st.builds(lambda ids: EXTENSION_PREFIX + b"LHB:1," + b",".join(ids), id_list_st),
+    st.sampled_from([EXTENSION_PREFIX + b"a:1", EXTENSION_PREFIX + b"\xff", b"HB:", b"HB:a,", b"HB:,,a"]),
+)
+acked_st = id_list_st.map(b",".join) | st.sampled_from([b"\xff,a", b"a,\xfe\xff,b", b"a,,b,"])
+# LHBT: payloads: tags of known ids (under either key), of ids never granted, near-tags, junk
 tagged_st = st.lists(
     st.one_of(
-        id_st.map(lease_tag),
-        st.sampled_from([lease_tag("never"), lease_tag("a")[:-1] + "B", "", "x" * 11, "AAAAAAAAAAA"]),
+        st.builds(lease_tag, id_st, key_st),
+        st.sampled_from([lease_tag("never", KEYS[0]), lease_tag("a", KEYS[0])[:-1] + "B", "", "x" * 11]),
+        st.sampled_from(["AAAAAAAAAAA", "AAAAAAAAAAE", "AAAAAAAAAAI", "AAAAAAAAAAM"]),  # low digest bits 0..3
     ),
     max_size=6,
 ).map(lambda tags: ",".join(tags).encode()) | st.sampled_from([b"\xff", b"A,\xfe,B"])
 not_bytes_st = st.sampled_from(["a:1", None, 7, 1.5, bytearray(b"a:1"), memoryview(b"b:1"), ["a:1"]])
-message_st = st.one_of(completion_st, completion_st, hb_st, junk_st, not_bytes_st)
+message_st = st.one_of(completion_st, completion_st, hb_st, escape_st, junk_st, not_bytes_st)
 messages_st = st.one_of(
     st.lists(message_st, max_size=6),
     st.lists(message_st, max_size=3).map(tuple),
@@ -67,60 +89,100 @@ class CoreAgreement(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.now = 0.0
-        self.model = ModelRouter(EXTENSION)
-        self.routers = []
-        for name, bits in (("cython", 64), ("cython", 1), ("python", 64)):
-            core = load_core(name)
-            self.routers.append(core.NotificationRouter(core.LeaseTable(EXTENSION, _hash_bits=bits)))
+        self.groups: list[tuple[ModelRouter, list]] = []
+        for cores, options in GROUPS:
+            routers = []
+            for name, bits in cores:
+                core = load_core(name)
+                routers.append(
+                    core.NotificationRouter(core.LeaseTable(EXTENSION, _hash_bits=bits, **options))
+                )
+            self.groups.append((ModelRouter(EXTENSION, **options), routers))
+
+    def each(self, model_call, router_call, *args):
+        """Call the model and every router of each group; all must agree."""
+        for model, routers in self.groups:
+            want = outcome(model_call(model), *args)
+            assert [outcome(router_call(r), *args) for r in routers] == [want] * len(routers)
+
+    @initialize(key=st.one_of(st.none(), key_st))
+    def start(self, key):
+        """Most runs start with the tag key set (as P's worker soon has it)."""
+        if key is not None:
+            self.set_tag_key(key)
 
     @rule(dt=time_step)
     def advance(self, dt):
         self.now += dt
 
+    @rule(dt=time_step)
+    def advance_table_clock(self, dt):
+        """``pop_expired(now, 0)`` only moves the tables' clock (frees are dated with it)."""
+        self.now += dt
+        self.each(lambda m: m.pop_expired, lambda r: r.table.pop_expired, self.now, 0)
+
+    @rule(key=key_st)
+    def set_tag_key(self, key):
+        """The same key again: nothing; another while leases are held: ValueError."""
+        self.each(lambda m: m.set_tag_key, lambda r: r.table.set_tag_key, key)
+
     @rule(rid=id_st)
     def add_in_batch(self, rid):
-        self.model.in_batch.add(rid)
-        for r in self.routers:
-            r.add_in_batch(rid)
+        for model, routers in self.groups:
+            model.in_batch.add(rid)
+            for r in routers:
+                r.add_in_batch(rid)
 
     @rule(rid=id_st)
     def discard_in_batch(self, rid):
-        self.model.discard_in_batch(rid)
-        for r in self.routers:
-            r.discard_in_batch(rid)
+        for model, routers in self.groups:
+            model.discard_in_batch(rid)
+            for r in routers:
+                r.discard_in_batch(rid)
 
     @rule(rid=id_st, off=deadline_offset)
     def grant(self, rid, off):
         """The router's grant: a lease only for a request in a batch."""
-        want = rid in self.model.in_batch
-        if want:
-            self.model.grant(rid, self.now + off)
-        assert [r.grant(rid, self.now + off) for r in self.routers] == [want] * 3
+        for model, routers in self.groups:
+            want = rid in model.in_batch
+            if want:
+                model.grant(rid, self.now + off)
+            assert [r.grant(rid, self.now + off) for r in routers] == [want] * len(routers)
 
     @rule(payload=hb_st)
     def extend(self, payload):
-        want = self.model.extend_counted(heartbeat_payload(payload), self.now)
-        assert [r.table.extend_counted(heartbeat_payload(payload), self.now) for r in self.routers] == [
-            want
-        ] * 3
+        self.each(
+            lambda m: m.extend_counted, lambda r: r.table.extend_counted, heartbeat_payload(payload), self.now
+        )
+
+    @rule(payload=acked_st)
+    def extend_acked(self, payload):
+        self.each(lambda m: m.extend_acked, lambda r: r.table.extend_acked, payload, self.now)
+
+    @rule(data=st.data())
+    def extend_acked_held(self, data):
+        """Ids of leases held now, some of them ambiguous: the answer lists exactly those."""
+        held = sorted(self.groups[1][0].leases)
+        names = data.draw(st.lists(st.sampled_from(held), min_size=1, max_size=3)) if held else []
+        self.extend_acked(",".join(names).encode())
 
     @rule(payload=tagged_st)
     def extend_tagged(self, payload):
-        want = self.model.extend_tagged(payload, self.now)
-        assert [r.table.extend_tagged(payload, self.now) for r in self.routers] == [want] * 3
+        self.each(lambda m: m.extend_tagged, lambda r: r.table.extend_tagged, payload, self.now)
 
     @rule(data=st.data())
     def extend_tagged_held(self, data):
         """Tags of leases held now: random payloads name a held lease too
         rarely for a wrong deadline (``max(old, now + extension)``) to show."""
-        held = sorted(self.model.leases)
+        model = self.groups[0][0]
+        held = sorted(r for r in model.leases if "," not in r)
         names = data.draw(st.lists(st.sampled_from(held), min_size=1, max_size=3)) if held else []
-        self.extend_tagged(",".join(lease_tag(r) for r in names).encode())
+        key = model.key or KEYS[0]
+        self.extend_tagged(",".join(lease_tag(r, key) for r in names).encode())
 
     @rule(rid=id_st)
     def release(self, rid):
-        want = self.model.router_release(rid)
-        assert [r.release(rid) for r in self.routers] == [want] * 3
+        self.each(lambda m: m.router_release, lambda r: r.release, rid)
 
     @rule(rid=id_st, expected=st.integers(1, 3))
     def read(self, rid, expected):
@@ -132,65 +194,85 @@ class CoreAgreement(RuleBasedStateMachine):
     def bad_now(self, batch, now):
         """Every entry point that takes ``now`` refuses a bad one alike and
         before changing anything (the invariant then checks nothing moved)."""
-        m = self.model
         calls = [
-            (m.route, lambda r: r.route, (batch, now)),
-            (m.expire, lambda r: r.expire, (now,)),
-            (m.pop_expired, lambda r: r.table.pop_expired, (now,)),
-            (m.extend_counted, lambda r: r.table.extend_counted, (b"a,b", now)),
+            (lambda m: m.route, lambda r: r.route, (batch, now)),
+            (lambda m: m.expire, lambda r: r.expire, (now,)),
+            (lambda m: m.pop_expired, lambda r: r.table.pop_expired, (now,)),
+            (lambda m: m.extend_counted, lambda r: r.table.extend_counted, (b"a,b", now)),
+            (lambda m: m.extend_acked, lambda r: r.table.extend_acked, (b"a,b", now)),
+            (lambda m: m.extend_tagged, lambda r: r.table.extend_tagged, (b"AAAAAAAAAAA", now)),
         ]
         for model_fn, get, args in calls:
-            want = outcome(model_fn, *args)
-            assert want[1] is not None
-            assert [outcome(get(r), *args) for r in self.routers] == [want] * 3
+            for model, _ in self.groups:
+                assert outcome(model_fn(model), *args)[1] is not None
+            self.each(model_fn, get, *args)
 
     @rule(limit=limit_st)
     def pop_expired(self, limit):
-        want = outcome(self.model.pop_expired, self.now, limit)
-        assert [outcome(r.table.pop_expired, self.now, limit) for r in self.routers] == [want] * 3
+        self.each(lambda m: m.pop_expired, lambda r: r.table.pop_expired, self.now, limit)
 
     @rule(limit=limit_st)
     def expire(self, limit):
-        want = outcome(self.model.expire, self.now, limit)
-        assert [outcome(r.expire, self.now, limit) for r in self.routers] == [want] * 3
+        self.each(lambda m: m.expire, lambda r: r.expire, self.now, limit)
 
     @rule(rid=id_st, off=deadline_offset)
     def grant_on_table(self, rid, off):
         """A lease granted past the router (as ``ReqsToSendDict`` does for an
         id in no batch), whatever the id's batch membership."""
-        self.model.grant(rid, self.now + off)
-        for r in self.routers:
-            r.table.grant(rid, self.now + off)
+        for model, routers in self.groups:
+            model.grant(rid, self.now + off)
+            for r in routers:
+                r.table.grant(rid, self.now + off)
+
+    @rule(rids=st.lists(id_st, min_size=1, max_size=4), off=deadline_offset)
+    def grant_several(self, rids, off):
+        for rid in rids:
+            self.grant_on_table(rid, off)
+
+    @rule(rids=st.lists(id_st, min_size=1, max_size=4), off=deadline_offset)
+    def churn(self, rids, off):
+        """Grants and frees in quick succession: tombstones pile up, tags
+        shared with a freed lease and ids used again become ambiguous, and
+        the small group's cap overflows."""
+        for rid in rids:
+            self.grant_on_table(rid, off)
+        for rid in rids[::2]:
+            self.release(rid)
 
     @rule(batch=batch_st)
     def route(self, batch):
-        want = self.model.route(batch, self.now)
-        for r in self.routers:
-            res = r.route(batch, self.now)
-            assert res.unknown == len(want["unknown"])
-            got = {
-                "completed": res.completed,
-                "hb": [res.heartbeat_messages, res.heartbeat_ids, res.extended],
-                "unknown": res.unknown_sample + want["unknown"][3:],
-                "malformed": res.malformed,
-                "passthrough": res.passthrough,
-            }
-            assert got == want
+        for model, routers in self.groups:
+            want = model.route(batch, self.now)
+            for r in routers:
+                res = r.route(batch, self.now)
+                assert res.unknown == len(want["unknown"])
+                got = {
+                    "completed": res.completed,
+                    "hb": [res.heartbeat_messages, res.heartbeat_ids, res.extended],
+                    "unknown": res.unknown_sample + want["unknown"][3:],
+                    "malformed": res.malformed,
+                    "passthrough": res.passthrough,
+                }
+                assert got == want
 
     @precondition(lambda self: True)
     @invariant()
     def same_state(self):
-        leases = {r: d for r, (d, _) in self.model.leases.items()}
-        for r in self.routers:
-            t = r.table
-            assert len(t) == len(leases)
-            assert {rid: t.deadline(rid) for rid in IDS if rid in t} == leases
-            assert t.next_deadline() == self.model.next_deadline()
-            assert sorted(t.ids()) == sorted(leases)
-            assert r.in_batch_count() == len(self.model.in_batch)
-            for rid in IDS:
-                assert r.received(rid) == self.model.counts.get(rid, 0)
-                assert r.is_in_batch(rid) == (rid in self.model.in_batch)
+        for model, routers in self.groups:
+            leases = {r: d for r, (d, _) in model.leases.items()}
+            for r in routers:
+                t = r.table
+                assert len(t) == len(leases)
+                assert {rid: t.deadline(rid) for rid in IDS if rid in t} == leases
+                assert t.next_deadline() == model.next_deadline()
+                assert sorted(t.ids()) == sorted(leases)
+                assert r.in_batch_count() == len(model.in_batch)
+                for rid in IDS:
+                    assert r.received(rid) == model.counts.get(rid, 0)
+                    assert r.is_in_batch(rid) == (rid in model.in_batch)
+                    assert t.is_ambiguous(rid) == (rid in model.ambiguous)
+                assert t.tombstones() == model.tombstones()
+                assert t.tombstone_overflows == model.overflows
 
 
 CoreAgreement.TestCase.settings = settings(max_examples=200, stateful_step_count=40, deadline=None)

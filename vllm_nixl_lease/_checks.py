@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import math
 import sys
+from collections.abc import Iterable
 
-from ._wire import HEARTBEAT_PREFIX, request_id_bytes
+from ._wire import EXTENSION_PREFIX, HEARTBEAT_PREFIX, request_id_bytes
 
 # What an agent's messages may come as in a notification batch; anything else
 # counts as one malformed entry.
 MESSAGES_TYPES = (list, tuple)
+
+# Free events a lease table remembers at most, by default (``max_tombstones``).
+DEFAULT_MAX_TOMBSTONES = 1_000_000
 
 # Default size cap of one heartbeat message: fits every NIXL backend (some cap
 # a notification there).
@@ -40,6 +44,59 @@ def check_req_id(req_id: object) -> str:
     except UnicodeEncodeError as exc:
         raise ValueError(f"request id {req_id!r} is not encodable as UTF-8") from exc
     return req_id
+
+
+def check_tag_key(key: object) -> bytes:
+    """P's secret tag key: bytes (TypeError) of 16 to 64 bytes (ValueError):
+    shorter is guessable, longer is more than BLAKE2b takes as a key."""
+    if not isinstance(key, bytes):
+        raise TypeError(f"tag key must be bytes, got {type(key).__name__}")
+    if not 16 <= len(key) <= 64:
+        raise ValueError(f"tag key must be 16 to 64 bytes, got {len(key)}")
+    return key
+
+
+def check_tombstone_s(tombstone_s: float | None, extension: float) -> float:
+    """How long a freed lease's keys are remembered: ``2 * extension`` for
+    None, else a finite number of seconds >= 0 (ValueError otherwise)."""
+    if tombstone_s is None:
+        return 2.0 * extension
+    value = float(tombstone_s)
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"tombstone_s must be a finite number >= 0, got {tombstone_s!r}")
+    return value
+
+
+def check_tag_bits(tag_bits: int) -> int:
+    """Low bits of each tag digest a table keeps (a test knob): an int in 1..64."""
+    if isinstance(tag_bits, bool) or not isinstance(tag_bits, int):
+        raise TypeError(f"tag_bits must be an int, got {type(tag_bits).__name__}")
+    if not 1 <= tag_bits <= 64:
+        raise ValueError(f"tag_bits must be in 1..64, got {tag_bits}")
+    return tag_bits
+
+
+def check_max_tombstones(max_tombstones: int) -> int:
+    """The cap on remembered free events: an int >= 1 that fits a C ssize_t."""
+    if isinstance(max_tombstones, bool) or not isinstance(max_tombstones, int):
+        raise TypeError(f"max_tombstones must be an int, got {type(max_tombstones).__name__}")
+    if not 1 <= max_tombstones <= sys.maxsize:
+        raise ValueError(f"max_tombstones must be >= 1, got {max_tombstones}")
+    return max_tombstones
+
+
+def check_passthrough_prefixes(prefixes: Iterable[bytes]) -> tuple[bytes, ...]:
+    """The prefixes a router passes through, ``EXTENSION_PREFIX`` always among
+    them; ValueError for an empty one, or one that would take plain ``HB:``
+    heartbeats (a prefix may start with ``HB:`` only if it starts with the escape)."""
+    out = tuple(bytes(p) for p in prefixes)
+    for p in out:
+        if not p or (p.startswith(HEARTBEAT_PREFIX) and not p.startswith(EXTENSION_PREFIX)):
+            raise ValueError(
+                f"passthrough prefixes must be non-empty and not start with {HEARTBEAT_PREFIX.decode()} "
+                f"unless they start with {EXTENSION_PREFIX.decode()}, got {p!r}"
+            )
+    return out if EXTENSION_PREFIX in out else (*out, EXTENSION_PREFIX)
 
 
 def check_deadline(deadline: float) -> float:

@@ -43,6 +43,10 @@ from typing import Any, NamedTuple
 LEASE_PROTOCOL_VERSION = 2
 HEARTBEAT_PREFIX = b"HB:"
 HEARTBEAT_SEPARATOR = b","
+# The lease protocol's escape (docs/PROTOCOL.md section 2): a heartbeat whose
+# first id is empty, which no D names; our P passes every such message to the
+# protocol's components, and a stock P parses it as a harmless heartbeat.
+EXTENSION_PREFIX = HEARTBEAT_PREFIX + HEARTBEAT_SEPARATOR
 PUSH_REG_PREFIX = b"PUSH_REG:"
 # The escape in front of every D -> P message of ours (see the module docstring).
 EXTENSION_PREFIX = b"HB:,"

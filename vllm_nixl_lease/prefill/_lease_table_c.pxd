@@ -6,6 +6,7 @@ message are defined here, inline, so that they compile into the router too."""
 
 from cpython.ref cimport PyObject
 from libc.stdint cimport int64_t, uint32_t, uint64_t
+from libcpp.deque cimport deque
 from libcpp.map cimport map as cmap
 from libcpp.pair cimport pair
 from libcpp.vector cimport vector
@@ -28,7 +29,27 @@ cdef extern from "lease_index.h":
     const uint32_t DELETED "VNL_DELETED"
     const uint32_t IN_BATCH "VNL_IN_BATCH"
     const uint32_t SEQ_BITS "VNL_SEQ_BITS"
+    const uint32_t TAGGED "VNL_TAGGED"
+    const uint32_t AMBIGUOUS "VNL_AMBIGUOUS"
     bint vnl_eq(const char* a, const char* b, size_t n) nogil
+
+cdef extern from "blake2b.h":
+    ctypedef struct vnl_b2_key:
+        pass
+    void vnl_b2_init(vnl_b2_key* k, const unsigned char* key, size_t keylen) nogil
+    uint64_t vnl_b2_digest(const vnl_b2_key* k, const char* data, size_t n) nogil
+
+cdef extern from "tombstones.h":
+    const uint32_t TOMB_ID "VNL_TOMB_ID"
+    const uint32_t TOMB_TAG "VNL_TOMB_TAG"
+    ctypedef struct vnl_tombs:
+        size_t size
+        size_t live
+        uint64_t seed
+    long vnl_tomb_find(const vnl_tombs* t, uint64_t key, uint32_t kind) nogil
+    int vnl_tomb_add(vnl_tombs* t, uint64_t key, uint32_t kind) nogil
+    int vnl_tomb_forget(vnl_tombs* t, uint64_t key, uint32_t kind) nogil
+    void vnl_tomb_clear(vnl_tombs* t) nogil
 
 
 ctypedef pair[double, uint64_t] HeapEntry   # (deadline, seq << 32 | slot)
@@ -41,9 +62,15 @@ cdef struct Slot:
     PyObject* req_id    # owned reference to the id (a str)
     uint32_t seq        # grant order | IN_BATCH; 0: free slot
     uint32_t link       # live: low 32 bits of the id's hash; free: next free slot + 1
-    uint64_t tag        # lease_tags.tag_digest of the id (when tagged)
+    uint64_t tag        # lease_tags.tag_digest of the id, cut to tag_bits (when TAGGED)
     uint32_t tag_next   # next slot + 1 with the same tag, 0: none
-    uint32_t tagged     # 1: in _tags under ``tag``
+    uint32_t flags      # TAGGED: in _tag_heads under ``tag``; AMBIGUOUS: never answered held
+
+
+cdef struct TombEvent:
+    double at           # the table's latest ``now`` when the key was freed
+    uint64_t key        # an id's 64-bit SipHash fingerprint, or a tag digest
+    uint32_t kind       # TOMB_ID or TOMB_TAG
 
 
 cdef inline const char* _stored_utf8(PyObject* o, Py_ssize_t* n) noexcept:
@@ -79,6 +106,16 @@ cdef class LeaseTable:
     cdef size_t _tag_used              # live + deleted cells
     cdef Py_ssize_t _tag_live          # live cells
     cdef bint _index_tags              # False: grants are not indexed by tag
+    cdef object _tag_key               # P's tag key (bytes), None until set_tag_key
+    cdef vnl_b2_key _b2                # BLAKE2b state after the tag key's block
+    cdef uint64_t _tag_mask            # low bits of every tag digest kept (tag_bits)
+    cdef double _now                   # the largest ``now`` given so far
+    cdef double _tombstone_s
+    cdef Py_ssize_t _max_tombstones
+    cdef vnl_tombs _tombs              # (kind, key) -> free events of it in _fifo
+    cdef deque[TombEvent] _fifo        # free events, oldest first
+    cdef Py_ssize_t _overflows         # live tombstones dropped at the cap
+    cdef double _overflow_until        # grants up to then are ambiguous (once overflowed)
 
     # -- used by the router (defined here, so inlined there too) ----------
     cdef inline uint32_t _hash(self, const char* p, Py_ssize_t n) noexcept nogil:
@@ -119,6 +156,12 @@ cdef class LeaseTable:
         (a lease already later keeps its own)."""
         return now + self._extension
 
+    cdef inline void _observe(self, double now) noexcept nogil:
+        """Keep ``now`` (already checked) if it is the largest seen: frees are
+        dated with it."""
+        if now > self._now:
+            self._now = now
+
     cdef inline bint _is_in_batch(self, long idx) noexcept:
         return (self._slots[idx].seq & IN_BATCH) != 0
 
@@ -131,7 +174,8 @@ cdef class LeaseTable:
             self._in_batch -= 1
 
     cdef long _grant(self, object req_id, object deadline) except -1
-    cdef (Py_ssize_t, Py_ssize_t) _extend_span(self, const char* p, Py_ssize_t n, double new_deadline)
+    cdef (Py_ssize_t, Py_ssize_t) _extend_span(self, const char* p, Py_ssize_t n, double new_deadline,
+                                               list not_held) except *
     cdef void _release_slot(self, uint32_t idx) except *
     cdef void _maybe_compact(self) except *
     cdef void _pop_due(self, double t, Py_ssize_t cap, list expired, list others, bint marked) except *
@@ -147,6 +191,11 @@ cdef class LeaseTable:
     cdef void _tag_link(self, uint32_t idx) except *
     cdef void _tag_unlink(self, uint32_t idx) except *
     cdef void _tag_resize(self, const uint32_t* moved) except *
+    cdef bint _tag_of(self, const char* p, Py_ssize_t n, uint64_t* out) noexcept
+    cdef void _freed(self, uint32_t idx) except *
+    cdef bint _tombstoned(self, uint64_t fingerprint, bint tagged, uint64_t tag) except -1
+    cdef void _bury(self, uint64_t key, uint32_t kind) except *
+    cdef void _prune(self) except *
     cdef inline int64_t _bucket(self, double deadline) noexcept
     cdef inline bint _orphaned(self, uint64_t entry) noexcept
     cdef inline void _push(self, double deadline, uint32_t seq, uint32_t idx) except *

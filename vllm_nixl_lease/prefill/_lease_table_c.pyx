@@ -50,6 +50,18 @@ Layout, and why:
   low bits do not share a probe run.  ``extend_tagged`` parses each 11-byte
   tag in C, a group at a time with the cells prefetched, and extends the
   chain: an ``LHBT:`` heartbeat never builds a string.
+- Tag digests: keyed BLAKE2b (``csrc/blake2b.h``) under P's tag key, from
+  the state after the key's block (computed once per key), so a grant makes
+  no Python call for its tag.
+- Tombstones (see the twin for the rules): ``_fifo`` is a std::deque of
+  (time, key, kind) free events, oldest first, and ``_tombs`` counts the
+  events per (kind, key) (``csrc/tombstones.h``).  An id is remembered by its
+  64-bit SipHash fingerprint under the table's random key, not by its text,
+  so a tombstone costs 16 bytes and keeps no string alive; two ids sharing a
+  fingerprint (about 1 in 2**64 per pair, and nobody outside the process can
+  aim one) make a lease ambiguous that the twin would not: the safe side.
+  Ambiguity is a flag in the slot, set at grant and free and read for free by
+  the heartbeat that touches the slot anyway.
 - Shrink: when the live leases fall below a quarter of the slots, the slots
   are compacted and the index and heap rebuilt at the live size (amortised
   O(1)), so memory and per-operation cost follow the live count, not a
@@ -63,12 +75,26 @@ from libcpp.vector cimport vector
 from libcpp.functional cimport greater
 from libcpp.algorithm cimport sort, make_heap, push_heap, pop_heap
 from libc.math cimport floor, INFINITY
+from libc.string cimport memchr
+from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cython.operator cimport dereference as deref, preincrement as inc
 
 import os
 
-from .._checks import check_extension, check_limit, check_now
-from ..lease_tags import tag_digest as _tag_digest
+from .._checks import (
+    DEFAULT_MAX_TOMBSTONES, check_extension, check_limit, check_max_tombstones, check_now, check_tag_bits,
+    check_tag_key, check_tombstone_s,
+)
+
+
+def _blake2b_tag(key, data):
+    """Keyed BLAKE2b of ``data`` as the table computes a tag digest (test
+    hook: checked against ``hashlib``)."""
+    cdef vnl_b2_key k
+    cdef bytes kb = check_tag_key(key)
+    cdef bytes d = bytes(data)
+    vnl_b2_init(&k, <const unsigned char*>PyBytes_AS_STRING(kb), len(kb))
+    return vnl_b2_digest(&k, PyBytes_AS_STRING(d), len(d))
 
 cdef extern from "prefetch.h":
     void VNL_PREFETCH(const void* p) nogil
@@ -148,10 +174,19 @@ DEF HB_GROUP = 16                           # heartbeat ids looked up together (
 cdef class LeaseTable:
     """Leases held by a prefill worker: request id -> deadline (Cython)."""
 
-    def __cinit__(self, extension, *, bint tags=True, int _hash_bits=64):
+    def __cinit__(self, extension, *, bint tags=True, tombstone_s=None, tag_bits=64,
+                  max_tombstones=DEFAULT_MAX_TOMBSTONES, int _hash_bits=64):
         extension = check_extension(extension)
         if not 1 <= _hash_bits <= 64:
             raise ValueError("_hash_bits must be in 1..64")
+        self._tombstone_s = check_tombstone_s(tombstone_s, extension)
+        cdef int bits = check_tag_bits(tag_bits)
+        self._tag_mask = 0xFFFFFFFFFFFFFFFF if bits == 64 else ((<uint64_t>1 << bits) - 1)
+        self._max_tombstones = check_max_tombstones(max_tombstones)
+        self._tag_key = None
+        self._now = -INFINITY
+        self._overflows = 0
+        self._overflow_until = -INFINITY
         self._extension = extension
         self._index_tags = tags
         self._width = extension / WHEEL_BUCKETS_PER_EXTENSION
@@ -162,12 +197,14 @@ cdef class LeaseTable:
         key = os.urandom(16)
         self._k0 = int.from_bytes(key[:8], "little")
         self._k1 = int.from_bytes(key[8:], "little")
+        self._tombs.seed = int.from_bytes(os.urandom(8), "little")
         self._index.assign(MIN_INDEX_SIZE, EMPTY)
         self._tag_keys.assign(MIN_INDEX_SIZE, 0)
         self._tag_heads.assign(MIN_INDEX_SIZE, EMPTY)
 
     def __dealloc__(self):
         cdef size_t i
+        vnl_tomb_clear(&self._tombs)
         for i in range(self._slots.size()):
             if self._slots[i].seq != 0:
                 Py_DECREF(<object>self._slots[i].req_id)
@@ -186,7 +223,7 @@ cdef class LeaseTable:
         s.deadline = 0
         s.tag = 0
         s.tag_next = 0
-        s.tagged = 0
+        s.flags = 0
         self._slots.push_back(s)
         return <uint32_t>(self._slots.size() - 1)
 
@@ -222,19 +259,22 @@ cdef class LeaseTable:
             self._index.shrink_to_fit()
 
     cdef void _unlink(self, uint32_t idx) except *:
-        """Remove slot ``idx`` from the index and free it."""
+        """Free slot ``idx``: its keys become tombstones, then it leaves the
+        index (and its tag's chain)."""
+        self._freed(idx)
         cdef size_t mask = self._index.size() - 1
         cdef size_t i = self._slots[idx].link & mask
         while self._index[i] != idx + 1:
             i = (i + 1) & mask
         self._index[i] = DELETED
-        if self._slots[idx].tagged:
+        if self._slots[idx].flags & TAGGED:
             self._tag_unlink(idx)
         if self._slots[idx].seq & IN_BATCH:
             self._in_batch -= 1
         Py_DECREF(<object>self._slots[idx].req_id)
         self._slots[idx].req_id = NULL
         self._slots[idx].seq = 0
+        self._slots[idx].flags = 0
         self._slots[idx].link = self._free
         self._free = idx + 1
         self._live -= 1
@@ -296,7 +336,7 @@ cdef class LeaseTable:
             while self._slots[prev].tag_next != idx + 1:
                 prev = self._slots[prev].tag_next - 1
             self._slots[prev].tag_next = self._slots[idx].tag_next
-        self._slots[idx].tagged = 0
+        self._slots[idx].flags &= ~TAGGED
         self._slots[idx].tag_next = 0
 
     cdef void _tag_resize(self, const uint32_t* moved) except *:
@@ -330,6 +370,71 @@ cdef class LeaseTable:
         self._tag_keys.swap(keys)
         self._tag_heads.swap(heads)
         self._tag_used = <size_t>self._tag_live
+
+    cdef bint _tag_of(self, const char* p, Py_ssize_t n, uint64_t* out) noexcept:
+        """``lease_tags.tag_digest`` of an id's UTF-8 bytes under the table's
+        key, cut to ``tag_bits``; False when the id gets no tag (no key yet,
+        a table without tags, or a ',' in the id)."""
+        if self._tag_key is None or not self._index_tags or memchr(p, 44, <size_t>n) != NULL:
+            return False
+        out[0] = vnl_b2_digest(&self._b2, p, <size_t>n) & self._tag_mask
+        return True
+
+    # -- tombstones -------------------------------------------------------
+    cdef void _freed(self, uint32_t idx) except *:
+        """Slot ``idx`` (still linked) is being freed: its id and tag become
+        tombstones, and the live leases sharing its tag become ambiguous."""
+        cdef Py_ssize_t n
+        cdef const char* s = _stored_utf8(self._slots[idx].req_id, &n)
+        cdef uint64_t tag
+        cdef uint32_t c
+        self._bury(vnl_sip13(s, <size_t>n, self._k0, self._k1), TOMB_ID)
+        if not self._slots[idx].flags & TAGGED:
+            return
+        tag = self._slots[idx].tag
+        c = self._tag_heads[self._tag_cell(tag)]
+        while c:
+            if c != idx + 1:
+                self._slots[c - 1].flags |= AMBIGUOUS
+            c = self._slots[c - 1].tag_next
+        self._bury(tag, TOMB_TAG)
+
+    cdef bint _tombstoned(self, uint64_t fingerprint, bint tagged, uint64_t tag) except -1:
+        """Whether a lease granted now on these keys is ambiguous."""
+        if self._overflows and self._now <= self._overflow_until:
+            return True
+        if self._tombs.live == 0:
+            return False
+        self._prune()
+        return (vnl_tomb_find(&self._tombs, fingerprint, TOMB_ID) >= 0
+                or (tagged and vnl_tomb_find(&self._tombs, tag, TOMB_TAG) >= 0))
+
+    cdef void _bury(self, uint64_t key, uint32_t kind) except *:
+        """Record a free event of (kind, key) at the latest ``now``; at the
+        cap, the oldest event goes, and if it was its key's last, grants stay
+        ambiguous until it would have aged out."""
+        cdef TombEvent e
+        self._prune()
+        if <Py_ssize_t>self._fifo.size() >= self._max_tombstones:
+            e = self._fifo.front()
+            self._fifo.pop_front()
+            if vnl_tomb_forget(&self._tombs, e.key, e.kind):
+                self._overflows += 1
+                if e.at + self._tombstone_s > self._overflow_until:
+                    self._overflow_until = e.at + self._tombstone_s
+        if vnl_tomb_add(&self._tombs, key, kind) < 0:
+            raise MemoryError("lease table tombstones")
+        e.at = self._now
+        e.key = key
+        e.kind = kind
+        self._fifo.push_back(e)
+
+    cdef void _prune(self) except *:
+        """Drop the free events that aged out (freed at f, f + tombstone_s < now)."""
+        cdef double horizon = self._now
+        while not self._fifo.empty() and self._fifo.front().at + self._tombstone_s < horizon:
+            vnl_tomb_forget(&self._tombs, self._fifo.front().key, self._fifo.front().kind)
+            self._fifo.pop_front()
 
     cdef inline int64_t _bucket(self, double deadline) noexcept:
         cdef double k = floor(deadline / self._width)
@@ -448,6 +553,8 @@ cdef class LeaseTable:
         cdef double d
         cdef long idx
         cdef uint32_t h
+        cdef uint64_t full
+        cdef Slot* slot
         # check_req_id and check_deadline, in C: the id's bytes are needed anyway
         if not isinstance(req_id, str):
             raise TypeError(f"request id must be str, got {type(req_id).__name__}")
@@ -457,7 +564,8 @@ cdef class LeaseTable:
             raise ValueError(f"request id {req_id!r} is not encodable as UTF-8") from exc
         # hashed first, and its index cell prefetched: the hash's rounds and
         # the cell's miss overlap the checks below
-        h = self._hash(p, n)
+        full = vnl_sip13(p, <size_t>n, self._k0, self._k1)  # _hash, and the id's fingerprint
+        h = <uint32_t>(full & self._hash_mask)
         VNL_PREFETCH(&self._index[h & (self._index.size() - 1)])
         d = float(deadline)
         if d != d:
@@ -478,19 +586,23 @@ cdef class LeaseTable:
             self._slots[idx].seq = 1  # live before it is indexed (rehash skips free slots)
             self._live += 1
             self._index_insert(<uint32_t>idx)
-            digest = _tag_digest(req_id) if self._index_tags else None
-            if digest is not None:
-                self._slots[idx].tag = digest
-                self._slots[idx].tagged = 1
+            if self._tag_of(p, n, &self._slots[idx].tag):
+                self._slots[idx].flags = TAGGED
                 self._tag_link(<uint32_t>idx)
-        self._slots[idx].deadline = d
-        self._slots[idx].seq = (self._slots[idx].seq & IN_BATCH) | self._seq
+        slot = &self._slots[idx]
+        if not slot.flags & AMBIGUOUS and self._tombstoned(full, slot.flags & TAGGED, slot.tag):
+            slot.flags |= AMBIGUOUS
+        slot.deadline = d
+        slot.seq = (slot.seq & IN_BATCH) | self._seq
         self._push(d, self._seq, <uint32_t>idx)
         self._maybe_rebuild_heap()
         return idx
 
-    cdef (Py_ssize_t, Py_ssize_t) _extend_span(self, const char* p, Py_ssize_t n, double new_deadline):
-        """Extend every lease named in the comma-separated span ``p[:n]``.
+    cdef (Py_ssize_t, Py_ssize_t) _extend_span(self, const char* p, Py_ssize_t n, double new_deadline,
+                                               list not_held) except *:
+        """Extend every lease named in the comma-separated span ``p[:n]``;
+        with ``not_held`` (the span is valid UTF-8), append to it each id that
+        holds no lease or an ambiguous one.
 
         Ids are taken HB_GROUP at a time: find them with the comma scanner,
         hash them (four per AVX2 register where possible) and prefetch their
@@ -510,6 +622,7 @@ cdef class LeaseTable:
         cdef Py_ssize_t length
         cdef const char* s
         cdef vnl_scan scan
+        cdef bint collect = not_held is not None
         cdef uint64_t hmask = self._hash_mask
         cdef size_t mask = self._index.size() - 1
         cdef const uint32_t* index = self._index.data()
@@ -554,6 +667,9 @@ cdef class LeaseTable:
                             break
                     i = (i + 1) & mask
                     c = index[i]
+                # c: the lease's cell, or EMPTY when the id holds none
+                if collect and (c == EMPTY or slots[c - 1].flags & AMBIGUOUS):
+                    not_held.append(PyUnicode_DecodeUTF8(p + starts[k], lens[k], NULL))
         return extended, seen
 
     def extend(self, payload, now):
@@ -562,10 +678,12 @@ cdef class LeaseTable:
 
     def extend_counted(self, payload, now):
         """Like ``extend``; returns ``(extended, non-empty ids in payload)``."""
-        cdef double new_deadline = self._extended_deadline(check_now(now))
+        cdef double t = check_now(now)
+        cdef double new_deadline = self._extended_deadline(t)
         cdef Py_ssize_t n
         cdef const char* p
         cdef const unsigned char[::1] view
+        self._observe(t)
         if isinstance(payload, str):
             try:
                 p = PyUnicode_AsUTF8AndSize(payload, &n)
@@ -574,20 +692,56 @@ cdef class LeaseTable:
                 payload = payload.encode("utf-8", "surrogatepass")
                 p = PyBytes_AS_STRING(payload)
                 n = PyBytes_GET_SIZE(payload)
-            return self._extend_span(p, n, new_deadline)
+            return self._extend_span(p, n, new_deadline, None)
         if PyBytes_CheckExact(payload):
-            return self._extend_span(PyBytes_AS_STRING(payload), PyBytes_GET_SIZE(payload), new_deadline)
+            n = PyBytes_GET_SIZE(payload)
+            return self._extend_span(PyBytes_AS_STRING(payload), n, new_deadline, None)
         view = payload
         if view.shape[0] == 0:
             return (0, 0)
-        return self._extend_span(<const char*>&view[0], view.shape[0], new_deadline)
+        return self._extend_span(<const char*>&view[0], view.shape[0], new_deadline, None)
+
+    def extend_acked(self, payload, now):
+        """Apply one ``LHB:`` payload (comma-separated ids): extend every held
+        lease it names, ambiguous ones too.  Returns ``(leases extended, ids
+        named, the ids not held)``: the non-empty ids, in payload order, that
+        hold no lease here or whose lease is ambiguous.  The last is None when
+        the payload is not UTF-8 (the answer then counts none as extended;
+        the held ids that could be read are extended all the same)."""
+        cdef double t = check_now(now)
+        cdef double new_deadline = self._extended_deadline(t)
+        cdef Py_ssize_t n = 0, extended, named
+        cdef const char* p = NULL
+        cdef bytes data = None
+        cdef list not_held = []
+        self._observe(t)
+        if isinstance(payload, str):
+            try:
+                p = PyUnicode_AsUTF8AndSize(payload, &n)
+            except UnicodeEncodeError:
+                data = payload.encode("utf-8", "surrogatepass")  # not UTF-8: matches no lease
+                not_held = None
+        else:
+            data = payload if PyBytes_CheckExact(payload) else bytes(payload)
+            if not data.isascii():  # CPython checks a word at a time
+                try:
+                    PyUnicode_DecodeUTF8(PyBytes_AS_STRING(data), PyBytes_GET_SIZE(data), NULL)
+                except UnicodeDecodeError:
+                    not_held = None
+        if data is not None:
+            p = PyBytes_AS_STRING(data)
+            n = PyBytes_GET_SIZE(data)
+        extended, named = self._extend_span(p, n, new_deadline, not_held)
+        return extended, named, not_held
 
     def extend_tagged(self, payload, now):
         """Apply one ``LHBT:`` payload (comma-separated tags, ``lease_tags.py``):
-        extend every lease a tag names.  Returns ``(leases extended, tags named,
-        the tags naming no lease)``; the last is None, and nothing is extended,
+        extend every lease a tag names, ambiguous ones too.  Returns ``(leases
+        extended, tags named, the tags not held)``: those naming no lease, or
+        a lease that is ambiguous.  The last is None, and nothing is extended,
         when the payload is not ASCII.  An empty field names nothing."""
-        cdef double new_deadline = self._extended_deadline(check_now(now))
+        cdef double t = check_now(now)
+        cdef double new_deadline = self._extended_deadline(t)
         cdef bytes data = bytes(payload)
         cdef const unsigned char[::1] view = data
         cdef Py_ssize_t n = view.shape[0], pos = 0, end, named = 0, extended = 0
@@ -602,6 +756,10 @@ cdef class LeaseTable:
         cdef size_t cells[HB_GROUP]
         cdef uint32_t firsts[HB_GROUP]
         cdef bint valid[HB_GROUP]
+        cdef uint32_t flags
+        cdef Slot* slot
+        cdef uint64_t tag_mask = self._tag_mask
+        self._observe(t)
         cdef size_t mask = self._tag_heads.size() - 1
         cdef const uint32_t* heads = self._tag_heads.data()
         cdef const uint64_t* keys = self._tag_keys.data()
@@ -628,6 +786,7 @@ cdef class LeaseTable:
                     lens[m] = end - pos
                     valid[m] = end - pos == 11 and _parse_tag(p + pos, &tags[m])
                     if valid[m]:
+                        tags[m] &= tag_mask
                         cells[m] = self._tag_home(tags[m])
                         VNL_PREFETCH(&heads[cells[m]])
                         VNL_PREFETCH(&keys[cells[m]])
@@ -647,13 +806,16 @@ cdef class LeaseTable:
                         VNL_PREFETCH(&slots[c - 1])
             for k in range(m):
                 c = firsts[k]
-                if c == 0:
-                    unknown.append((<bytes>p[starts[k]:starts[k] + lens[k]]).decode("ascii"))
+                flags = 0 if c else AMBIGUOUS  # no lease: not held either
                 while c:
-                    if new_deadline > slots[c - 1].deadline:
-                        slots[c - 1].deadline = new_deadline
+                    slot = &slots[c - 1]
+                    if new_deadline > slot.deadline:
+                        slot.deadline = new_deadline
                     extended += 1
-                    c = slots[c - 1].tag_next
+                    flags |= slot.flags
+                    c = slot.tag_next
+                if flags & AMBIGUOUS:
+                    unknown.append((<bytes>p[starts[k]:starts[k] + lens[k]]).decode("ascii"))
         return extended, named, unknown
 
     def release(self, req_id):
@@ -720,6 +882,7 @@ cdef class LeaseTable:
         cdef int64_t last
         cdef size_t j, cell
         cdef uint32_t idx
+        self._observe(t)
         if cap == 0 or (t < self._lower and (self._backlog.empty() or self._backlog[0].first > t)):
             return
         if t >= self._lower:
@@ -748,7 +911,7 @@ cdef class LeaseTable:
                 idx = <uint32_t>(due[j + 8].second & LOW32)
                 VNL_PREFETCH(self._slots[idx].req_id)
                 VNL_PREFETCH(&self._index[self._slots[idx].link & (self._index.size() - 1)])
-                if self._slots[idx].tagged:
+                if self._slots[idx].flags & TAGGED:
                     cell = self._tag_home(self._slots[idx].tag)
                     VNL_PREFETCH(&self._tag_heads[cell])
                     VNL_PREFETCH(&self._tag_keys[cell])
@@ -827,6 +990,50 @@ cdef class LeaseTable:
         cdef long idx = self._find_str(req_id)
         return None if idx < 0 else self._slots[idx].deadline
 
+    def set_tag_key(self, key):
+        """The key tags are indexed with (P's, for life).  The first key also
+        indexes the leases already held; the same key again changes nothing;
+        another key while leases are held raises ValueError."""
+        cdef bytes k = check_tag_key(key)
+        cdef size_t i
+        cdef Py_ssize_t n
+        cdef const char* p
+        if k == self._tag_key:
+            return
+        if self._tag_key is not None and self._live:
+            raise ValueError("the tag key cannot change while leases are held")
+        self._tag_key = k
+        vnl_b2_init(&self._b2, <const unsigned char*>PyBytes_AS_STRING(k), len(k))
+        self._tag_keys.assign(MIN_INDEX_SIZE, 0)
+        self._tag_heads.assign(MIN_INDEX_SIZE, EMPTY)
+        self._tag_used = 0
+        self._tag_live = 0
+        for i in range(self._slots.size()):
+            if self._slots[i].seq == 0:
+                continue
+            self._slots[i].flags &= ~TAGGED
+            self._slots[i].tag_next = 0
+            p = _stored_utf8(self._slots[i].req_id, &n)
+            if self._tag_of(p, n, &self._slots[i].tag):
+                self._slots[i].flags |= TAGGED
+                self._tag_link(<uint32_t>i)
+
+    def is_ambiguous(self, req_id):
+        """Whether ``req_id`` holds a lease that answers never call held."""
+        cdef long idx = self._find_str(req_id)
+        return idx >= 0 and (self._slots[idx].flags & AMBIGUOUS) != 0
+
+    def tombstones(self):
+        """Keys (ids and tag digests) with a live tombstone now."""
+        self._prune()
+        return self._tombs.live
+
+    @property
+    def tombstone_overflows(self):
+        """Live tombstones dropped at ``max_tombstones`` (each made the grants
+        until it would have aged out ambiguous)."""
+        return self._overflows
+
     def next_deadline(self):
         """Earliest deadline of any live lease (None when empty)."""
         if self._live == 0:
@@ -853,7 +1060,8 @@ cdef class LeaseTable:
         return (type(self).__basicsize__ + self._slots.capacity() * sizeof(Slot)
                 + wheel + self._backlog.capacity() * sizeof(HeapEntry)
                 + self._index.capacity() * sizeof(uint32_t)
-                + self._tag_keys.capacity() * sizeof(uint64_t) + self._tag_heads.capacity() * sizeof(uint32_t))
+                + self._tag_keys.capacity() * sizeof(uint64_t) + self._tag_heads.capacity() * sizeof(uint32_t)
+                + self._tombs.size * 16 + self._fifo.size() * sizeof(TombEvent))
 
     def __len__(self):
         return self._live

@@ -3,8 +3,9 @@
 """Cython notification router.
 
 Behaves exactly like ``vllm_nixl_lease/prefill/_notification_router_py.py``
-(read that first: it is the reference).  It takes the Cython ``LeaseTable``
-(``_lease_table_c.pxd``) and keeps batch membership in the table's slots.
+(read that first: it is the reference, ``HB:,`` escape included).  It takes
+the Cython ``LeaseTable`` (``_lease_table_c.pxd``) and keeps batch membership
+in the table's slots.
 """
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_Check
@@ -14,16 +15,18 @@ from libc.string cimport memcmp
 
 from ._lease_table_c cimport IN_BATCH, LeaseTable
 
-from .._checks import MESSAGES_TYPES, check_limit, check_now
+from .._checks import MESSAGES_TYPES, check_limit, check_now, check_passthrough_prefixes
 from .route_result import (
     MALFORMED_SAMPLE_SIZE, UNKNOWN_SAMPLE_SIZE, Expiry, RouteResult, malformed_sample, unknown_sample_id,
 )
-from .._wire import HEARTBEAT_PREFIX, PUSH_REG_PREFIX
+from .._wire import EXTENSION_PREFIX, HEARTBEAT_PREFIX, PUSH_REG_PREFIX
 from .._wire import MAX_EXPECTED_CONSUMERS as _MAX_CONSUMERS
 
 # The heartbeat prefix, matched in place on each message (the wire format lives in _wire.py).
 cdef bytes _HB = HEARTBEAT_PREFIX
 cdef Py_ssize_t _HB_LEN = len(_HB)
+cdef bytes _ESC = EXTENSION_PREFIX  # starts with _HB
+cdef Py_ssize_t _ESC_LEN = len(_ESC)
 cdef long MAX_EXPECTED_CONSUMERS = _MAX_CONSUMERS
 
 
@@ -45,9 +48,7 @@ cdef class NotificationRouter:
         table._batch_spill = self._in_batch
         self._counts = {}
         self._expected = {}
-        self._passthrough = tuple(bytes(p) for p in passthrough_prefixes)
-        if any(not p or p.startswith(HEARTBEAT_PREFIX) for p in self._passthrough):
-            raise ValueError("passthrough prefixes must be non-empty and not start with " + HEARTBEAT_PREFIX.decode())
+        self._passthrough = check_passthrough_prefixes(passthrough_prefixes)
 
     # Batch membership: an id with a lease is marked in its slot (IN_BATCH);
     # ``_in_batch`` holds the others.  A sweep or a completion then needs no
@@ -123,11 +124,13 @@ cdef class NotificationRouter:
     def route(self, notifs, now):
         """Route one step's notifications (see the twin for the contract)."""
         cdef LeaseTable table = self.table
-        cdef double new_deadline = table._extended_deadline(check_now(now))
+        cdef double t = check_now(now)
+        cdef double new_deadline = table._extended_deadline(t)
         try:
             items = notifs.items()
         except AttributeError:
             raise TypeError(f"notifications must be a mapping, got {type(notifs).__name__}") from None
+        table._observe(t)  # completions date their tombstones with it
         cdef object result = RouteResult()
         cdef Py_ssize_t n, colon, i, hb_msgs = 0, hb_ids = 0, hb_ext = 0, unknown_n = 0
         cdef const char* p
@@ -148,7 +151,10 @@ cdef class NotificationRouter:
                 p = PyBytes_AS_STRING(msg)
                 n = PyBytes_GET_SIZE(msg)
                 if n >= _HB_LEN and memcmp(p, <const char*>_HB, _HB_LEN) == 0:
-                    ext, seen = table._extend_span(p + _HB_LEN, n - _HB_LEN, new_deadline)
+                    if n >= _ESC_LEN and memcmp(p, <const char*>_ESC, _ESC_LEN) == 0:  # one of ours
+                        result.passthrough.setdefault(agent, []).append(msg)
+                        continue
+                    ext, seen = table._extend_span(p + _HB_LEN, n - _HB_LEN, new_deadline, None)
                     hb_msgs += 1
                     hb_ids += seen
                     hb_ext += ext

@@ -11,14 +11,20 @@ an agent's message list that is not a list/tuple counts as malformed.  So
 ``route`` never raises half-way through a batch it has started applying.
 A partial read count lives only as long as its request is leased or in a
 batch: ``release`` and ``discard_in_batch`` drop it when neither holds.
+
+``HB:,`` (``_wire.EXTENSION_PREFIX``, a heartbeat whose first id is empty)
+is the lease protocol's escape (``docs/PROTOCOL.md`` section 2): no D names
+an empty id, so every such message is one of ours and goes to
+``passthrough`` with the other prefixes the router does not own.  Every
+other ``HB:`` message is a heartbeat.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from .._checks import MESSAGES_TYPES, check_now
-from .._wire import HEARTBEAT_PREFIX, PUSH_REG_PREFIX, heartbeat_payload, parse_completion
+from .._checks import MESSAGES_TYPES, check_now, check_passthrough_prefixes
+from .._wire import EXTENSION_PREFIX, HEARTBEAT_PREFIX, PUSH_REG_PREFIX, heartbeat_payload, parse_completion
 from ._lease_table_py import LeaseTable
 from .route_result import (
     MALFORMED_SAMPLE_SIZE,
@@ -54,11 +60,7 @@ class NotificationRouter:
         self._in_batch: set[str] = set()
         self._counts: dict[str, int] = {}
         self._expected: dict[str, int] = {}
-        self._passthrough = tuple(bytes(p) for p in passthrough_prefixes)
-        if any(not p or p.startswith(HEARTBEAT_PREFIX) for p in self._passthrough):
-            raise ValueError(
-                "passthrough prefixes must be non-empty and not start with " + HEARTBEAT_PREFIX.decode()
-            )
+        self._passthrough = check_passthrough_prefixes(passthrough_prefixes)
 
     # -- batch membership -------------------------------------------------
     def add_in_batch(self, req_id: str) -> None:
@@ -107,6 +109,7 @@ class NotificationRouter:
         items = _items_of(notifs)
         result = RouteResult()
         table = self.table
+        table._observe(now)  # completions date their tombstones with it
         for agent, messages in items:
             if not isinstance(messages, MESSAGES_TYPES):
                 _count_malformed(result, messages)
@@ -115,13 +118,13 @@ class NotificationRouter:
                 if not isinstance(msg, bytes):
                     _count_malformed(result, msg)
                     continue
-                if msg.startswith(HEARTBEAT_PREFIX):
+                if msg.startswith(HEARTBEAT_PREFIX) and not msg.startswith(EXTENSION_PREFIX):
                     extended, seen = table.extend_counted(heartbeat_payload(msg), now)
                     result.heartbeat_messages += 1
                     result.heartbeat_ids += seen
                     result.extended += extended
                     continue
-                if self._passthrough and msg.startswith(self._passthrough):
+                if msg.startswith(self._passthrough):
                     result.passthrough.setdefault(agent, []).append(msg)
                     continue
                 parsed = parse_completion(msg)

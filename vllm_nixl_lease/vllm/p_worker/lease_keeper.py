@@ -178,14 +178,15 @@ class LeaseKeeper:
         ``HB:<ids>``, pull           --     ``route``, not here: the core   (``route``'s result)
                                             router applies a step's ``HB:``
                                             in one pass, with completions
-        ``LHB:<seq>:<ids>``          IDS    ``LeaseTable.extend_counted``   ids not leased here, for
-                                                                            the answer (None: not UTF-8)
-        ``LHBT:<seq>:<tags>``        TAGS   ``LeaseTable.extend_tagged``    tags naming no lease
-                                                                            (None: not ASCII)
+        ``LHB:<seq>:<ids>``          IDS    ``LeaseTable.extend_acked``     ids not held here (no lease,
+                                                                            or an ambiguous one), for the
+                                                                            answer (None: not UTF-8)
+        ``LHBT:<seq>:<tags>``        TAGS   ``LeaseTable.extend_tagged``    tags naming no lease, or an
+                                                                            ambiguous one (None: not ASCII)
         ``HB:<ids>``, push           PUSH   by id, then the ids left over   None
         (the writer thread's queue)         by the router's id
                                             (``LeaseAliases.extend``)
-        upstream's                   IDS    ``LeaseTable.extend_counted``   as ``LHB:`` (ignored)
+        upstream's                   IDS    ``LeaseTable.extend_acked``     as ``LHB:`` (ignored)
         ``_handle_heartbeat``
         ===========================  =====  ==============================  ===========================
 
@@ -214,27 +215,16 @@ class LeaseKeeper:
             self._upstream.xfer_stats.add("num_tagged_heartbeats_recv", messages)
         else:
             for payload in payloads:
-                hit, count = table.extend_counted(payload, now)
+                hit, count, missing = table.extend_acked(payload, now)
                 messages += 1
                 named += count
                 matched += hit
-                if hit < count:
-                    missing = self._not_leased(payload)
-                    if missing is None:
-                        unknown = None
-                    elif unknown is not None:
-                        unknown += missing
+                if missing is None:
+                    unknown = None  # not UTF-8: the answer counts none
+                elif missing and unknown is not None:
+                    unknown += missing
         self._account_heartbeats(messages, named, matched)
         return unknown
-
-    def _not_leased(self, payload: bytes) -> list[str] | None:
-        """The ids ``payload`` names that hold no lease here (None: not UTF-8)."""
-        try:
-            names = payload.decode("utf-8").split(",")
-        except UnicodeDecodeError:
-            return None
-        table = self.router.table
-        return [n for n in names if n not in table]
 
     def _extend_push(self, payloads: Iterable[bytes], now: float) -> None:
         start = time.perf_counter_ns()
