@@ -145,7 +145,7 @@ class Pair:
         hb = EngineHeartbeats(
             "P", [heartbeat_message(names)], "10.0.0.1", 5600, len(self.p), instance=inst, tagged=tagged
         )
-        self.sender.send(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"g0": hb}}))
+        self.sender.send(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {f"g-{inst}": hb}}))
 
     def d_step(self) -> None:
         """A D step with no new heartbeat tick (what waited on proof goes out)."""
@@ -165,6 +165,13 @@ class Pair:
             acker.handle({})  # the welcome and answers queued behind the hello go out now
             keeper.expire(set())
 
+    def p_idle(self, seconds: float) -> None:
+        """P steps on with nothing arriving, for ``seconds`` (a jump would be P's own stall)."""
+        end = self.clock.now + seconds
+        while self.clock.now < end:
+            self.clock.advance(min(1.0, end - self.clock.now))
+            self.p_step([])
+
     def take_p_sends(self) -> list[tuple[str, bytes]]:
         out = []
         for up in self.p:
@@ -180,8 +187,8 @@ class Pair:
 
     def prove(self) -> None:
         """Hello, welcome: D's connection is proven to reach this P process."""
-        self.d_step()
-        self.p_step(self.take_d_sends())
+        agents = list(self.d._remote_agents["P"].values())
+        self.p_step(self.acks.hellos("P", self.proc.instance, agents))
         self.d_receive(self.take_p_sends())
         assert self.acks.proof("P", self.proc.instance) == PROVEN
 
@@ -284,9 +291,8 @@ def test_tagged_heartbeat_never_renews_a_freed_lease(clock: Clock) -> None:
     held_at = clock.now
     net.d_heartbeat("p1", "p2", tagged=True)
     held = net.take_d_sends()
-    clock.advance(EXT)
-    net.keepers[0].deadlines["p2"] = clock.now + EXT
-    net.p_step([])
+    net.keepers[0].deadlines["p2"] = clock.now + 3 * EXT  # stand-in for heartbeats P did get for p2
+    net.p_idle(EXT)
     assert "p1" not in net.keepers[0].table
     clock.advance(1)
     net.p_step(held)
@@ -426,7 +432,7 @@ def test_answers_from_every_rank_are_needed(clock: Clock) -> None:
 def test_proof_needs_every_rank(clock: Clock) -> None:
     net = Pair(clock, ranks=2)
     net.grant("p1", "d1")
-    net.d_step()
+    net.d_heartbeat("p1")
     net.p_step(net.take_d_sends())
     welcomes = net.take_p_sends()
     net.d_receive(welcomes[:1])
@@ -485,7 +491,10 @@ def test_restarted_p_under_the_same_engine_id_is_never_read(clock: Clock) -> Non
     assert net.fence.fenced("d1", READ) and "d1" in net.fence.parked  # waits: which process is it?
     # The new P grants a lease on the same request id; its params name the new instance.
     net.grant("p1", "d3")
-    net.d_heartbeat("p1", instance=old.instance)  # the old requests' tick: hello only
+    net.d_heartbeat("p1", instance=old.instance)  # the old requests' tick: a hello only ...
+    net.p_step(net.take_d_sends())
+    assert net.take_p_sends() == [] and new.p[0].count("num_hellos_refused") == 1  # ... naming no lease here
+    net.d_heartbeat("p1", instance=new.instance)  # the new request's group says hello too
     net.p_step(net.take_d_sends())
     net.d_receive(net.take_p_sends())  # the new process's welcome
     assert net.acks.proof("P", old.instance) == OTHER
@@ -496,7 +505,8 @@ def test_restarted_p_under_the_same_engine_id_is_never_read(clock: Clock) -> Non
     assert [r for r, _ in net.d.failed_transfers] == ["d1", "d2"]  # fenced: recomputed, never read
     assert not net.fence.fenced("d3", READ)  # the new process's lease reads normally
     # The old instance's heartbeats are never sent to the new process.
-    net.d_heartbeat("p1", instance=old.instance)
+    net.sender.awaiting_proof.clear()
+    net.d_heartbeat("p2", instance=old.instance)
     assert net.take_d_sends() == []
 
 
@@ -769,9 +779,9 @@ def test_p_stall_waits_for_the_heartbeats_sent_meanwhile(clock: Clock) -> None:
     clock.advance(keeper.grace_s + 0.1)
     keeper.expire(done)
     assert done == set()  # renewed by the heartbeat
-    clock.advance(EXT)
-    keeper.expire(done)
-    keeper.expire(done)
+    for _ in range(int(EXT) + 1):  # P steps on; D is silent now
+        clock.advance(1)
+        keeper.expire(done)
     assert done == {"p1"}  # a lease D stopped renewing still expires
 
 

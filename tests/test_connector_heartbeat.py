@@ -188,7 +188,7 @@ def test_acknowledged_chunk_renews_its_views_end_to_end(scheduler_factory, clock
     from vllm_nixl_lease.vllm.p_scheduler.lease_params import LeaseParams
 
     # lease 12: extension 8, interval 2, margin 2
-    sched = scheduler_factory({"heartbeat_tags": False} if mode == "tags-off-on-D" else None)
+    sched = scheduler_factory({"kv_lease_duration": 12, "heartbeat_tags": mode != "tags-off-on-D"})
     worker = make_worker(LeaseNixlPullConnectorWorker, 12)
     worker._remote_agents["P1"] = {(0, 0): "p-agent-0"}
     worker._engine_clock_offset["P1"] = 0.0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 
 import prometheus_client
-from vllm_support import Clock, make_worker, p_meta, p_step
+from vllm_support import Clock, make_worker, p_idle, p_meta, p_step
 
 from vllm_nixl_lease._wire import heartbeat_message
 from vllm_nixl_lease.vllm.connector import LeaseNixlPullConnector
@@ -33,8 +33,8 @@ def _one_busy_step(clock: Clock) -> LeaseKVConnectorStats:
     p_step(worker, p_meta(clock, in_batch=("a", "b", "c"), to_send=dict.fromkeys("abc", 12)))
     worker.nixl_wrapper.deliver("d", heartbeat_message(["a", "b", "zz"]), b"c:1", b"junk")
     assert p_step(worker) == {"c"}  # read by D
-    clock.advance(12)  # the heartbeat (extension 8) did not outlast the grant
-    assert p_step(worker) == {"a", "b"}  # expired
+    # the heartbeat (extension 8) did not outlast the grant
+    assert p_idle(worker, clock, 12, step_s=4) == {"a", "b"}  # expired
     stats = worker.get_kv_connector_stats()
     assert stats is not None
     return stats

@@ -11,7 +11,6 @@ from vllm_nixl_lease._wire import (
     ACKED_HEARTBEAT_OVERHEAD,
     acked_heartbeat_message,
     heartbeat_message,
-    is_tagged_heartbeat,
     parse_acked_heartbeat,
 )
 from vllm_nixl_lease.lease_tags import (
@@ -81,19 +80,15 @@ def test_tag_keys_are_fresh_and_checked() -> None:
             tag_digest("a", bad)
 
 
-def test_cython_digest_is_keyed_blake2b() -> None:
-    """The Cython table computes tags in C (``csrc/blake2b.h``): the same value
-    as hashlib for every length around the block size, and for long ids."""
-    from conftest import load_core
-
-    load_core("cython")  # skips unless built (or fails under REQUIRE_EXTENSIONS)
-    from vllm_nixl_lease.prefill._lease_table_c import _blake2b_tag
-
-    for key in (KEY, OTHER_KEY, b"\xff" * 64):
-        for n in [*range(0, 300), 1000, 4096]:
-            data = bytes((7 * i + n) % 256 for i in range(n))
-            want = int.from_bytes(hashlib.blake2b(data, key=key, digest_size=8).digest(), "little")
-            assert _blake2b_tag(key, data) == want, n
+def test_tag_digest_is_keyed_blake2b(core) -> None:
+    """Both tables index a lease under hashlib's keyed BLAKE2b of its id (8 bytes,
+    little endian), the value ``lease_tag`` names it by in D's params."""
+    t = core.LeaseTable(10.0)
+    t.set_tag_key(KEY)
+    t.grant("req-7", 100.0)
+    want = int.from_bytes(hashlib.blake2b(b"req-7", key=KEY, digest_size=8).digest(), "little")
+    assert tag_digest("req-7", KEY) == want and parse_tag(lease_tag("req-7", KEY)) == want
+    assert t.extend_tagged(lease_tag("req-7", KEY).encode(), 1.0) == (1, 1, [])
 
 
 def test_no_tags_before_the_key(core) -> None:
@@ -243,10 +238,10 @@ def test_parse_tag_takes_only_canonical_tags() -> None:
 def test_tagged_heartbeat_wire_form() -> None:
     tags = [lease_tag("p1", KEY), lease_tag("p2", KEY)]
     msg = acked_heartbeat_message(7, heartbeat_message(tags), tagged=True)
-    assert msg == b"LHBT:7:" + ",".join(tags).encode()
-    assert is_tagged_heartbeat(msg) and parse_acked_heartbeat(msg) == (7, ",".join(tags).encode())
-    assert not is_tagged_heartbeat(acked_heartbeat_message(7, heartbeat_message(tags)))
-    for bad in (b"LHBT:", b"LHBT:7", b"LHBT:x:abc", b"LHBT:" + b"9" * 21 + b":abc"):
+    assert msg == b"HB:,LHBT:7," + ",".join(tags).encode()
+    assert parse_acked_heartbeat(msg) == (7, ",".join(tags).encode(), True)
+    assert parse_acked_heartbeat(acked_heartbeat_message(7, heartbeat_message(tags)))[2] is False  # type: ignore[index]
+    for bad in (b"HB:,LHBT:", b"HB:,LHBT:x,abc", b"HB:,LHBT:" + b"9" * 21 + b",abc", b"LHBT:7:abc"):
         assert parse_acked_heartbeat(bad) is None
     # The longest header still fits the room chunking leaves for it.
-    assert len(b"LHBT:%d:" % (2**64 - 1)) - len(b"HB:") == ACKED_HEARTBEAT_OVERHEAD
+    assert len(b"HB:,LHBT:%d," % (2**64 - 1)) - len(b"HB:") == ACKED_HEARTBEAT_OVERHEAD

@@ -4,7 +4,7 @@ keys the lease by its own (suffixed) id, so upstream never renews it."""
 from __future__ import annotations
 
 import pytest
-from vllm_support import STOCK_PUSH_WORKER, Clock, make_worker, p_meta, p_step
+from vllm_support import STOCK_PUSH_WORKER, Clock, make_worker, p_idle, p_meta, p_step
 
 from vllm_nixl_lease._wire import heartbeat_message
 from vllm_nixl_lease.vllm.workers import LeaseNixlPushConnectorWorker
@@ -52,8 +52,7 @@ def test_exact_id_still_works_and_unknown_ids_counted(clock: Clock) -> None:
 def test_alias_dropped_when_lease_ends(clock: Clock) -> None:
     worker = make_worker(LeaseNixlPushConnectorWorker, LEASE)
     p_step(worker, p_meta(clock, in_batch=(P_ID,), to_send={P_ID: LEASE}))
-    clock.advance(LEASE)
-    assert p_step(worker) == {P_ID}  # expired
+    assert p_idle(worker, clock, LEASE) == {P_ID}  # expired
     assert not worker.lease_keeper.aliases
     _heartbeat(worker, ROUTER_ID)
     p_step(worker)

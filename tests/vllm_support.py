@@ -46,6 +46,18 @@ def p_step(worker: Any, meta: NixlConnectorMetadata | None = None) -> set[str]:
     return done
 
 
+def p_idle(worker: Any, clock: Any, seconds: float, step_s: float = 1.0) -> set[str]:
+    """P steps on with nothing new for ``seconds``, a step every ``step_s``; the
+    requests finished meanwhile.  (A clock jump with no step in between is P's
+    own stall, which ours treats apart: see lease_keeper.py.)"""
+    done: set[str] = set()
+    end = clock.now + seconds
+    while clock.now < end - 1e-9:
+        clock.advance(min(step_s, end - clock.now))
+        done |= p_step(worker)
+    return done
+
+
 def p_meta(
     clock: Clock,
     in_batch: tuple[str, ...] = (),

@@ -48,8 +48,6 @@ HEARTBEAT_SEPARATOR = b","
 # protocol's components, and a stock P parses it as a harmless heartbeat.
 EXTENSION_PREFIX = HEARTBEAT_PREFIX + HEARTBEAT_SEPARATOR
 PUSH_REG_PREFIX = b"PUSH_REG:"
-# The escape in front of every D -> P message of ours (see the module docstring).
-EXTENSION_PREFIX = b"HB:,"
 HELLO_KIND = b"LHELLO:"
 ACKED_HEARTBEAT_KIND = b"LHB:"
 TAGGED_HEARTBEAT_KIND = b"LHBT:"

@@ -52,8 +52,9 @@ class Proven:
     started: float
     # For a heartbeat built from a tracker chunk: ``(key, version)``; then
     # ``remote_ids`` is empty (the chunk stands for its ids, see
-    # ``lease_views.py``) and ``not_extended`` names the ids excepted.
+    # ``lease_views.py``).
     chunk: tuple[int, int] | None = None
+    # The ids some rank said it did not hold (their views end).
     not_extended: frozenset[str] = frozenset()
     count: int = 0  # ids the chunk heartbeat named
     instance: str = ""  # the P process that proved it
@@ -139,7 +140,9 @@ class AckLedger:
             ids = []
         skip = sent.not_extended
         kept = [i for i in ids if i not in skip] if skip else ids
-        return Proven(sent.engine_id, kept, sent.started, instance=sent.instance)
+        return Proven(
+            sent.engine_id, kept, sent.started, not_extended=frozenset(skip), instance=sent.instance
+        )
 
     def prune(self, sent_before: float) -> int:
         """Forget heartbeats sent before ``sent_before`` (an answer to them

@@ -100,7 +100,8 @@ class LeaseViews:
         self._chunk_answers: OrderedDict[tuple[str, int], _ChunkAnswer] = OrderedDict()
         # (engine, chunk key) -> acknowledged views waiting for their first answer
         self._first: dict[tuple[str, int], list[str]] = {}
-        # engine -> the instance P's answers last proved it runs
+        # engine -> the instance P's answers last proved it runs (to end the
+        # views of the one before once, not at every answer)
         self._proven: dict[str, str] = {}
         # engine -> the shortest extension of its views (breaks a chunk's chain of answers)
         self._extension: dict[str, float] = {}
@@ -137,8 +138,6 @@ class LeaseViews:
         extension = float(extension)
         margin = self.margin if margin is None else min(self.margin, max(0.0, margin))
         view = _View(engine_id, instance, name, float(grantor_deadline), extension, margin)
-        if self._proven.get(engine_id, instance) != instance:
-            view.local_deadline = _ENDED  # P already proved another process runs there
         self._views[local_id] = view
         key = (engine_id, instance, name)
         sharing = self._by_remote.get(key)
@@ -273,6 +272,16 @@ class LeaseViews:
             chain_start = started if gap >= self._extension.get(engine_id, 0.0) else prior.chain_start
             answers[ack_key] = _ChunkAnswer(max(version, prior.version), started, chain_start)
             answers.move_to_end(ack_key)
+
+    def end(self, engine_id: str, instance: str, names: Iterable[str]) -> int:
+        """P ``instance`` said it does not hold these names: end their views.
+        Returns how many ended."""
+        ended = 0
+        for view in self._named(engine_id, instance, names):
+            if view.local_deadline != _ENDED:
+                view.local_deadline = _ENDED
+                ended += 1
+        return ended
 
     def move_to_chunk(self, local_id: str, chunk: tuple[int, int], offset: float | None) -> bool:
         """The view's name now lives in chunk ``(key, version)`` (its engine was

@@ -33,12 +33,6 @@ cdef extern from "lease_index.h":
     const uint32_t AMBIGUOUS "VNL_AMBIGUOUS"
     bint vnl_eq(const char* a, const char* b, size_t n) nogil
 
-cdef extern from "blake2b.h":
-    ctypedef struct vnl_b2_key:
-        pass
-    void vnl_b2_init(vnl_b2_key* k, const unsigned char* key, size_t keylen) nogil
-    uint64_t vnl_b2_digest(const vnl_b2_key* k, const char* data, size_t n) nogil
-
 cdef extern from "tombstones.h":
     const uint32_t TOMB_ID "VNL_TOMB_ID"
     const uint32_t TOMB_TAG "VNL_TOMB_TAG"
@@ -107,7 +101,6 @@ cdef class LeaseTable:
     cdef Py_ssize_t _tag_live          # live cells
     cdef bint _index_tags              # False: grants are not indexed by tag
     cdef object _tag_key               # P's tag key (bytes), None until set_tag_key
-    cdef vnl_b2_key _b2                # BLAKE2b state after the tag key's block
     cdef uint64_t _tag_mask            # low bits of every tag digest kept (tag_bits)
     cdef double _now                   # the largest ``now`` given so far
     cdef double _tombstone_s
@@ -191,7 +184,7 @@ cdef class LeaseTable:
     cdef void _tag_link(self, uint32_t idx) except *
     cdef void _tag_unlink(self, uint32_t idx) except *
     cdef void _tag_resize(self, const uint32_t* moved) except *
-    cdef bint _tag_of(self, const char* p, Py_ssize_t n, uint64_t* out) noexcept
+    cdef int _tag_of(self, const char* p, Py_ssize_t n, uint64_t* out) except -1
     cdef void _freed(self, uint32_t idx) except *
     cdef bint _tombstoned(self, uint64_t fingerprint, bint tagged, uint64_t tag) except -1
     cdef void _bury(self, uint64_t key, uint32_t kind) except *

@@ -50,9 +50,8 @@ Layout, and why:
   low bits do not share a probe run.  ``extend_tagged`` parses each 11-byte
   tag in C, a group at a time with the cells prefetched, and extends the
   chain: an ``LHBT:`` heartbeat never builds a string.
-- Tag digests: keyed BLAKE2b (``csrc/blake2b.h``) under P's tag key, from
-  the state after the key's block (computed once per key), so a grant makes
-  no Python call for its tag.
+- Tag digests: hashlib's keyed BLAKE2b under P's tag key
+  (``lease_tags.tag_digest``), one call per grant of a taggable id.
 - Tombstones (see the twin for the rules): ``_fifo`` is a std::deque of
   (time, key, kind) free events, oldest first, and ``_tombs`` counts the
   events per (kind, key) (``csrc/tombstones.h``).  An id is remembered by its
@@ -69,7 +68,7 @@ Layout, and why:
 """
 
 from cpython.ref cimport PyObject, Py_INCREF, Py_DECREF
-from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_CheckExact
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_CheckExact, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libcpp.vector cimport vector
 from libcpp.functional cimport greater
@@ -80,21 +79,13 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cython.operator cimport dereference as deref, preincrement as inc
 
 import os
+from hashlib import blake2b as _blake2b
 
 from .._checks import (
     DEFAULT_MAX_TOMBSTONES, check_extension, check_limit, check_max_tombstones, check_now, check_tag_bits,
     check_tag_key, check_tombstone_s,
 )
 
-
-def _blake2b_tag(key, data):
-    """Keyed BLAKE2b of ``data`` as the table computes a tag digest (test
-    hook: checked against ``hashlib``)."""
-    cdef vnl_b2_key k
-    cdef bytes kb = check_tag_key(key)
-    cdef bytes d = bytes(data)
-    vnl_b2_init(&k, <const unsigned char*>PyBytes_AS_STRING(kb), len(kb))
-    return vnl_b2_digest(&k, PyBytes_AS_STRING(d), len(d))
 
 cdef extern from "prefetch.h":
     void VNL_PREFETCH(const void* p) nogil
@@ -371,14 +362,15 @@ cdef class LeaseTable:
         self._tag_heads.swap(heads)
         self._tag_used = <size_t>self._tag_live
 
-    cdef bint _tag_of(self, const char* p, Py_ssize_t n, uint64_t* out) noexcept:
+    cdef int _tag_of(self, const char* p, Py_ssize_t n, uint64_t* out) except -1:
         """``lease_tags.tag_digest`` of an id's UTF-8 bytes under the table's
-        key, cut to ``tag_bits``; False when the id gets no tag (no key yet,
-        a table without tags, or a ',' in the id)."""
+        key, cut to ``tag_bits``; 0 when the id gets no tag (no key yet, a
+        table without tags, or a ',' in the id)."""
         if self._tag_key is None or not self._index_tags or memchr(p, 44, <size_t>n) != NULL:
-            return False
-        out[0] = vnl_b2_digest(&self._b2, p, <size_t>n) & self._tag_mask
-        return True
+            return 0
+        digest = _blake2b(PyBytes_FromStringAndSize(p, n), key=self._tag_key, digest_size=8).digest()
+        out[0] = (<uint64_t>int.from_bytes(digest, "little")) & self._tag_mask
+        return 1
 
     # -- tombstones -------------------------------------------------------
     cdef void _freed(self, uint32_t idx) except *:
@@ -818,6 +810,23 @@ cdef class LeaseTable:
                     unknown.append((<bytes>p[starts[k]:starts[k] + lens[k]]).decode("ascii"))
         return extended, named, unknown
 
+    def holds_tag(self, tag):
+        """Does ``tag`` (its text, ``lease_tags.lease_tag``) name a lease held
+        here, none of them ambiguous?  Nothing is extended."""
+        cdef bytes data = tag.encode("ascii") if isinstance(tag, str) and tag.isascii() else b""
+        cdef uint64_t digest
+        cdef uint32_t c
+        if len(data) != 11 or not _parse_tag(<const unsigned char*>PyBytes_AS_STRING(data), &digest):
+            return False
+        c = self._tag_heads[self._tag_cell(digest & self._tag_mask)]
+        if c == EMPTY or c == DELETED:
+            return False
+        while c:
+            if self._slots[c - 1].flags & AMBIGUOUS:
+                return False
+            c = self._slots[c - 1].tag_next
+        return True
+
     def release(self, req_id):
         """Drop the lease of ``req_id``; return whether it held one."""
         cdef long idx = self._find_str(req_id)
@@ -1003,7 +1012,6 @@ cdef class LeaseTable:
         if self._tag_key is not None and self._live:
             raise ValueError("the tag key cannot change while leases are held")
         self._tag_key = k
-        vnl_b2_init(&self._b2, <const unsigned char*>PyBytes_AS_STRING(k), len(k))
         self._tag_keys.assign(MIN_INDEX_SIZE, 0)
         self._tag_heads.assign(MIN_INDEX_SIZE, EMPTY)
         self._tag_used = 0

@@ -283,6 +283,13 @@ class LeaseTable:
                 unknown.append(field)
         return extended, named, unknown
 
+    def holds_tag(self, tag: str) -> bool:
+        """Does ``tag`` (its text, ``lease_tags.lease_tag``) name a lease held
+        here, none of them ambiguous?  Nothing is extended."""
+        digest = parse_tag(tag) if isinstance(tag, str) else None
+        ids = self._by_tag.get(digest & self._tag_mask) if digest is not None else None
+        return bool(ids) and not any(self._leases[req_id][2] for req_id in ids)
+
     def _advance(self, now: float) -> float:
         """Check ``now``, keep the largest seen, and return the deadline a
         heartbeat applied at ``now`` gives a lease it names (a lease already

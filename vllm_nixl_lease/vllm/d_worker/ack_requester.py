@@ -76,7 +76,7 @@ class AckRequester:
         self.ledger = AckLedger()
         self._metadata: bytes | None = None
         self._proven: dict[str, str] = {}  # P agent -> the instance its answers carry
-        self._hello_sent: dict[str, float] = {}  # P agent -> last hello
+        self._hello_sent: dict[tuple[str, str], float] = {}  # (P agent, instance D wants) -> last hello
         self._answered: dict[str, float] = {}  # P agent -> last answer
         self._next_sweep = 0.0
         self._log = RateLimitedLog(logger)
@@ -152,14 +152,16 @@ class AckRequester:
         hello: bytes | None = None
         for agent in agents:
             name = agent_name(agent)
-            if not wanted(name) or now - self._hello_sent.get(name, -math.inf) < self._hello_retry_s:
+            # Per instance: a hello for an old process P refuses must not hold back the new one's.
+            last = self._hello_sent.get((name, instance), -math.inf)
+            if not wanted(name) or now - last < self._hello_retry_s:
                 continue
             if hello is None:
                 hello = self._hello_message(engine_id, instance)
                 if hello is None:
                     return pairs
             pairs.append((agent, hello))
-            self._hello_sent[name] = now
+            self._hello_sent[(name, instance)] = now
         return pairs
 
     def _hello_message(self, engine_id: str, instance: str) -> bytes | None:
@@ -221,10 +223,12 @@ class AckRequester:
                             proven.not_extended, offset, now,
                         )  # fmt: skip
                         renewed += max(0, proven.count - len(proven.not_extended))
-                    elif offset is not None:
-                        renewed += self._views.heartbeat_acked(
-                            engine_id, proven.instance, proven.remote_ids, offset, proven.started, now
-                        )
+                    else:
+                        self._views.end(engine_id, proven.instance, proven.not_extended)
+                        if offset is not None:
+                            renewed += self._views.heartbeat_acked(
+                                engine_id, proven.instance, proven.remote_ids, offset, proven.started, now
+                            )
         if answers:
             stats.add("num_heartbeat_acks_recv", answers)
             # per-name answers count the views they moved, chunk answers the names they proved
@@ -250,10 +254,12 @@ class AckRequester:
     def _forget_gone(self) -> None:
         """Keep per-agent state only for agents of current connections."""
         current = self._engines_by_agent()
-        for table in (self._proven, self._hello_sent, self._answered):
+        for table in (self._proven, self._answered):
             for agent in [a for a in table if a not in current]:
                 del table[agent]
+        for sent in [k for k in self._hello_sent if k[0] not in current]:
+            del self._hello_sent[sent]
 
     def agents_known(self) -> int:
         """Agents this worker keeps state for (for bounds tests)."""
-        return len(self._proven.keys() | self._hello_sent.keys() | self._answered.keys())
+        return len(self._proven.keys() | {name for name, _ in self._hello_sent} | self._answered.keys())

@@ -286,7 +286,7 @@ class AckAnswerer:
             return
         if agent in self._loading:
             return
-        if not self._holds(hello.key, now):
+        if not self._holds(hello.key):
             self._refuse(agent, "it names no lease held here")
             return
         if self._used_by_upstream(agent):
@@ -304,13 +304,10 @@ class AckAnswerer:
         load = self._executor.submit(self._upstream.nixl_wrapper.add_remote_agent, hello.metadata)
         self._loading[agent] = (load, hello.interval_s)
 
-    def _holds(self, key: str, now: float) -> bool:
+    def _holds(self, key: str) -> bool:
         """Does ``key`` (a tag or P's request id) name a lease held here?"""
         table = self._keeper.table
-        if is_tag(key):
-            extended, _, unknown = table.extend_tagged(key.encode("ascii"), now)
-            return extended > 0 and not unknown
-        return key in table
+        return table.holds_tag(key) if is_tag(key) else key in table
 
     def _evict_least_useful(self) -> None:
         if not self._agents:

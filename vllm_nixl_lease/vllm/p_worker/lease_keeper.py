@@ -256,7 +256,7 @@ class LeaseKeeper:
         router = self.router
         stats = self._upstream.xfer_stats
         now = time.perf_counter()
-        last, self._last_sweep = self._last_sweep, now
+        last = self._last_sweep
         if len(router.table):
             start = time.perf_counter_ns()
             if last is not None and now - last > self.stall_s:
@@ -274,7 +274,13 @@ class LeaseKeeper:
                 done_sending.update(ids)
                 log_expired(logger, expired)
             stats.observe_time("lease_sweep_time", (time.perf_counter_ns() - start) / 1e9)
+        else:
+            # Keep the table's clock current while it is empty: it dates the
+            # tombstones of what the next steps free with it.
+            router.table.pop_expired(now, 0)
         active = len(router.table)
+        # A gap counts as P's stall only while P held leases across it.
+        self._last_sweep = now if active else None
         if active != self._active_reported:
             self._active_reported = active
             stats.set_active_leases(getattr(self._upstream, "tp_rank", 0), active)
