@@ -162,3 +162,40 @@ class Blocker:
                 pass
         self._conn.close()
         self._thread.join(timeout=10)
+
+
+class BlockerChain:
+    """Blockers queued one behind the other on a server that runs one request at a
+    time (``--max-num-seqs 1``), so the hold outlasts any one of them however fast
+    the server decodes: when the first finishes the next starts, and requests
+    routed meanwhile still wait behind it.  Same interface as ``Blocker``."""
+
+    def __init__(self, blockers: list[Blocker]) -> None:
+        self.blockers = blockers
+
+    @property
+    def queued(self) -> int:
+        """Blockers waiting in the server's queue (they count as waiting requests)."""
+        return sum(not b.started.is_set() and not b.released for b in self.blockers)
+
+    @property
+    def finished_early(self) -> bool:
+        """Every blocker completed before ``release()``: the hold ended too soon."""
+        return all(b.finished_early for b in self.blockers)
+
+    @property
+    def error(self) -> str:
+        return next((b.error for b in self.blockers if b.error), "")
+
+    @property
+    def tokens(self) -> int:
+        return sum(b.tokens for b in self.blockers)
+
+    def wait_started(self, timeout: float) -> bool:
+        return self.blockers[0].wait_started(timeout)
+
+    def release(self) -> None:
+        """Disconnect the queued blockers first, so the server never starts one of
+        them after the running one is aborted."""
+        for blocker in reversed(self.blockers):
+            blocker.release()

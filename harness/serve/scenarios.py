@@ -114,13 +114,27 @@ class Burst:
         return len(running)
 
 
-def block_decode(pd: PDCluster, max_s: float, start_timeout: float = 60.0) -> client.Blocker:
-    """Occupy D's single slot with a long streamed request (released by the caller or by D's death)."""
-    blocker = client.Blocker(pd.d_url, BLOCKER_PROMPT, pd.cfg.max_model_len - 64, max_s)
-    if not blocker.wait_started(start_timeout):
-        blocker.release()
-        raise AssertionError(f"D did not start the blocker request in {start_timeout}s: {blocker.error}")
-    return blocker
+def block_decode(
+    pd: PDCluster, max_s: float, start_timeout: float = 60.0, chain: int = 2
+) -> client.BlockerChain:
+    """Occupy D's single slot with long streamed requests, ``chain`` of them one behind
+    the other so that the hold does not depend on D's decode speed (a quiet core decoded
+    one blocker in 17 s); released by the caller or by D's death."""
+    first = client.Blocker(pd.d_url, BLOCKER_PROMPT, pd.cfg.max_model_len - 64, max_s)
+    blockers = client.BlockerChain([first])
+    if not first.wait_started(start_timeout):
+        blockers.release()
+        raise AssertionError(f"D did not start the blocker request in {start_timeout}s: {first.error}")
+    for _ in range(chain - 1):
+        blockers.blockers.append(client.Blocker(pd.d_url, BLOCKER_PROMPT, pd.cfg.max_model_len - 64, max_s))
+    deadline = time.time() + 30
+    while time.time() < deadline:  # the queued ones reach D's queue before anything is routed
+        text = client.metrics_text(pd.d_url, timeout=5.0)
+        if text and client.metric_sum(text, "vllm:num_requests_waiting") >= chain - 1:
+            return blockers
+        time.sleep(0.1)
+    blockers.release()
+    raise AssertionError(f"D did not queue the {chain - 1} blocker(s) behind the first in 30 s")
 
 
 class QueueStalled(AssertionError):
@@ -133,7 +147,7 @@ class QueueStalled(AssertionError):
 
 def block_and_queue(
     pd: PDCluster, n: int, tag: str, max_tokens: int, timeout: float, max_s: float, attempts: int = 2
-) -> tuple[client.Blocker, Burst]:
+) -> tuple[client.BlockerChain, Burst]:
     """Block D (`block_decode`) and queue `n` routed requests behind it (`queue_behind`).
 
     A stalled set-up is tried again once, with a warning that carries where the requests stood. It
@@ -157,7 +171,7 @@ def block_and_queue(
 
 
 def queue_behind(
-    pd: PDCluster, n: int, tag: str, max_tokens: int, timeout: float, blocker: client.Blocker
+    pd: PDCluster, n: int, tag: str, max_tokens: int, timeout: float, blocker: client.BlockerChain
 ) -> Burst:
     """Route `n` requests while `blocker` holds D; return once D's own gauge shows them all waiting
     (`burst.t_queued`): from then on each of them waits on D while P holds its lease."""
@@ -170,7 +184,7 @@ def queue_behind(
         if not text:
             failed_scrapes += 1  # "no answer" is not "0 waiting": counted and shown on failure
         else:
-            waiting = client.metric_sum(text, "vllm:num_requests_waiting")
+            waiting = client.metric_sum(text, "vllm:num_requests_waiting") - blocker.queued
             if waiting >= n:
                 burst.t_queued = time.time()
                 return burst
