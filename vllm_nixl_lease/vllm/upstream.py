@@ -12,9 +12,14 @@ from __future__ import annotations
 import queue
 from collections.abc import Mapping
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from .stats import LeaseKVConnectorStats
+
+
+# A remote agent's name as ``add_remote_agent`` returned it: NIXL annotates str,
+# its binding returns bytes, and upstream keeps and sends to whatever it got.
+AgentName: TypeAlias = str | bytes
 
 
 class NixlWrapper(Protocol):
@@ -22,10 +27,10 @@ class NixlWrapper(Protocol):
 
     def get_new_notifs(self) -> Mapping[str, list[bytes]]: ...
 
-    def send_notif(self, agent_name: str, notif_msg: bytes) -> None: ...
+    def send_notif(self, agent_name: AgentName, notif_msg: bytes) -> None: ...
 
     # Heartbeat acknowledgements (ack_answerer.py / ack_requester.py).
-    def add_remote_agent(self, metadata: bytes) -> bytes: ...
+    def add_remote_agent(self, metadata: bytes) -> AgentName: ...
 
     def remove_remote_agent(self, agent: str) -> None: ...
 
@@ -43,7 +48,7 @@ class UpstreamWorker(Protocol):
     xfer_stats: LeaseKVConnectorStats
     tp_rank: int
     # engine id -> {P rank -> NIXL agent name}
-    _remote_agents: Mapping[str, Mapping[int, str]]
+    _remote_agents: Mapping[str, Mapping[int, AgentName]]
     # engine id -> P's clock minus ours, measured during the handshake
     _engine_clock_offset: Mapping[str, float]
     # engine id -> last perf_counter() it was used (upstream's idle-engine eviction)

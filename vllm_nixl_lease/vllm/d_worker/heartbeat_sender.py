@@ -36,7 +36,7 @@ from vllm.logger import init_logger
 from ..._wire import EXTENSION_PREFIX, HELLO_KIND
 from ...decode.heartbeat_tracker import encode_heartbeats
 from ..metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
-from ..upstream import UpstreamWorker
+from ..upstream import AgentName, UpstreamWorker
 from .ack_requester import OTHER, PROVEN, AckRequester
 
 logger = init_logger(__name__)
@@ -70,7 +70,7 @@ class HeartbeatSender:
         # heartbeats waiting for the connection's proof of the group's instance
         self.awaiting_proof: dict[str, EngineHeartbeats] = {}
         # (heartbeats, [(agent, message), ...]) whose send failed
-        self.retry: dict[str, tuple[EngineHeartbeats, list[tuple[str, bytes]]]] = {}
+        self.retry: dict[str, tuple[EngineHeartbeats, list[tuple[AgentName, bytes]]]] = {}
 
     def send(self, metadata: Any) -> None:
         """One step: this step's ticks, then what waited on a handshake, then
@@ -119,7 +119,7 @@ class HeartbeatSender:
             )
         return out
 
-    def _send_group(self, key: str, hb: EngineHeartbeats, pairs: list[tuple[str, bytes]] | None) -> None:
+    def _send_group(self, key: str, hb: EngineHeartbeats, pairs: list[tuple[AgentName, bytes]] | None) -> None:
         up = self._upstream
         engine_id = hb.engine_id
         if pairs is None:
@@ -144,6 +144,7 @@ class HeartbeatSender:
         # Ids per message, counted once here for the ledger and the stats
         # (counting scans the whole message); None: retried pairs, counted as sent.
         counts: list[int] | None = None
+        agents: list[AgentName] = []  # set whenever counts is
         if pairs is None:
             agents = list(up._remote_agents[engine_id].values())
             counts = [ids_in(msg) for msg in hb.messages]
@@ -166,7 +167,7 @@ class HeartbeatSender:
                     counts = [0]
             else:
                 pairs = [(agent, msg) for agent in agents for msg in hb.messages]
-        failed: list[tuple[str, bytes]] = []
+        failed: list[tuple[AgentName, bytes]] = []
         sent = ids = nbytes = 0
         disconnected = False
         wrapper = up.nixl_wrapper
