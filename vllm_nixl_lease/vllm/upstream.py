@@ -16,7 +16,6 @@ from typing import Any, Protocol, TypeAlias
 
 from .stats import LeaseKVConnectorStats
 
-
 # A remote agent's name as ``add_remote_agent`` returned it: NIXL annotates str,
 # its binding returns bytes, and upstream keeps and sends to whatever it got.
 AgentName: TypeAlias = str | bytes

@@ -119,7 +119,9 @@ class HeartbeatSender:
             )
         return out
 
-    def _send_group(self, key: str, hb: EngineHeartbeats, pairs: list[tuple[AgentName, bytes]] | None) -> None:
+    def _send_group(
+        self, key: str, hb: EngineHeartbeats, pairs: list[tuple[AgentName, bytes]] | None
+    ) -> None:
         up = self._upstream
         engine_id = hb.engine_id
         if pairs is None:
