@@ -46,8 +46,8 @@ class UpstreamWorker(Protocol):
     # one each time stats are shipped, so components read it on every use.
     xfer_stats: LeaseKVConnectorStats
     tp_rank: int
-    # engine id -> {P rank -> NIXL agent name}
-    _remote_agents: Mapping[str, Mapping[int, AgentName]]
+    # engine id -> {(P pp rank, P tp rank) -> NIXL agent name}
+    _remote_agents: Mapping[str, Mapping[tuple[int, int], AgentName]]
     # engine id -> P's clock minus ours, measured during the handshake
     _engine_clock_offset: Mapping[str, float]
     # engine id -> last perf_counter() it was used (upstream's idle-engine eviction)
