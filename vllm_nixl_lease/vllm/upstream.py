@@ -10,7 +10,7 @@ the unit tests build components against one small fake of it
 from __future__ import annotations
 
 import queue
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeAlias
 
@@ -91,6 +91,46 @@ class HeartbeatTarget(Protocol):
     tp_size: int
     dcp_size: int
     pp_size: int
+
+
+# The objects below are only read, so their members are properties: vLLM's own
+# classes (dataclasses with narrower types) satisfy them.
+
+
+class StockHeartbeatInfo(HeartbeatTarget, Protocol):
+    """Upstream's ``HeartbeatInfo`` in full, as a stock scheduler's metadata
+    carries it: the target and the request ids to heartbeat there."""
+
+    @property
+    def req_ids(self) -> Collection[str]: ...
+
+
+class RemoteReadMeta(Protocol):
+    """Upstream's ``RemoteMeta``: the P side of one read."""
+
+    @property
+    def engine_id(self) -> str: ...
+
+
+class ReadMeta(Protocol):
+    """Upstream's ``ReqMeta``: one request's read, as the read fence sees it."""
+
+    # one list of block ids per KV cache group
+    @property
+    def local_block_ids(self) -> Sequence[Sequence[int]]: ...
+
+    @property
+    def remote(self) -> RemoteReadMeta | None: ...
+
+
+class TransferResults(Protocol):
+    """Upstream's ``KVConnectorTransferResults``: what one worker step finished."""
+
+    @property
+    def finished_sending(self) -> Collection[str]: ...
+
+    @property
+    def finished_recving(self) -> Collection[str]: ...
 
 
 class UpstreamScheduler(Protocol):
