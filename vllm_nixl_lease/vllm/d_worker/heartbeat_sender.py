@@ -147,7 +147,7 @@ class HeartbeatSender:
         # Ids per message, counted once here for the ledger and the stats
         # (counting scans the whole message); None: retried pairs, counted as sent.
         counts: list[int] | None = None
-        agents: list[AgentName] = []  # set whenever counts is
+        agents: list[AgentName] = []  # read below only where counts is set with it
         if pairs is None:
             agents = list(up._remote_agents[engine_id].values())
             counts = [ids_in(msg) for msg in hb.messages]

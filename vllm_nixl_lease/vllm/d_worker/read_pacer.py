@@ -22,8 +22,10 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
-from ..upstream import ReadMeta
+if TYPE_CHECKING:
+    from ..upstream import ReadMeta
 
 
 class ReadPacer:

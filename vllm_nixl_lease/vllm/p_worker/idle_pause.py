@@ -16,10 +16,13 @@ message, so the pause only moves the spinning (see docs/BENCHMARKS.md).
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from ...prefill.lease_table import LeaseTable
 from ..metadata import LEASE_IDLE_ATTR
-from ..upstream import TransferResults
+
+if TYPE_CHECKING:
+    from ..upstream import TransferResults
 
 
 class IdlePause:

@@ -12,9 +12,10 @@ lives in one place: the ``NotificationRouter``/``LeaseTable``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ...prefill.notification_router import NotificationRouter
+if TYPE_CHECKING:
+    from ...prefill.notification_router import NotificationRouter
 
 _MISSING: Any = object()
 
