@@ -9,7 +9,7 @@ export VLLM_TARGET_DEVICE := cpu
 PIP_QUIET := -q --disable-pip-version-check
 
 BUILD_DEPS := "setuptools>=68" wheel "Cython>=3.0"
-TEST_DEPS := "pytest>=8" "pytest-xdist>=3" "hypothesis>=6" ruff
+TEST_DEPS := "pytest>=8" "pytest-xdist>=3" "hypothesis>=6" ruff "mypy>=1.11"
 DIST_DEPS := "build>=1.2" "twine>=5"
 CORE_SOURCES := setup.py pyproject.toml $(wildcard vllm_nixl_lease/*/*.pyx vllm_nixl_lease/*/*.pxd csrc/*.h)
 
@@ -87,8 +87,10 @@ prometheus:
 	    { service prometheus stop || true; } >/dev/null 2>&1; \
 	  else echo "promtool missing: sudo apt-get install -y prometheus (rule tests and demo Prometheus skip)"; fi; }
 
+# mypy: the package only, configured in pyproject.toml ([tool.mypy]).
 lint: build
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy vllm_nixl_lease
 
 # The parallel suite with the Cython core active (its absence is an error).
 # matplotlib too, so the demo's figure code is tested rather than skipped.

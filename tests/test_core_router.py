@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from fractions import Fraction
 
 import pytest
 
@@ -111,7 +112,7 @@ def test_edges_same_contract(core):
     _, router = make(core)
     router.add_in_batch("a")
     router.grant("a", 5.0)
-    for bad in (None, "1", math.nan, math.inf, 10**400):
+    for bad in (None, "1", math.nan, math.inf, 10**400, Fraction(10**400)):
         with pytest.raises((TypeError, ValueError)):
             router.route({"d": [b"a:1"]}, bad)
     assert "a" in router.table  # nothing applied

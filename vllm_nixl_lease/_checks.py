@@ -107,15 +107,20 @@ def check_deadline(deadline: float) -> float:
     return deadline
 
 
-def check_now(now: float) -> float:
+def check_now(now: object) -> float:
     """``now`` as a float; TypeError if it is no real number, ValueError if it
     is NaN, infinite or too large for a float (before any state changes)."""
     if isinstance(now, (str, bytes, bytearray)):
         raise TypeError(f"now must be a real number, got {type(now).__name__}")
     try:
-        value = float(now)
+        # Any object: float() itself decides what converts, and says so with TypeError.
+        value = float(now)  # type: ignore[arg-type]
     except OverflowError:
-        raise ValueError(f"now must be a finite time, got an int of {now.bit_length()} bits") from None
+        if isinstance(now, int):
+            raise ValueError(f"now must be a finite time, got an int of {now.bit_length()} bits") from None
+        # Not only ints overflow: a huge Fraction does too.
+        name = type(now).__name__
+        raise ValueError(f"now must be a finite time, got a {name} too large for a float") from None
     except (TypeError, ValueError):
         raise TypeError(f"now must be a real number, got {type(now).__name__}") from None
     if not math.isfinite(value):

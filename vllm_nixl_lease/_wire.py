@@ -38,7 +38,7 @@ import secrets
 from base64 import urlsafe_b64decode, urlsafe_b64encode
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeGuard
 
 LEASE_PROTOCOL_VERSION = 2
 HEARTBEAT_PREFIX = b"HB:"
@@ -108,7 +108,7 @@ def new_instance() -> str:
     return secrets.token_hex(INSTANCE_HEX_DIGITS // 2)
 
 
-def is_instance(value: object) -> bool:
+def is_instance(value: object) -> TypeGuard[str]:
     return (
         isinstance(value, str)
         and len(value) == INSTANCE_HEX_DIGITS
@@ -294,7 +294,7 @@ def lease_terms(params: Mapping[str, Any] | None) -> LeaseTerms | None:
     return LeaseTerms(float(deadline), float(extension), interval, instance, tag if is_tag(tag) else None)
 
 
-def is_tag(value: object) -> bool:
+def is_tag(value: object) -> TypeGuard[str]:
     """Exactly 11 characters of unpadded base64url (``lease_tags.TAG_LENGTH``)."""
     return isinstance(value, str) and len(value) == 11 and all(c in _B64URL for c in value)
 
@@ -302,7 +302,7 @@ def is_tag(value: object) -> bool:
 _B64URL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: object) -> TypeGuard[float]:
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

@@ -69,7 +69,7 @@ def is_installed() -> bool:
 class _HookedLoader(importlib.abc.Loader):
     """Runs the original loader, then ``callback(module)``."""
 
-    def __init__(self, loader: Any, callback: Callable[[ModuleType], None]) -> None:
+    def __init__(self, loader: importlib.abc.Loader, callback: Callable[[ModuleType], None]) -> None:
         self._loader = loader
         self._callback = callback
 
@@ -184,4 +184,5 @@ def uninstall() -> None:
 def resolved_class(name: str = "NixlConnector") -> type:
     """The class vLLM's factory gives for a registered connector name."""
     factory = importlib.import_module(_FACTORY_MODULE).KVConnectorFactory
-    return factory.get_connector_class_by_name(name)
+    cls: type = factory.get_connector_class_by_name(name)
+    return cls

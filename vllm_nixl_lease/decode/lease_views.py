@@ -232,12 +232,12 @@ class LeaseViews:
         waiting for their first answer now, the rest when read (see the module
         docstring).  ``now``: when the answer arrived."""
         ack_key = (engine_id, key)
-        for view in self._named(engine_id, instance, not_extended):
+        for named in self._named(engine_id, instance, not_extended):
             # Only a view that joined this chunk after the message was built was
             # surely not in it; any other view of the name ends (a repack may
             # have moved one that was).
-            if view.chunk != key or view.joined <= version:
-                view.local_deadline = _ENDED
+            if named.chunk != key or named.joined <= version:
+                named.local_deadline = _ENDED
         if offset is None:
             return  # nothing can be converted: the views stay where they are (conservative)
         waiting = self._first.get(ack_key)

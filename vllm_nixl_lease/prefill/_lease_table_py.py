@@ -49,6 +49,7 @@ import math
 import sys
 from collections import deque
 from collections.abc import Iterator
+from typing import Any
 
 from .._checks import (
     DEFAULT_MAX_TOMBSTONES,
@@ -132,7 +133,7 @@ class LeaseTable:
         self._max_tombstones = check_max_tombstones(max_tombstones)
         # req_id -> [deadline, seq of the grant that owns the live heap entry,
         #            ambiguous, tag digest (None: not indexed by tag)]
-        self._leases: dict[str, list] = {}
+        self._leases: dict[str, list[Any]] = {}
         self._heap: list[tuple[float, int, str]] = []
         self._seq = 0
         # A router owns this table (one at most: the Cython router keeps its
@@ -283,12 +284,14 @@ class LeaseTable:
                 unknown.append(field)
         return extended, named, unknown
 
-    def holds_tag(self, tag: str) -> bool:
+    def holds_tag(self, tag: object) -> bool:
         """Does ``tag`` (its text, ``lease_tags.lease_tag``) name a lease held
         here, none of them ambiguous?  Nothing is extended."""
         digest = parse_tag(tag) if isinstance(tag, str) else None
         ids = self._by_tag.get(digest & self._tag_mask) if digest is not None else None
-        return bool(ids) and not any(self._leases[req_id][2] for req_id in ids)
+        if not ids:
+            return False
+        return not any(self._leases[req_id][2] for req_id in ids)
 
     def _advance(self, now: float) -> float:
         """Check ``now``, keep the largest seen, and return the deadline a
@@ -398,7 +401,7 @@ class LeaseTable:
         return f"<LeaseTable leases={len(self._leases)} extension={self._extension}>"
 
     # -- tags ---------------------------------------------------------------
-    def _tag(self, req_id: str, entry: list) -> None:
+    def _tag(self, req_id: str, entry: list[Any]) -> None:
         if not self._tags or self._tag_key is None:
             return
         digest = tag_digest(req_id, self._tag_key)
@@ -407,7 +410,7 @@ class LeaseTable:
             self._by_tag.setdefault(entry[3], []).append(req_id)
 
     # -- tombstones ---------------------------------------------------------
-    def _freed(self, req_id: str, entry: list) -> None:
+    def _freed(self, req_id: str, entry: list[Any]) -> None:
         """A lease is gone: its id and tag become tombstones, and the live
         leases still sharing its tag become ambiguous."""
         self._bury(req_id)

@@ -21,7 +21,7 @@ other ``HB:`` message is a heartbeat.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import ItemsView, Iterable, Mapping
 
 from .._checks import MESSAGES_TYPES, check_now, check_passthrough_prefixes
 from .._wire import EXTENSION_PREFIX, HEARTBEAT_PREFIX, PUSH_REG_PREFIX, heartbeat_payload, parse_completion
@@ -164,7 +164,7 @@ class NotificationRouter:
         return Expiry(ids, reads)
 
 
-def _items_of(notifs: Mapping[str, Iterable[bytes]]):
+def _items_of(notifs: Mapping[str, Iterable[bytes]]) -> ItemsView[str, Iterable[bytes]]:
     try:
         return notifs.items()
     except AttributeError:

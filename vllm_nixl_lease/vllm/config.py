@@ -155,13 +155,16 @@ def _default_heartbeat_bytes(extra: Mapping[str, Any], values: Values) -> int:
 
 def _margin_room(values: Values) -> float:
     # Steady heartbeats keep a view at least this far ahead of its lease end.
-    return values["lease_extension"] - values["heartbeat_interval"]
+    extension: float = values["lease_extension"]
+    interval: float = values["heartbeat_interval"]
+    return extension - interval
 
 
 def _default_margin(extra: Mapping[str, Any], values: Values) -> float:
     # A quarter of the extension (upstream's margin for its turn-2 readback at the
     # default lease), and below half the room so steady heartbeats never break a view.
-    return min(values["lease_extension"] / 4, _margin_room(values) / 2)
+    extension: float = values["lease_extension"]
+    return min(extension / 4, _margin_room(values) / 2)
 
 
 def _ms_to_s(ms: float) -> float:

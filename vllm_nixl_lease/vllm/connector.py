@@ -53,6 +53,9 @@ def _base_init(
 class LeaseNixlPullConnector(_LeaseConnectorMixin, NixlPullConnector):
     """Pull (READ) connector with lease bookkeeping on the lease core."""
 
+    connector_scheduler: LeaseNixlPullConnectorScheduler | None
+    connector_worker: LeaseNixlPullConnectorWorker | None
+
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any) -> None:
         _base_init(self, vllm_config, role, kv_cache_config)
         if role == KVConnectorRole.SCHEDULER:
@@ -69,6 +72,9 @@ class LeaseNixlPushConnector(_LeaseConnectorMixin, NixlPushConnector):
     """Push (WRITE) connector with lease bookkeeping on the lease core and
     heartbeats that renew P's leases even when D names the router's request
     id (``p_worker/push_aliases.py``)."""
+
+    connector_scheduler: LeaseNixlPushConnectorScheduler | None
+    connector_worker: LeaseNixlPushConnectorWorker | None
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any) -> None:
         _base_init(self, vllm_config, role, kv_cache_config)

@@ -41,7 +41,7 @@ class EngineHeartbeats:
     instance: str = ""
     tagged: bool = False
 
-    def __reduce__(self) -> tuple[type, tuple]:
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
         # The metadata is pickled every step (multiprocess executor): a plain
         # constructor call unpickles faster than dataclass slot state.
         return EngineHeartbeats, (
@@ -80,7 +80,7 @@ class LeaseViewUpdates:
     # it: for the new views, and for views whose ids were repacked.
     chunks: dict[str, tuple[int, int]] = field(default_factory=dict)
 
-    def __reduce__(self) -> tuple[type, tuple]:
+    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
         return LeaseViewUpdates, (self.new, self.dropped, self.chunks)  # see EngineHeartbeats
 
 

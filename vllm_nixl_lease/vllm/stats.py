@@ -199,7 +199,7 @@ class LeaseKVConnectorStats(NixlKVConnectorStats):
         return self
 
     def reduce(self) -> dict[str, int | float]:
-        out = super().reduce()
+        out: dict[str, int | float] = super().reduce()
         for key, label in _REDUCED_COUNTERS.items():
             out[label] = int(sum(self.data.get(key, ())))
         latest: dict[int, int] = {}

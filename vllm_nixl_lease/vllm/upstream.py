@@ -10,11 +10,15 @@ the unit tests build components against one small fake of it
 from __future__ import annotations
 
 import queue
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping, Sequence
 from concurrent.futures import Future
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeAlias
 
 from .stats import LeaseKVConnectorStats
+
+# A remote agent's name as ``add_remote_agent`` returned it: NIXL annotates str,
+# its binding returns bytes, and upstream keeps and sends to whatever it got.
+AgentName: TypeAlias = str | bytes
 
 
 class NixlWrapper(Protocol):
@@ -22,10 +26,10 @@ class NixlWrapper(Protocol):
 
     def get_new_notifs(self) -> Mapping[str, list[bytes]]: ...
 
-    def send_notif(self, agent_name: str, notif_msg: bytes) -> None: ...
+    def send_notif(self, agent_name: AgentName, notif_msg: bytes) -> None: ...
 
     # Heartbeat acknowledgements (ack_answerer.py / ack_requester.py).
-    def add_remote_agent(self, metadata: bytes) -> bytes: ...
+    def add_remote_agent(self, metadata: bytes) -> AgentName: ...
 
     def remove_remote_agent(self, agent: str) -> None: ...
 
@@ -42,8 +46,8 @@ class UpstreamWorker(Protocol):
     # one each time stats are shipped, so components read it on every use.
     xfer_stats: LeaseKVConnectorStats
     tp_rank: int
-    # engine id -> {P rank -> NIXL agent name}
-    _remote_agents: Mapping[str, Mapping[int, str]]
+    # engine id -> {(P pp rank, P tp rank) -> NIXL agent name}
+    _remote_agents: Mapping[str, Mapping[tuple[int, int], AgentName]]
     # engine id -> P's clock minus ours, measured during the handshake
     _engine_clock_offset: Mapping[str, float]
     # engine id -> last perf_counter() it was used (upstream's idle-engine eviction)
@@ -87,6 +91,46 @@ class HeartbeatTarget(Protocol):
     tp_size: int
     dcp_size: int
     pp_size: int
+
+
+# The objects below are only read, so their members are properties: vLLM's own
+# classes (dataclasses with narrower types) satisfy them.
+
+
+class StockHeartbeatInfo(HeartbeatTarget, Protocol):
+    """Upstream's ``HeartbeatInfo`` in full, as a stock scheduler's metadata
+    carries it: the target and the request ids to heartbeat there."""
+
+    @property
+    def req_ids(self) -> Collection[str]: ...
+
+
+class RemoteReadMeta(Protocol):
+    """Upstream's ``RemoteMeta``: the P side of one read."""
+
+    @property
+    def engine_id(self) -> str: ...
+
+
+class ReadMeta(Protocol):
+    """Upstream's ``ReqMeta``: one request's read, as the read fence sees it."""
+
+    # one list of block ids per KV cache group
+    @property
+    def local_block_ids(self) -> Sequence[Sequence[int]]: ...
+
+    @property
+    def remote(self) -> RemoteReadMeta | None: ...
+
+
+class TransferResults(Protocol):
+    """Upstream's ``KVConnectorTransferResults``: what one worker step finished."""
+
+    @property
+    def finished_sending(self) -> Collection[str]: ...
+
+    @property
+    def finished_recving(self) -> Collection[str]: ...
 
 
 class UpstreamScheduler(Protocol):

@@ -173,7 +173,8 @@ class LeaseNixlPushConnectorWorker(NixlPushConnectorWorker):
         self.idle_pause.saw_notifications(heartbeats or others)
         if heartbeats:
             self.lease_keeper.extend(HeartbeatForm.PUSH, map(heartbeat_payload, heartbeats))
-        return super()._get_new_notifs()
+        done: set[str] = super()._get_new_notifs()
+        return done
 
     def _handle_heartbeat(self, payload: str) -> None:
         # Upstream's _get_new_notifs calls this; ours above takes every HB: first.

@@ -23,7 +23,6 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 from vllm.logger import init_logger
 
@@ -151,7 +150,7 @@ class HeartbeatSchedule:
         self._repacked = set()
         return out
 
-    def attach(self, meta: Any) -> None:
+    def attach(self, meta: object) -> None:
         """Put this step's messages on the workers' metadata: the round of
         every chunk is spread over the heartbeat interval
         (``poll_paced_chunks``), so 100k waiting requests cost each step a few

@@ -102,7 +102,7 @@ class LeaseViewCollector:
                 if chunk is not None:
                     self._chunks[local_id] = chunk
 
-    def attach(self, meta: Any) -> None:
+    def attach(self, meta: object) -> None:
         updates = LeaseViewUpdates(self._new, self._dropped, self._chunks)
         for local_id, view in self._new.items():
             self._shipped[local_id] = view.engine_id

@@ -43,19 +43,19 @@ from ...decode.ack_ledger import AckLedger
 from ...decode.lease_views import LeaseViews
 from ..config import LeaseConfig
 from ..ratelimit import RateLimitedLog
-from ..upstream import UpstreamWorker
+from ..upstream import NixlWrapper, UpstreamWorker
 
 logger = init_logger(__name__)
 
 PROVEN, PENDING, OTHER = "proven", "pending", "other"
 
 
-def connection_metadata(wrapper: object) -> bytes:
+def connection_metadata(wrapper: NixlWrapper) -> bytes:
     """This agent's NIXL metadata without memory registrations: connection info only,
     small enough for one notification."""
     from nixl._bindings import DRAM_SEG, nixlRegDList
 
-    return wrapper.get_partial_agent_metadata(nixlRegDList(DRAM_SEG), True, ["UCX"])  # type: ignore[attr-defined]
+    return wrapper.get_partial_agent_metadata(nixlRegDList(DRAM_SEG), True, ["UCX"])
 
 
 def agent_name(agent: str | bytes) -> str:

@@ -26,7 +26,7 @@ only forwards bytes.  Differences from upstream's ``_send_heartbeats``, all on p
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
@@ -36,7 +36,7 @@ from vllm.logger import init_logger
 from ..._wire import EXTENSION_PREFIX, HELLO_KIND
 from ...decode.heartbeat_tracker import encode_heartbeats
 from ..metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
-from ..upstream import UpstreamWorker
+from ..upstream import AgentName, StockHeartbeatInfo, UpstreamWorker
 from .ack_requester import OTHER, PROVEN, AckRequester
 
 logger = init_logger(__name__)
@@ -63,16 +63,16 @@ class HeartbeatSender:
         self._max_bytes = max_heartbeat_bytes
         self._on_delivered = on_delivered
         self._acks = acks
-        self._last_metadata: Any = None  # one send per step's metadata
+        self._last_metadata: object = None  # one send per step's metadata
         # Keyed by heartbeat group (the scheduler's; one P engine and instance):
         # (heartbeats, handshake future) while the engine's handshake runs
         self.waiting: dict[str, tuple[EngineHeartbeats, Future[Any]]] = {}
         # heartbeats waiting for the connection's proof of the group's instance
         self.awaiting_proof: dict[str, EngineHeartbeats] = {}
         # (heartbeats, [(agent, message), ...]) whose send failed
-        self.retry: dict[str, tuple[EngineHeartbeats, list[tuple[str, bytes]]]] = {}
+        self.retry: dict[str, tuple[EngineHeartbeats, list[tuple[AgentName, bytes]]]] = {}
 
-    def send(self, metadata: Any) -> None:
+    def send(self, metadata: object) -> None:
         """One step: this step's ticks, then what waited on a handshake, then
         retries.  A second call with the same metadata does nothing (the pull
         worker sends before its reads; upstream calls again after them)."""
@@ -109,17 +109,20 @@ class HeartbeatSender:
         for key, (hb, pairs) in retry.items():
             self._send_group(key, hb, pairs)
 
-    def _from_stock_metadata(self, metadata: Any) -> dict[str, EngineHeartbeats]:
+    def _from_stock_metadata(self, metadata: object) -> dict[str, EngineHeartbeats]:
         # Metadata built by a stock scheduler (e.g. a test) carries id sets.
         out = {}
-        for engine_id, info in getattr(metadata, "heartbeat_by_engine", {}).items():
+        stock: Mapping[str, StockHeartbeatInfo] = getattr(metadata, "heartbeat_by_engine", {})
+        for engine_id, info in stock.items():
             messages = encode_heartbeats(sorted(info.req_ids), self._max_bytes)
             out[engine_id] = EngineHeartbeats(
                 engine_id, messages, info.host, info.port, info.tp_size, info.dcp_size, info.pp_size
             )
         return out
 
-    def _send_group(self, key: str, hb: EngineHeartbeats, pairs: list[tuple[str, bytes]] | None) -> None:
+    def _send_group(
+        self, key: str, hb: EngineHeartbeats, pairs: list[tuple[AgentName, bytes]] | None
+    ) -> None:
         up = self._upstream
         engine_id = hb.engine_id
         if pairs is None:
@@ -144,6 +147,7 @@ class HeartbeatSender:
         # Ids per message, counted once here for the ledger and the stats
         # (counting scans the whole message); None: retried pairs, counted as sent.
         counts: list[int] | None = None
+        agents: list[AgentName] = []  # read below only where counts is set with it
         if pairs is None:
             agents = list(up._remote_agents[engine_id].values())
             counts = [ids_in(msg) for msg in hb.messages]
@@ -166,7 +170,7 @@ class HeartbeatSender:
                     counts = [0]
             else:
                 pairs = [(agent, msg) for agent in agents for msg in hb.messages]
-        failed: list[tuple[str, bytes]] = []
+        failed: list[tuple[AgentName, bytes]] = []
         sent = ids = nbytes = 0
         disconnected = False
         wrapper = up.nixl_wrapper

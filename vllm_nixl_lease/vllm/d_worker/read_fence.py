@@ -32,16 +32,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from vllm.logger import init_logger
 
 from ..._wire import heartbeat_ids
 from ...decode.lease_views import LeaseViews
 from ..config import LeaseConfig
-from ..metadata import LEASE_VIEWS_ATTR, NewView
+from ..metadata import LEASE_VIEWS_ATTR, LeaseViewUpdates, NewView
 from ..ratelimit import RateLimitedLog
-from ..upstream import UpstreamWorker
+from ..upstream import ReadMeta, UpstreamWorker
 from .ack_requester import OTHER, PENDING, agent_name
 
 logger = init_logger(__name__)
@@ -71,7 +70,7 @@ class ReadFence:
         # Plain views: the connection (its agents) each was first read over.
         self._bound: dict[str, frozenset[str]] = {}
         # READs waiting for the proof of their P instance: req id -> upstream's meta.
-        self.parked: dict[str, Any] = {}
+        self.parked: dict[str, ReadMeta] = {}
         self._log = RateLimitedLog(logger)
         self._log_late = RateLimitedLog(logger)
 
@@ -83,8 +82,8 @@ class ReadFence:
         return max(0.0, min(self.views.margin, room / 2))
 
     # -- views shipped by the scheduler, around upstream's start_load_kv -----
-    def add_views(self, metadata: Any) -> None:
-        updates = getattr(metadata, LEASE_VIEWS_ATTR, None)
+    def add_views(self, metadata: object) -> None:
+        updates: LeaseViewUpdates | None = getattr(metadata, LEASE_VIEWS_ATTR, None)
         if updates is None:
             return
         chunks = getattr(updates, "chunks", None) or {}
@@ -108,9 +107,9 @@ class ReadFence:
                     if engine_id is not None:
                         views.move_to_chunk(local_id, chunk, offsets.get(engine_id))
 
-    def drop_views(self, metadata: Any) -> None:
+    def drop_views(self, metadata: object) -> None:
         # After the reads: an id whose tracking ended this step may still be read in it.
-        updates = getattr(metadata, LEASE_VIEWS_ATTR, None)
+        updates: LeaseViewUpdates | None = getattr(metadata, LEASE_VIEWS_ATTR, None)
         if updates is not None:
             for local_id in updates.dropped:
                 self._forget(local_id)
@@ -120,7 +119,7 @@ class ReadFence:
         self._bound.pop(local_id, None)
 
     # -- one READ ----------------------------------------------------------
-    def fenced(self, req_id: str, meta: Any) -> bool:
+    def fenced(self, req_id: str, meta: ReadMeta) -> bool:
         """True when the READ must not be posted now: fenced (reported as a
         failed load) or waiting for proof (``parked``, tried again next step)."""
         verdict = self._verdict(req_id, meta)
@@ -131,6 +130,7 @@ class ReadFence:
                 self._upstream.xfer_stats.add("num_reads_waiting_proof", 1)
             self.parked[req_id] = meta
             return True
+        assert meta.remote is not None  # _verdict lets every READ without a remote side through
         up = self._upstream
         up.xfer_stats.add("num_reads_fenced", 1)
         self._log.warning(
@@ -145,7 +145,7 @@ class ReadFence:
         up._handle_failed_transfer(req_id, None, up._recv_failures, record_failed_transfer=False)
         return True
 
-    def take_parked(self) -> Iterator[tuple[str, Any]]:
+    def take_parked(self) -> Iterator[tuple[str, ReadMeta]]:
         """READs that waited for proof, to try again; those whose view is gone
         (their request ended meanwhile) are dropped."""
         parked, self.parked = self.parked, {}
@@ -153,7 +153,7 @@ class ReadFence:
             if req_id in self.views:
                 yield req_id, meta
 
-    def _verdict(self, req_id: str, meta: Any) -> str:
+    def _verdict(self, req_id: str, meta: ReadMeta) -> str:
         if req_id not in self.views or meta.remote is None:
             return READ
         engine_id = meta.remote.engine_id

@@ -22,7 +22,10 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from ..upstream import ReadMeta
 
 
 class ReadPacer:
@@ -31,7 +34,7 @@ class ReadPacer:
     def __init__(self, budget_s: float) -> None:
         # 0: no bound (upstream's behaviour).
         self.budget_s = budget_s
-        self.carried: deque[tuple[str, Any]] = deque()
+        self.carried: deque[tuple[str, ReadMeta]] = deque()
         self._stop_at = float("inf")
         self._posted = 0  # READs posted this step
         self.newly_carried = 0  # READs this step queued (the ``num_reads_carried`` stat)
@@ -41,14 +44,14 @@ class ReadPacer:
         self.newly_carried = 0
         self._stop_at = time.perf_counter() + self.budget_s if self.budget_s else float("inf")
 
-    def carried_over(self) -> Iterator[tuple[str, Any]]:
+    def carried_over(self) -> Iterator[tuple[str, ReadMeta]]:
         """Earlier steps' READs, oldest first, while this step's budget lasts."""
         carried = self.carried
         while carried and self._has_time():
             self._posted += 1
             yield carried.popleft()
 
-    def defer(self, req_id: str, meta: Any) -> bool:
+    def defer(self, req_id: str, meta: ReadMeta) -> bool:
         """True: the READ waits for a later step (it is queued).  False: post it now.
 
         Anything queued goes first, so a new READ never overtakes an old one."""

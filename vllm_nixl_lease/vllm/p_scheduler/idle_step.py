@@ -4,10 +4,8 @@ worker may pause it while only unread leases keep the engine busy
 
 from __future__ import annotations
 
-from typing import Any
 
-
-def step_is_idle(scheduler_output: Any, meta: Any) -> bool:
+def step_is_idle(scheduler_output: object, meta: object) -> bool:
     """Scheduler side: nothing to compute and nothing to read this step."""
     tokens = getattr(scheduler_output, "total_num_scheduled_tokens", None)
     return tokens == 0 and not getattr(meta, "reqs_to_recv", None) and not getattr(meta, "reqs_to_save", None)

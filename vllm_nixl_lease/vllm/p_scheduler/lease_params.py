@@ -66,7 +66,7 @@ class LeaseParams:
         except (TypeError, ValueError):
             pass  # an id no tag can name (not UTF-8): D heartbeats it by id
 
-    def attach(self, meta: Any) -> None:
+    def attach(self, meta: object) -> None:
         """Ship the instance to the workers (every step: a few bytes, and a worker
         needs it before the first lease it grants)."""
         setattr(meta, LEASE_INSTANCE_ATTR, (self.instance.instance, self.instance.tag_key))

@@ -58,7 +58,7 @@ from ..._wire import (
 from ..config import LeaseConfig
 from ..d_worker.heartbeat_sender import is_disconnect
 from ..ratelimit import RateLimitedLog
-from ..upstream import UpstreamWorker
+from ..upstream import AgentName, UpstreamWorker
 from .lease_keeper import HeartbeatForm, LeaseKeeper
 
 logger = init_logger(__name__)
@@ -134,7 +134,7 @@ class AckAnswerer:
         self._pending: dict[str, _Answer] = {}  # oldest first
         self._answered: dict[str, float] = {}  # agent -> last answer sent
         self._agents: dict[str, _Agent] = {}  # loaded agents
-        self._loading: dict[str, tuple[Future[bytes], float]] = {}  # agent -> (load, its interval)
+        self._loading: dict[str, tuple[Future[AgentName], float]] = {}  # agent -> (load, its interval)
         # agent -> (answer, heartbeats it acknowledges) waiting for the agent's load
         self._queued: dict[str, list[tuple[bytes, int]]] = {}
         self._executor: ThreadPoolExecutor | None = None

@@ -16,10 +16,13 @@ message, so the pause only moves the spinning (see docs/BENCHMARKS.md).
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ...prefill.lease_table import LeaseTable
 from ..metadata import LEASE_IDLE_ATTR
+
+if TYPE_CHECKING:
+    from ..upstream import TransferResults
 
 
 class IdlePause:
@@ -31,7 +34,7 @@ class IdlePause:
         self._idle_step = False
         self._notified = False
 
-    def begin_step(self, metadata: Any) -> None:
+    def begin_step(self, metadata: object) -> None:
         self._idle_step = bool(getattr(metadata, LEASE_IDLE_ATTR, False))
         self._notified = False
 
@@ -40,7 +43,7 @@ class IdlePause:
         if notifs:
             self._notified = True
 
-    def end_step(self, results: Any, reads_pending: int) -> None:
+    def end_step(self, results: TransferResults, reads_pending: int) -> None:
         """``reads_pending``: READs in flight or waiting to be posted (D side)."""
         if (
             self.sleep_s > 0

@@ -90,7 +90,7 @@ class LeaseKeeper:
 
     def adopt_instance(self, metadata: object) -> None:
         """Take this P's instance and tag key from the scheduler's metadata (once)."""
-        shipped = getattr(metadata, LEASE_INSTANCE_ATTR, None)
+        shipped: tuple[str, bytes] | None = getattr(metadata, LEASE_INSTANCE_ATTR, None)
         if shipped is None or shipped[0] == self.instance:
             return
         instance, tag_key = shipped

@@ -12,7 +12,10 @@ lives in one place: the ``NotificationRouter``/``LeaseTable``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ...prefill.notification_router import NotificationRouter
 
 _MISSING: Any = object()
 
@@ -24,7 +27,7 @@ class ReqsToSendDict(MutableMapping[str, float]):
 
     def __init__(
         self,
-        router: Any,
+        router: NotificationRouter,
         on_grant: Callable[[str], None] | None = None,
         on_release: Callable[[str], None] | None = None,
     ) -> None:
@@ -52,7 +55,7 @@ class ReqsToSendDict(MutableMapping[str, float]):
         if self._on_release is not None:
             self._on_release(req_id)
 
-    def pop(self, req_id: str, default: Any = _MISSING) -> Any:  # type: ignore[override]
+    def pop(self, req_id: str, default: Any = _MISSING) -> Any:
         deadline = self._router.table.deadline(req_id)
         if deadline is None:
             if default is _MISSING:
@@ -79,7 +82,7 @@ class ReqsToProcessSet:
 
     __slots__ = ("_router",)
 
-    def __init__(self, router: Any) -> None:
+    def __init__(self, router: NotificationRouter) -> None:
         self._router = router
 
     def add(self, req_id: str) -> None:
