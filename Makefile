@@ -82,7 +82,7 @@ prometheus:
 	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing Debian's prometheus package (server + promtool)"; \
-	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    { apt-get -o DPkg::Lock::Timeout=300 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends \
 	      prometheus >/dev/null; } || echo "apt-get install prometheus failed: rule tests and demo Prometheus skip"; \
 	    { service prometheus stop || true; } >/dev/null 2>&1; \
 	  else echo "promtool missing: sudo apt-get install -y prometheus (rule tests and demo Prometheus skip)"; fi; }
