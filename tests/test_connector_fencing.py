@@ -292,6 +292,34 @@ def test_read_seen_complete_after_the_view_ended_is_discarded(d_worker, clock: C
     assert d_worker._pop_done_transfers({}) == ({"d1", "d2", "x"}, {"d2"})
 
 
+def test_read_seen_complete_after_p_said_not_held_is_kept_before_its_posted_deadline(
+    d_worker, clock: Clock, monkeypatch
+) -> None:
+    """P frees the blocks on the completion notification the READ itself carries, and
+    its "not held" answer can reach D before D sees that READ complete: the READ read
+    held blocks (its view had time left when it was posted), so it is not discarded.
+    A READ posted after the answer is fenced; one seen complete past the posted
+    deadline is discarded."""
+    _views(d_worker, d1=clock.now + 500.0 + 10.0, d2=clock.now + 500.0 + 10.0, d3=clock.now + 500.0 + 10.0)
+    d_worker._read_blocks_for_req("d1", _recv_meta())
+    d_worker._read_blocks_for_req("d2", _recv_meta())
+    assert d_worker.reads == ["d1", "d2"]
+    assert d_worker.read_fence.views.end("P", "", ["p1", "p2", "p3"]) == 3  # P: not held
+    d_worker._read_blocks_for_req("d3", _recv_meta())
+    assert d_worker.reads == ["d1", "d2"] and d_worker._recv_failures == {"d3"}
+    done = {"d1"}
+    monkeypatch.setattr(STOCK_PULL_WORKER, "_pop_done_transfers", lambda self, transfers: (set(done), set()))
+    d_worker._recving_transfers = {}
+    clock.advance(9.9)
+    assert d_worker._pop_done_transfers(d_worker._recving_transfers) == ({"d1"}, set())
+    done.clear()
+    done.add("d2")
+    clock.advance(0.2)  # past the deadline the view had when d2 was posted
+    assert d_worker._pop_done_transfers(d_worker._recving_transfers) == ({"d2"}, {"d2"})
+    assert sum(d_worker.xfer_stats.data["num_reads_discarded"]) == 1
+    assert d_worker.read_fence._posted == {}
+
+
 def test_heartbeats_go_out_before_the_steps_reads(d_worker, clock: Clock, monkeypatch) -> None:
     """A step posting thousands of READs must not delay heartbeats (issue 11's
     burst): ours sends them first, and upstream's own call after the reads is a no-op."""

@@ -12,6 +12,10 @@ A READ that was issued but whose completion D sees only after the view ended
 (it stalled: a partition, a congested link) is discarded the same way
 (``discard_late``): P may have freed and reused the blocks while it ran.
 Seen before the view ended, every byte was read while P still held the lease.
+So was a READ seen complete before the deadline its view had when it was
+posted: until then P frees the blocks only on the completion notification
+that this READ itself carries, which can reach P, and P's "not held" answer
+reach D, before D sees the READ complete.
 
 Which process a READ reaches: a view of a P instance (a P that speaks our
 protocol) is read only over a connection proven to reach that instance
@@ -30,6 +34,7 @@ different ``kv_lease_duration`` values never fence reads P still holds.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 
@@ -71,6 +76,8 @@ class ReadFence:
         self._bound: dict[str, frozenset[str]] = {}
         # READs waiting for the proof of their P instance: req id -> upstream's meta.
         self.parked: dict[str, ReadMeta] = {}
+        # READs in flight: req id -> its view's deadline (D's clock) when it was posted.
+        self._posted: dict[str, float] = {}
         self._log = RateLimitedLog(logger)
         self._log_late = RateLimitedLog(logger)
 
@@ -117,6 +124,7 @@ class ReadFence:
     def _forget(self, local_id: str) -> None:
         self.views.drop(local_id)
         self._bound.pop(local_id, None)
+        self._posted.pop(local_id, None)
 
     # -- one READ ----------------------------------------------------------
     def fenced(self, req_id: str, meta: ReadMeta) -> bool:
@@ -124,6 +132,13 @@ class ReadFence:
         failed load) or waiting for proof (``parked``, tried again next step)."""
         verdict = self._verdict(req_id, meta)
         if verdict == READ:
+            if meta.remote is not None and req_id in self.views:
+                offset = self._upstream._engine_clock_offset.get(meta.remote.engine_id)
+                if offset is not None:
+                    now = time.perf_counter()
+                    left = self.views.remaining(req_id, now, offset)
+                    if left is not None:
+                        self._posted[req_id] = now + left
             return False
         if verdict == WAIT:
             if req_id not in self.parked:
@@ -184,20 +199,27 @@ class ReadFence:
 
     # -- READs completed this step (after upstream's _pop_done_transfers) ----
     def discard_late(self, done: set[str], failed: set[str]) -> None:
-        """Report as failed each completed READ whose view ended before D saw it complete."""
+        """Report as failed each completed READ whose view ended before D saw it
+        complete, unless D saw it complete before the deadline the view had when
+        the READ was posted."""
+        posted = self._posted
         if not len(self.views):
+            posted.clear()
             return
         now = time.perf_counter()
         offsets = self._upstream._engine_clock_offset
         late = []
         for req_id in done:
+            posted_deadline = posted.pop(req_id, -math.inf)
             engine_id = self.views.engine_of(req_id)
             if engine_id is None or req_id in failed:
                 continue
             offset = offsets.get(engine_id)
             left = None if offset is None else self.views.remaining(req_id, now, offset)
-            if left is not None and left <= 0:
+            if left is not None and left <= 0 and now >= posted_deadline:
                 late.append(req_id)
+        for req_id in failed:
+            posted.pop(req_id, None)
         if not late:
             return
         failed.update(late)
