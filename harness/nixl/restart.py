@@ -10,7 +10,9 @@ name) keep it across restarts.  The scenario:
    side-channel port and prefills ``n`` other requests: a fresh process
    allocates the same block ids, so the old requests' blocks now hold other
    data (each request's KV is seeded by its id);
-4. D is handed the new requests and let read everything.
+4. once D has seen a heartbeat to the dead P fail (a real engine restarts
+   far slower than one heartbeat interval), D is handed the new requests and
+   let read everything.
 
 Counted per old and new request on D: read with the data its P wrote, read
 with other data (wrong), failed load.  The new P's step exceptions are
@@ -71,9 +73,17 @@ def p_restarted(
     wait_for(lambda: all(p.report()["reqs"][r].get("hb", 0) >= 2 for r in old_ids), 30, what="heartbeats on P")
     p_old = p.report()
     d_stats_before = d.stats()
+    failed_sends = d.report()["hb_sent"]["failed"]
     t_kill = p.kill()
     p2: Engine = fleet.start("P", "p-new", stock=new_p_stock, side_channel_port=port, **common)
     t_up = time.monotonic()
+    # A real engine takes far longer than one heartbeat interval to restart:
+    # D has seen its heartbeat to the dead P fail before the new P serves a
+    # request.  Without this wait a fast restart races D's next send.
+    wait_for(
+        lambda: d.report()["hb_sent"]["failed"] > failed_sends, 15, poll=0.05, what="D noticing the dead P"
+    )
+    t_noticed = time.monotonic()
     new_ids, new_params = prefill(p2, "new", n)
     p_new_at_grant = p2.report()
     same_blocks = sorted(b for r in old_ids for b in p_old["reqs"][r]["blocks"]) == sorted(
@@ -97,6 +107,7 @@ def p_restarted(
     p_new = p2.report()
     d_stats = d.stats()
     p_new_stats = p2.stats()
+    old_ends = [d_rep["reqs"][d_id(r)]["read_t"] for r in old_ids if "read_t" in d_rep["reqs"][d_id(r)]]
     old = _outcome(p_old, d_rep, old_ids)
     new = _outcome(p_new, d_rep, new_ids)
     # An old request read with the new P's data is wrong data (it was checked
@@ -108,8 +119,12 @@ def p_restarted(
         "new": new,
         "same_blocks": same_blocks,
         "restart_s": t_up - t_kill,
+        "noticed_s": t_noticed - t_kill,
+        "old_ended_after_kill_s": (max(old_ends) - t_kill) if old_ends else None,
         "new_read_s": (new_done_t - t_handed) if new_done_t is not None else None,
+        "new_read_after_kill_s": (new_done_t - t_kill) if new_done_t is not None else None,
         "new_p_errors": p_new["errors"],
+        "new_p_hellos": p_new["hellos_recv"],
         "d_errors": d_rep["errors"],
         "fenced": _stat(d_stats, "num_reads_fenced") - _stat(d_stats_before, "num_reads_fenced"),
         "views_ended": _stat(d_stats, "num_views_ended") - _stat(d_stats_before, "num_views_ended"),
@@ -133,17 +148,18 @@ def p_restarted(
     new_read = "never" if out["new_read_s"] is None else f"{out['new_read_s']:.2f}s"
     print(
         f"\n== P restarted under the same engine id ({who}), {n} old + {n} new requests, "
-        f"same block ids {same_blocks}, new P up {out['restart_s']:.1f}s after the kill"
+        f"same block ids {same_blocks}, new P up {out['restart_s']:.1f}s after the kill, D saw a heartbeat fail {out['noticed_s']:.1f}s after it"
     )
     print(
         f"   old: ended {old['ended']}/{n}, failed {old['failed']}, read correct {old['read_ok']}, "
-        f"WRONG {old['wrong']}; new: ended {new['ended']}/{n}, failed {new['failed']}, "
+        f"WRONG {old['wrong']} (last ended {out['old_ended_after_kill_s'] or 0:.2f}s after the kill); new: ended {new['ended']}/{n}, failed {new['failed']}, "
         f"read correct {new['read_ok']}, WRONG {new['wrong']}, all new read {new_read} after hand-over"
+        + (f" ({out['new_read_after_kill_s']:.2f}s after the kill)" if new_done_t is not None else "")
     )
     print(
         f"   D: fenced {out['fenced']}, views ended {out['views_ended']}, reads waiting proof "
-        f"{out['waiting_proof']}, failed READs {out['failed_transfers']}; new P: step errors "
-        f"{len(out['new_p_errors'])}, freed {out['new_p_freed_by']}"
+        f"{out['waiting_proof']}, failed READs {out['failed_transfers']}; new P: hellos received "
+        f"{out['new_p_hellos']}, step errors {len(out['new_p_errors'])}, freed {out['new_p_freed_by']}"
     )
     for err in out["new_p_errors"][:1]:
         print("   new P step error:", err.strip().splitlines()[-1])
