@@ -3,7 +3,8 @@ against our P while a real D heartbeats requests queued on it, and a rogue P
 answering our D.  Run with ``-s`` to see memory, step times and counts.
 
 Bounds (issue 23): P's resident memory stays flat, no P step's connector
-work grows by more than 5 ms over the quiet baseline, and the real D keeps
+work (CPU time outside NIXL's own notification calls, less GC pauses) grows
+by more than 5 ms over the quiet baseline's worst step, and the real D keeps
 its views (0 needless fences, every read correct).
 """
 
@@ -41,7 +42,8 @@ def test_floods_against_our_p_keep_memory_steps_and_real_views(tmp_path) -> None
     for res in out["floods"]:
         assert res["sent"]["sent"] > 0 and res["sent"]["failed"] == 0, res
         assert res["rss_growth"] <= RSS_GROWTH_BYTES, res
-        assert res["max_connector_cpu_s"] <= base["max_connector_cpu_s"] + STEP_GROWTH_S, (res, base)
+        # The connector's own code; NIXL's copy of a 1 MB notification is stock's cost too.
+        assert res["max_outside_nixl_s"] <= base["max_outside_nixl_s"] + STEP_GROWTH_S, (res, base)
     by_kind = {res["kind"]: res for res in out["floods"]}
     assert by_kind["hellos"]["refused"] >= 5_000  # every hello naming a key P never issued
     assert by_kind["big_hellos"]["malformed"] == 20  # over MAX_HELLO_BYTES: never parsed

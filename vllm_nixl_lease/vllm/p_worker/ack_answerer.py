@@ -133,6 +133,7 @@ class AckAnswerer:
         self._answer_gap = lease_config.answer_gap_s  # 0: every agent answered in the step
         self._pending: dict[str, _Answer] = {}  # oldest first
         self._answered: dict[str, float] = {}  # agent -> last answer sent
+        self._welcomed: dict[str, float] = {}  # agent -> last welcome sent
         self._agents: dict[str, _Agent] = {}  # loaded agents
         self._loading: dict[str, tuple[Future[AgentName], float]] = {}  # agent -> (load, its interval)
         # agent -> (answer, heartbeats it acknowledges) waiting for the agent's load
@@ -149,10 +150,17 @@ class AckAnswerer:
         if self._loading:
             self._finish_loads()
         for agent, msgs in messages.items():
+            said_hello = False
             for msg in msgs:
                 if not msg.startswith(EXTENSION_PREFIX):
                     continue
                 if msg.startswith(HELLO_KIND, len(EXTENSION_PREFIX)):
+                    if said_hello:
+                        # One hello per agent per step: a D repeats its hello at
+                        # most every hello_retry_s, so more is a flood.
+                        self._upstream.xfer_stats.add("num_hellos_refused", 1)
+                        continue
+                    said_hello = True
                     self._hello(agent, msg, now)
                 else:
                     self._heartbeat(agent, msg, now)
@@ -266,6 +274,7 @@ class AckAnswerer:
 
     def _welcome(self, agent: str) -> None:
         """The answer to a hello: which P process D reached (D's proof)."""
+        self._welcomed[agent] = time.perf_counter()
         if self._keeper.instance:
             self._send(agent, heartbeat_ack_message(self._keeper.instance, ()), 0)
 
@@ -282,7 +291,10 @@ class AckAnswerer:
         if known is not None:
             known.heard = now
             known.interval_s = hello.interval_s
-            self._welcome(agent)  # D asks again when it lacks proof or answers
+            # D asks again when it lacks proof or answers; at most one welcome
+            # per answer gap, so repeated hellos cannot make P send every step.
+            if now - self._welcomed.get(agent, -math.inf) >= self._answer_gap:
+                self._welcome(agent)
             return
         if agent in self._loading:
             return
@@ -362,6 +374,8 @@ class AckAnswerer:
                     self._remove(agent)
         for agent in [a for a in self._answered if not self._answerable(a)]:
             del self._answered[agent]
+        for agent in [a for a in self._welcomed if not self._answerable(a)]:
+            del self._welcomed[agent]
         for agent in [a for a in self._queued if a not in self._loading]:
             del self._queued[agent]
 
