@@ -202,7 +202,8 @@ def test_our_p_counts_and_never_applies_v1_raw_messages(clock: Clock) -> None:
     assert done == set()
     assert p.lease_keeper.table.deadline("p-1") == deadline  # nothing extended
     assert p.nixl_wrapper.sent == []
-    counted = sum(sum(p.xfer_stats.data.get(k, [])) for k in ("num_malformed_notifs", "num_unknown_completions"))
+    data = p.xfer_stats.data
+    counted = sum(sum(data.get(k, [])) for k in ("num_malformed_notifs", "num_unknown_completions"))
     assert counted == len(v1)
 
 
@@ -210,8 +211,8 @@ def test_our_p_refuses_a_hello_of_a_newer_version(clock: Clock) -> None:
     """A newer D's hello (version 3) is refused, unanswered: that D then treats
     our P as one without acknowledgements."""
     p = _our_p(clock)
-    tag = "BBBBBBBBBBB"
-    p.nixl_wrapper.deliver("newer-d-agent", hello_message(1.0, b"md", tag, version=LEASE_PROTOCOL_VERSION + 1))
+    newer = hello_message(1.0, b"md", "p-1", version=LEASE_PROTOCOL_VERSION + 1)  # names a lease held here
+    p.nixl_wrapper.deliver("newer-d-agent", newer)
     p_step(p)
     assert p.nixl_wrapper.sent == []
     assert sum(p.xfer_stats.data["num_hellos_refused"]) == 1

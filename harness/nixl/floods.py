@@ -149,7 +149,9 @@ def flood_main(workdir: str, peer_metadata: bytes, plan: dict[str, Any], conn: A
     conn.recv()  # keep the agents alive until the test has looked
 
 
-def _missing_tags(agent: Any, peer: str, plan: dict[str, Any], rnd: random.Random, counts: dict[str, int]) -> None:
+def _missing_tags(
+    agent: Any, peer: str, plan: dict[str, Any], rnd: random.Random, counts: dict[str, int]
+) -> None:
     """Say hello with a live key, wait for P's welcome, then name ``count`` tags P never issued."""
     from vllm_nixl_lease._wire import acked_heartbeat_message, heartbeat_message
 
@@ -186,7 +188,7 @@ def _missing_tags(agent: Any, peer: str, plan: dict[str, Any], rnd: random.Rando
 
 
 def run_flood(workdir: str, peer_metadata: bytes, plan: dict[str, Any]) -> tuple[Any, Any]:
-    """Start one flood; ``finish_flood`` collects it."""
+    """Start one flood; ``collect_flood`` and ``end_flood`` finish it."""
     from .fleet import context
 
     ctx = context()
@@ -197,7 +199,9 @@ def run_flood(workdir: str, peer_metadata: bytes, plan: dict[str, Any]) -> tuple
     return proc, mine
 
 
-def finish_flood(proc: Any, conn: Any, timeout: float = 120.0) -> dict[str, Any]:
+def collect_flood(proc: Any, conn: Any, timeout: float = 120.0) -> dict[str, Any]:
+    """What the flood sent.  Its agents stay up until ``end_flood``: UCX hands a
+    large message over only while its sender lives."""
     try:
         if not conn.poll(timeout):
             raise TimeoutError("flooding agent did not finish")
@@ -205,15 +209,20 @@ def finish_flood(proc: Any, conn: Any, timeout: float = 120.0) -> dict[str, Any]
         if status != "ok":
             raise RuntimeError(payload)
         return payload
-    finally:
-        try:
-            conn.send("bye")
-        except Exception:
-            pass
+    except BaseException:
+        end_flood(proc, conn)
+        raise
+
+
+def end_flood(proc: Any, conn: Any) -> None:
+    try:
+        conn.send("bye")
+    except Exception:
+        pass
+    proc.join(5)
+    if proc.is_alive():
+        proc.kill()
         proc.join(5)
-        if proc.is_alive():
-            proc.kill()
-            proc.join(5)
 
 
 def rss_bytes(pid: int) -> int:
@@ -245,7 +254,9 @@ def _stat(stats: list[dict[str, Any]], key: str) -> int:
     return sum(s.get(key, 0) for s in stats)
 
 
-def floods_on_p(fleet: Fleet, plans: list[dict[str, Any]], n: int = 4, baseline_s: float = 3.0) -> dict[str, Any]:
+def floods_on_p(
+    fleet: Fleet, plans: list[dict[str, Any]], n: int = 4, baseline_s: float = 3.0
+) -> dict[str, Any]:
     """Our P and our D with ``n`` requests queued on D (held past one lease);
     each plan floods P in turn.  Per plan: P's RSS growth, its worst step's
     connector CPU against the quiet baseline, the flood's counts."""
@@ -270,12 +281,15 @@ def floods_on_p(fleet: Fleet, plans: list[dict[str, Any]], n: int = 4, baseline_
         p_stats0 = p.stats()
         d_stats_before = d.stats()
         proc, conn = run_flood(fleet.workdir, p_metadata, plan)
-        sent = finish_flood(proc, conn)
-        time.sleep(1.0)  # P drains what is in flight
-        steps = p.timings()["steps"]
+        try:
+            sent = collect_flood(proc, conn)
+            time.sleep(1.0)  # P drains what is in flight
+            steps = p.timings()["steps"]
+            p_stats = p.stats()
+            d_stats_after = d.stats()
+        finally:
+            end_flood(proc, conn)
         cpu, own = _connector_cpu(steps), _outside_nixl(steps)
-        p_stats = p.stats()
-        d_stats_after = d.stats()
         res = {
             "d": {
                 key: _stat(d_stats_after, f"num_{key}") - _stat(d_stats_before, f"num_{key}")
@@ -326,13 +340,15 @@ def floods_on_p(fleet: Fleet, plans: list[dict[str, Any]], n: int = 4, baseline_
     print(
         f"\n== floods against our P ({n} requests queued on a real D): baseline over {b['steps']} steps, "
         f"connector CPU per step max {b['max_connector_cpu_s'] * 1e3:.2f} ms, p99 "
-        f"{b['p99_connector_cpu_s'] * 1e3:.2f} ms, outside NIXL's calls max {b['max_outside_nixl_s'] * 1e3:.2f} ms, RSS {b['rss'] / 2**20:.0f} MiB"
+        f"{b['p99_connector_cpu_s'] * 1e3:.2f} ms, outside NIXL's calls max "
+        f"{b['max_outside_nixl_s'] * 1e3:.2f} ms, RSS {b['rss'] / 2**20:.0f} MiB"
     )
     for res in results:
         s = res["sent"]
         print(
             f"   {res['kind']} {res['plan']}: sent {s['sent']} ({s['bytes'] / 2**20:.1f} MiB, "
-            f"{s['failed']} failed) in {s.get('send_s', 0):.1f}s; P: RSS {res['rss_growth'] / 2**20:+.1f} MiB, "
+            f"{s['failed']} failed) in {s.get('send_s', 0):.1f}s; "
+            f"P: RSS {res['rss_growth'] / 2**20:+.1f} MiB, "
             f"connector CPU per step max {res['max_connector_cpu_s'] * 1e3:.2f} ms p99 "
             f"{res['p99_connector_cpu_s'] * 1e3:.2f} ms, outside NIXL's calls max "
             f"{res['max_outside_nixl_s'] * 1e3:.2f} ms, over {res['steps']} steps (longest step "
@@ -366,7 +382,10 @@ def rogue_p_answers_d(fleet: Fleet, n: int = 4, count: int = 2000) -> dict[str, 
         proc, conn = run_flood(
             fleet.workdir, d_metadata, {"kind": "lacks", "instance": instance, "count": count, "pace_s": 4.0}
         )
-        sent = finish_flood(proc, conn)
+        try:
+            sent = collect_flood(proc, conn)
+        finally:
+            end_flood(proc, conn)
         # Past the extension since P's last answer: no genuine answer renews D's views now.
         time.sleep(max(0.0, t_frozen + LEASE + 1 - time.monotonic()))
         d.release()
@@ -380,7 +399,8 @@ def rogue_p_answers_d(fleet: Fleet, n: int = 4, count: int = 2000) -> dict[str, 
         "loaded": sum("read_t" in d_rep["reqs"][d_id(r)] for r in ids),
         "failed": sum(bool(d_rep["reqs"][d_id(r)].get("failed")) for r in ids),
         "fenced": _stat(d_stats, "num_reads_fenced") - _stat(d_stats0, "num_reads_fenced"),
-        "ignored": _stat(d_stats, "num_heartbeat_acks_ignored") - _stat(d_stats0, "num_heartbeat_acks_ignored"),
+        "ignored": _stat(d_stats, "num_heartbeat_acks_ignored")
+        - _stat(d_stats0, "num_heartbeat_acks_ignored"),
         "renewed": _stat(d_stats, "num_heartbeat_views_renewed")
         - _stat(d_stats0, "num_heartbeat_views_renewed"),
         "d_errors": d_rep["errors"],

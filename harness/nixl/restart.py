@@ -70,7 +70,9 @@ def p_restarted(
     d = fleet.start("D", "d", stock=d_stock, progress_delay_us=PROGRESS_DELAY_US)
     old_ids, old_params = prefill(p, "old", n)
     hand_to_d(d, old_params, hold=True)
-    wait_for(lambda: all(p.report()["reqs"][r].get("hb", 0) >= 2 for r in old_ids), 30, what="heartbeats on P")
+    wait_for(
+        lambda: all(p.report()["reqs"][r].get("hb", 0) >= 2 for r in old_ids), 30, what="heartbeats on P"
+    )
     p_old = p.report()
     d_stats_before = d.stats()
     failed_sends = d.report()["hb_sent"]["failed"]
@@ -148,11 +150,13 @@ def p_restarted(
     new_read = "never" if out["new_read_s"] is None else f"{out['new_read_s']:.2f}s"
     print(
         f"\n== P restarted under the same engine id ({who}), {n} old + {n} new requests, "
-        f"same block ids {same_blocks}, new P up {out['restart_s']:.1f}s after the kill, D saw a heartbeat fail {out['noticed_s']:.1f}s after it"
+        f"same block ids {same_blocks}, new P up {out['restart_s']:.1f}s after the kill, "
+        f"D saw a heartbeat fail {out['noticed_s']:.1f}s after it"
     )
     print(
         f"   old: ended {old['ended']}/{n}, failed {old['failed']}, read correct {old['read_ok']}, "
-        f"WRONG {old['wrong']} (last ended {out['old_ended_after_kill_s'] or 0:.2f}s after the kill); new: ended {new['ended']}/{n}, failed {new['failed']}, "
+        f"WRONG {old['wrong']} (last ended {out['old_ended_after_kill_s'] or 0:.2f}s after the kill); "
+        f"new: ended {new['ended']}/{n}, failed {new['failed']}, "
         f"read correct {new['read_ok']}, WRONG {new['wrong']}, all new read {new_read} after hand-over"
         + (f" ({out['new_read_after_kill_s']:.2f}s after the kill)" if new_done_t is not None else "")
     )

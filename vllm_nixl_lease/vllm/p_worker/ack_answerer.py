@@ -77,6 +77,9 @@ MAX_SEQS_PER_ANSWER = 256
 MAX_NOT_EXTENDED_BYTES = 4096
 # Heartbeats one agent may have waiting for an answer; then it is answered at once.
 MAX_PENDING_SEQS = 4 * MAX_SEQS_PER_ANSWER
+# A loaded agent's repeated hello is welcomed again at most this often (or every
+# answer gap, when shorter); D repeats a hello no more than every hello_retry_s.
+MAX_WELCOME_GAP_S = 0.1
 # Agents answered in one step because their gap is over (overdue ones on top).
 MAX_PACED_ANSWERS_PER_STEP = 2
 _IDS, _TAGS = HeartbeatForm.IDS, HeartbeatForm.TAGS  # module globals: cheaper than class lookups
@@ -134,6 +137,7 @@ class AckAnswerer:
         self._pending: dict[str, _Answer] = {}  # oldest first
         self._answered: dict[str, float] = {}  # agent -> last answer sent
         self._welcomed: dict[str, float] = {}  # agent -> last welcome sent
+        self._welcome_gap = min(self._answer_gap, MAX_WELCOME_GAP_S)
         self._agents: dict[str, _Agent] = {}  # loaded agents
         self._loading: dict[str, tuple[Future[AgentName], float]] = {}  # agent -> (load, its interval)
         # agent -> (answer, heartbeats it acknowledges) waiting for the agent's load
@@ -291,9 +295,9 @@ class AckAnswerer:
         if known is not None:
             known.heard = now
             known.interval_s = hello.interval_s
-            # D asks again when it lacks proof or answers; at most one welcome
-            # per answer gap, so repeated hellos cannot make P send every step.
-            if now - self._welcomed.get(agent, -math.inf) >= self._answer_gap:
+            # D asks again when it lacks proof or answers; repeats closer than
+            # this are a flood, which must not make P send every step.
+            if now - self._welcomed.get(agent, -math.inf) >= self._welcome_gap:
                 self._welcome(agent)
             return
         if agent in self._loading:
