@@ -313,11 +313,14 @@ def floods_on_p(
     # The real D was heartbeating all along: past one lease, let it read.
     time.sleep(max(0.0, t_handed + LEASE + 1 - time.monotonic()))
     during = p.report()
+    t_release = time.monotonic()
     d.release()
     p_rep = wait_freed(p, ids, timeout=30)
     d_rep = wait_loaded(d, ids, 30)
     d_stats = d.stats()
     out = {
+        "freed_after_release_s": [round(p_rep["reqs"][r]["freed_t"] - t_release, 2) for r in ids],
+        "loaded_after_release_s": [round(d_rep["reqs"][d_id(r)]["read_t"] - t_release, 2) for r in ids],
         "ids": ids,
         "baseline": {
             "steps": len(base_cpu),
@@ -359,7 +362,9 @@ def floods_on_p(
         )
     print(
         f"   real D: fenced {out['fenced']}, failed {out['failed']}, wrong {len(out['wrong'])}; P freed "
-        f"{sorted(set(out['freed_by'].values()))}; P RSS {out['rss_growth_total'] / 2**20:+.1f} MiB over all"
+        f"{sorted(set(out['freed_by'].values()))}; P RSS {out['rss_growth_total'] / 2**20:+.1f} MiB over all; "
+        f"expired while flooded {len(out['expired_while_flooded'])}; after the release: loads ended "
+        f"{out['loaded_after_release_s']} s, P freed {out['freed_after_release_s']} s"
     )
     return out
 
