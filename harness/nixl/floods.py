@@ -362,7 +362,8 @@ def floods_on_p(
         )
     print(
         f"   real D: fenced {out['fenced']}, failed {out['failed']}, wrong {len(out['wrong'])}; P freed "
-        f"{sorted(set(out['freed_by'].values()))}; P RSS {out['rss_growth_total'] / 2**20:+.1f} MiB over all; "
+        f"{sorted(set(out['freed_by'].values()))}; "
+        f"P RSS {out['rss_growth_total'] / 2**20:+.1f} MiB over all; "
         f"expired while flooded {len(out['expired_while_flooded'])}; after the release: loads ended "
         f"{out['loaded_after_release_s']} s, P freed {out['freed_after_release_s']} s"
     )
