@@ -278,6 +278,7 @@ def floods_on_p(
     for plan in plans:
         plan = {**plan, "keys": [live_tag if k == "LIVE" else k for k in plan.get("keys", ["LIVE"])]}
         rss0 = rss_bytes(p.pid)
+        t0 = time.monotonic()
         p_stats0 = p.stats()
         d_stats_before = d.stats()
         proc, conn = run_flood(fleet.workdir, p_metadata, plan)
@@ -290,6 +291,7 @@ def floods_on_p(
         finally:
             end_flood(proc, conn)
         cpu, own = _connector_cpu(steps), _outside_nixl(steps)
+        d_gaps = [g for t, g in d.report()["step_gaps"] if t >= t0]
         res = {
             "d": {
                 key: _stat(d_stats_after, f"num_{key}") - _stat(d_stats_before, f"num_{key}")
@@ -304,6 +306,7 @@ def floods_on_p(
             "p99_connector_cpu_s": _p99(cpu),
             "max_outside_nixl_s": max(own, default=0.0),
             "max_step_s": max((s[1] for s in steps), default=0.0),
+            "d_max_step_gap_s": max(d_gaps, default=0.0),  # D starved by the flood's processes?
             "refused": _stat(p_stats, "num_hellos_refused") - _stat(p_stats0, "num_hellos_refused"),
             "malformed": _stat(p_stats, "num_malformed_notifs") - _stat(p_stats0, "num_malformed_notifs"),
             "acks_dropped": _stat(p_stats, "num_heartbeat_acks_dropped")
@@ -355,7 +358,8 @@ def floods_on_p(
             f"connector CPU per step max {res['max_connector_cpu_s'] * 1e3:.2f} ms p99 "
             f"{res['p99_connector_cpu_s'] * 1e3:.2f} ms, outside NIXL's calls max "
             f"{res['max_outside_nixl_s'] * 1e3:.2f} ms, over {res['steps']} steps (longest step "
-            f"{res['max_step_s'] * 1e3:.0f} ms wall), refused {res['refused']}, malformed "
+            f"{res['max_step_s'] * 1e3:.0f} ms wall; D's longest gap between steps "
+            f"{res['d_max_step_gap_s'] * 1e3:.0f} ms), refused {res['refused']}, malformed "
             f"{res['malformed']}, answers dropped {res['acks_dropped']}; the flood got {s['answers']} "
             f"answers ({s['welcomes']} welcomes, longest {s.get('longest_answer', 0)} B); real D "
             f"meanwhile {res['d']}"
