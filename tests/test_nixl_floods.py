@@ -19,9 +19,10 @@ from harness.nixl import scenarios as sc
 pytestmark = pytest.mark.serial
 
 STEP_GROWTH_S = 0.005
-# P's RSS may move by allocator noise (NIXL's and Python's arenas), not by
-# what the floods sent (tens of MiB in all).
-RSS_GROWTH_BYTES = 8 << 20
+# Flat: P keeps none of what the floods sent (26 MiB in all, 20 of it in 1 MB
+# hellos); the allocator keeps a few MiB of freed buffers (measured +4 to +8
+# MiB over all floods).
+RSS_GROWTH_BYTES = 16 << 20
 
 PLANS = [
     # 10,000 hellos from 16 agents: half name a lease P holds (a fleet member
