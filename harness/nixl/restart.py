@@ -128,6 +128,8 @@ def p_restarted(
         "new_p_errors": p_new["errors"],
         "new_p_hellos": p_new["hellos_recv"],
         "d_errors": d_rep["errors"],
+        "d_acks_not_extended": [(round(t - t_kill, 3), a, m) for t, a, m in d_rep["acks_not_extended"]],
+        "new_tags": {new_params[r].get("remote_lease_tag"): r for r in new_ids},
         "fenced": _stat(d_stats, "num_reads_fenced") - _stat(d_stats_before, "num_reads_fenced"),
         "views_ended": _stat(d_stats, "num_views_ended") - _stat(d_stats_before, "num_views_ended"),
         "waiting_proof": _stat(d_stats, "num_reads_waiting_proof")
