@@ -18,7 +18,7 @@ CPU_VPY := $(CPU_VENV)/bin/python
 CONNECTOR_TESTS := tests/test_connector_differential.py tests/test_connector_heartbeat.py \
 	tests/test_connector_metrics.py tests/test_push_fix.py tests/test_config_lease.py tests/test_hook.py \
 	tests/test_doctor.py tests/test_connector_fencing.py tests/test_connector_idle.py tests/test_components.py \
-	tests/test_acks.py tests/test_read_pacer.py
+	tests/test_acks.py tests/test_read_pacer.py tests/test_protocol_versions.py
 
 ROUTER_VENV := .venv-router
 DIST_VENV := .venv-dist

@@ -539,6 +539,27 @@ def test_hello_flood_is_bounded(clock: Clock) -> None:
     assert p.count("num_malformed_notifs") == 1  # the oversized one
 
 
+def test_repeated_hellos_cost_one_parse_per_step_and_one_welcome_per_gap(clock: Clock) -> None:
+    """An agent that repeats its hello (a flood, or a D that lacks proof) gets
+    one hello handled per step and one welcome per welcome gap, not one each."""
+    from vllm_nixl_lease.vllm.p_worker.ack_answerer import MAX_WELCOME_GAP_S
+
+    net = Pair(clock)
+    keeper, acker, p = net.keepers[0], net.ackers[0], net.p[0]
+    keeper.deadlines["p1"] = clock.now + EXT
+    acker.handle(keeper.route({"D": [hello("D", "p1")] * 50})[1])
+    assert p.count("num_hellos_refused") == 49  # one handled, the rest counted
+    settle(acker)
+    acker.handle({})
+    assert len(net.take_p_sends()) == 1  # the welcome once loaded
+    for _ in range(3):  # again within the gap: no second welcome
+        acker.handle(keeper.route({"D": [hello("D", "p1")]})[1])
+    assert net.take_p_sends() == []
+    clock.advance(min(CONFIG.answer_gap_s, MAX_WELCOME_GAP_S))
+    acker.handle(keeper.route({"D": [hello("D", "p1")]})[1])
+    assert acks_of(net.take_p_sends()) == [HeartbeatAck(net.proc.instance, [], frozenset())]
+
+
 def test_least_useful_agent_is_evicted_first(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
     from vllm_nixl_lease.vllm.p_worker import ack_answerer
 

@@ -24,7 +24,13 @@ from collections import deque
 from types import SimpleNamespace
 from typing import Any
 
-from vllm_nixl_lease._wire import PARAM_LEASE_TAG, parse_acked_heartbeat
+from vllm_nixl_lease._wire import (
+    EXTENSION_PREFIX,
+    HEARTBEAT_ACK_PREFIX,
+    HELLO_KIND,
+    PARAM_LEASE_TAG,
+    parse_acked_heartbeat,
+)
 
 from . import model
 from .fleet import PORT_TAKEN
@@ -38,6 +44,7 @@ SLOW_KEEP = 2000
 # Per-step timings and heartbeat message records kept until drained
 # (``timings``): a few minutes of steps at 50 per second.
 TIMING_KEEP = 100_000
+HELLO = EXTENSION_PREFIX + HELLO_KIND
 HB_UNMATCHED_MAX = 4096  # heartbeat messages held for ``report`` (up to 32 KiB each)
 
 
@@ -186,6 +193,9 @@ class Engine:
         self.hb_sent_log: deque[tuple[float, int, int]] = deque(maxlen=TIMING_KEEP)
         self.hb_recv_log: deque[tuple[float, str, int]] = deque(maxlen=TIMING_KEEP)
         self.hb_recv = {"msgs": 0, "bytes": 0}
+        self.hellos_recv = 0  # P: our hellos received (a stock P must take them harmlessly)
+        # D: P's answers that named keys as not extended (they end D's views): (t, agent, head)
+        self.acks_not_extended: list[tuple[float, str, bytes]] = []
         self.hb_agents: set[str] = set()  # P: agents whose heartbeats arrived
         # P: requests prefilled and not yet freed, and how the others were freed.
         self.live = 0
@@ -479,6 +489,11 @@ class Engine:
                     self._hb_unmatched.append((t, res["rank"], agent, msg))
                     if len(self._hb_unmatched) >= HB_UNMATCHED_MAX:  # bound the memory held
                         self._match_heartbeats()
+            elif msg.startswith(HELLO):
+                self.hellos_recv += 1
+            elif msg.startswith(HEARTBEAT_ACK_PREFIX) and msg.count(b":") >= 3:
+                if len(self.acks_not_extended) < HB_UNMATCHED_MAX:
+                    self.acks_not_extended.append((t, agent, msg[:256]))
             else:
                 req_id, _, count = msg.decode("utf-8", "replace").rpartition(":")
                 rec = self.reqs.get(req_id)
@@ -519,6 +534,8 @@ class Engine:
             "reqs": reqs,
             "errors": list(self.errors),
             "hb_sent": dict(self.hb_sent),
+            "hellos_recv": self.hellos_recv,
+            "acks_not_extended": list(self.acks_not_extended),
             "hb_ids_sent": dict(self.hb_ids_sent),
             "notif_log": list(self.notif_log),
             "hb_arrivals": list(self.hb_arrivals),

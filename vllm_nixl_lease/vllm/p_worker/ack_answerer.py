@@ -77,6 +77,9 @@ MAX_SEQS_PER_ANSWER = 256
 MAX_NOT_EXTENDED_BYTES = 4096
 # Heartbeats one agent may have waiting for an answer; then it is answered at once.
 MAX_PENDING_SEQS = 4 * MAX_SEQS_PER_ANSWER
+# A loaded agent's repeated hello is welcomed again at most this often (or every
+# answer gap, when shorter); D repeats a hello no more than every hello_retry_s.
+MAX_WELCOME_GAP_S = 0.1
 # Agents answered in one step because their gap is over (overdue ones on top).
 MAX_PACED_ANSWERS_PER_STEP = 2
 _IDS, _TAGS = HeartbeatForm.IDS, HeartbeatForm.TAGS  # module globals: cheaper than class lookups
@@ -133,6 +136,8 @@ class AckAnswerer:
         self._answer_gap = lease_config.answer_gap_s  # 0: every agent answered in the step
         self._pending: dict[str, _Answer] = {}  # oldest first
         self._answered: dict[str, float] = {}  # agent -> last answer sent
+        self._welcomed: dict[str, float] = {}  # agent -> last welcome sent
+        self._welcome_gap = min(self._answer_gap, MAX_WELCOME_GAP_S)
         self._agents: dict[str, _Agent] = {}  # loaded agents
         self._loading: dict[str, tuple[Future[AgentName], float]] = {}  # agent -> (load, its interval)
         # agent -> (answer, heartbeats it acknowledges) waiting for the agent's load
@@ -149,10 +154,17 @@ class AckAnswerer:
         if self._loading:
             self._finish_loads()
         for agent, msgs in messages.items():
+            said_hello = False
             for msg in msgs:
                 if not msg.startswith(EXTENSION_PREFIX):
                     continue
                 if msg.startswith(HELLO_KIND, len(EXTENSION_PREFIX)):
+                    if said_hello:
+                        # One hello per agent per step: a D repeats its hello at
+                        # most every hello_retry_s, so more is a flood.
+                        self._upstream.xfer_stats.add("num_hellos_refused", 1)
+                        continue
+                    said_hello = True
                     self._hello(agent, msg, now)
                 else:
                     self._heartbeat(agent, msg, now)
@@ -266,6 +278,7 @@ class AckAnswerer:
 
     def _welcome(self, agent: str) -> None:
         """The answer to a hello: which P process D reached (D's proof)."""
+        self._welcomed[agent] = time.perf_counter()
         if self._keeper.instance:
             self._send(agent, heartbeat_ack_message(self._keeper.instance, ()), 0)
 
@@ -282,7 +295,10 @@ class AckAnswerer:
         if known is not None:
             known.heard = now
             known.interval_s = hello.interval_s
-            self._welcome(agent)  # D asks again when it lacks proof or answers
+            # D asks again when it lacks proof or answers; repeats closer than
+            # this are a flood, which must not make P send every step.
+            if now - self._welcomed.get(agent, -math.inf) >= self._welcome_gap:
+                self._welcome(agent)
             return
         if agent in self._loading:
             return
@@ -362,6 +378,8 @@ class AckAnswerer:
                     self._remove(agent)
         for agent in [a for a in self._answered if not self._answerable(a)]:
             del self._answered[agent]
+        for agent in [a for a in self._welcomed if not self._answerable(a)]:
+            del self._welcomed[agent]
         for agent in [a for a in self._queued if a not in self._loading]:
             del self._queued[agent]
 
