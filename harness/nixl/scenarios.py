@@ -94,7 +94,7 @@ def happy_path(fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 4) -> dict[s
     ids, params = prefill(p, "happy", n)
     hand_to_d(d, params, hold=False)
     p_rep = wait_freed(p, ids, timeout=30)
-    d_rep = d.report()
+    d_rep = d_caught_up(d, ids)
     print_summary(
         f"happy path (P {'stock' if p_stock else 'ours'}, D {'stock' if d_stock else 'ours'})",
         p_rep,
@@ -114,7 +114,7 @@ def overloaded(fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 4, factor: i
     during = p.report()
     d.release()
     p_rep = wait_freed(p, ids, timeout=30)
-    d_rep = d.report()
+    d_rep = d_caught_up(d, ids)
     print_summary(
         f"D overloaded {factor}x lease (P {'stock' if p_stock else 'ours'}, "
         f"D {'stock' if d_stock else 'ours'})",
@@ -143,7 +143,7 @@ def d_killed(fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 4) -> dict[str
     ids2, params2 = prefill(p, "after", 2)
     hand_to_d(d2, params2, hold=False)
     p_rep2 = wait_freed(p, ids2, timeout=30)
-    d2_rep = d2.report()
+    d2_rep = d_caught_up(d2, ids2)
     print_summary(
         f"D killed (P {'stock' if p_stock else 'ours'}, D {'stock' if d_stock else 'ours'})",
         p_rep,
@@ -178,7 +178,7 @@ def big_heartbeats(fleet: Fleet, n: int, max_bytes: int) -> dict[str, Any]:
     during = p.report()
     d.release()
     p_rep = wait_freed(p, ids, timeout=60)
-    d_rep = d.report()
+    d_rep = d_caught_up(d, ids)
     print_summary(f"{n} queued requests, max_heartbeat_bytes={max_bytes}", p_rep, ids, [d_rep])
     hb_sizes = [size for _, _, size in during["notif_log"]]
     print(f"   P received {len(hb_sizes)} heartbeat message(s) while D queued, largest {max(hb_sizes)} B")
@@ -244,7 +244,7 @@ def hetero_tp(fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 4) -> dict[st
     )
     d.release()
     p_rep = wait_freed(p, ids, timeout=30)
-    d_rep = d.report()
+    d_rep = d_caught_up(d, ids)
     print_summary(
         f"P TP2 -> D TP1 (P {'stock' if p_stock else 'ours'}, D {'stock' if d_stock else 'ours'})",
         p_rep,
@@ -262,6 +262,18 @@ def wait_loaded(d: Engine, ids: list[str], timeout: float) -> dict[str, Any]:
         return rep if all("read_t" in rep["reqs"][d_id(r)] for r in ids) else None
 
     return wait_for(done, timeout, what=f"D finishing {len(ids)} load(s)")
+
+
+def d_caught_up(d: Engine, ids: list[str], timeout: float = 10.0) -> dict[str, Any]:
+    """D's report once it has seen every load of ``ids`` end, or its last report
+    after ``timeout``.  P frees on the completion notification a READ carries,
+    which can reach P before D's worker sees that READ complete."""
+    deadline = time.monotonic() + timeout
+    while True:
+        rep = d.report()
+        if all("read_t" in rep["reqs"].get(d_id(r), {}) for r in ids) or time.monotonic() > deadline:
+            return rep
+        time.sleep(0.05)
 
 
 def wrong_by_rank(
