@@ -11,9 +11,13 @@
  * by whichever process runs when P grants it.  Y is another D's lease on
  * instance 1 whose key (tag or id) collides with r0's.
  *
- * Time: t is real time and D's clock; P's clock is t + POFF(instance) + skew,
- * skew in 0..DRIFT, changing by at most 1 per tick and never running P's clock
- * backwards (A1-A2).  Time stops at TMAX (the bound of every check).
+ * Time is discrete and unbounded; every timer is kept relative to now (what
+ * is left, or how old), so the state space is finite without a time bound.
+ * D's clock is the reference.  P's clock is D's plus POFF(instance) plus a
+ * skew in 0..DRIFT that changes by at most 1 per tick, so P's clock advances
+ * 0, 1 or 2 per tick and never runs backwards (A1-A2).  D converts P's
+ * deadlines with the offset it measured at its handshake (POFF and the skew
+ * then).
  *
  * Faults (all off with -DNOFAULT, the schedule of the liveness claim): the
  * network loses, duplicates, reorders and delays messages (a bag), a link
@@ -31,28 +35,76 @@
  *                         names (no tombstones, no ambiguity)
  */
 
+/* What one exhaustive check covers (the faults together are too many states
+ * for one check of under a minute): */
+#ifdef SCOPE_NET           /* reorder, duplicate, cut and heal, loss, delay, stalls, drift */
+#define NRANK 1
+#define DPN 2
+#define PDN 1
+#define LN 1
+#define NO_Y
+#define NO_CRASH
+#define NO_FORGET
+#define NO_RELEASE
+#endif
+#ifdef SCOPE_RANKS         /* two TP ranks; loss, delay, stalls, drift */
+#define NRANK 2
+#define DPN 1
+#define PDN 1
+#define LN 1
+#define NO_Y
+#define NO_CRASH
+#define NO_FORGET
+#define NO_RELEASE
+#define NO_CUT
+#define NO_DUP
+#endif
+#ifdef SCOPE_RESTART       /* crash, restart (ours or stock), reconnects, forgetting, colliding keys; loss, delay, stalls, drift */
+#define NRANK 1
+#define DPN 1
+#define PDN 1
+#define LN 1
+#define NO_CUT
+#define NO_DUP
+#endif
+#ifdef NOFAULT             /* the liveness claim's schedule: two ranks, two requests */
+#define NREQ 2
+#endif
+
 #ifndef NRANK
 #define NRANK 2            /* TP ranks of P: 1 or 2 */
 #endif
-#ifndef TMAX
-#define TMAX 10            /* time stops here */
+#ifndef NREQ
+#define NREQ 1             /* D's requests: r0, and with 2 also r1 */
 #endif
-#define NREQ 2             /* D's requests r0, r1 */
+#define NRQ 2              /* r1's variables exist always; with NREQ 1 P never grants it */
 #define NL 3               /* lease slots per rank: r0, r1, Y */
 #define YL 2               /* Y's slot */
-#define DUR 4              /* P1: a lease starts at now + DUR (P's clock) */
-#define EXT 4              /* P2: a heartbeat extends to arrival + EXT */
+#define DUR 3              /* P1: a lease starts at now + DUR (P's clock) */
+#define EXT 3              /* P2: a heartbeat extends to arrival + EXT */
 #define MARGIN 1           /* D5: fence a READ with this little left */
 #define TOMB (2 * EXT)     /* P4: tombstones live 2 x extension */
 #define DRIFT 1            /* P's clock is off by its offset plus 0..DRIFT */
-#define DPN 2              /* D -> P messages in flight */
-#define PDN 2              /* P -> D messages in flight */
-#define LN 2               /* D's acknowledged heartbeats awaiting answers */
+#ifndef DPN
+#define DPN 2              /* D -> P messages in flight: 1 or 2 */
+#endif
+#ifndef PDN
+#define PDN 2              /* P -> D messages in flight: 1 or 2 */
+#endif
+#ifndef LN
+#define LN 2               /* D's acknowledged heartbeats awaiting answers: 1 or 2 */
+#endif
 
 #define ALL_RANKS ((1 << NRANK) - 1)
 #define LAST (NRANK - 1)
 #define POFF(i) ((i) == 1 -> 2 : 0)           /* each process's clock offset */
-#define PT (t + POFF(pinst) + skew)           /* P's clock now */
+#define OLD (EXT + 1)                         /* a send this old can renew nothing */
+/* A view this far past its end can never be renewed (a renewal needs a send
+ * younger than EXT made before the view's end): it stands for every view
+ * ended or lapsed longer ago.  An unconverted deadline keeps more room: the
+ * conversion may add up to POFF(1) - POFF(2) + DRIFT. */
+#define VFLOOR (-(EXT - 1))
+#define PFLOOR (VFLOOR - 2 - DRIFT)
 #define KEY(l) ((l) == 1 -> 1 : 0)            /* r0 and Y share key 0 */
 
 #define YOK
@@ -109,7 +161,6 @@
 #define HELLO 1
 #define LHB 2              /* LHB: or LHBT: (names collide the same way: reused ids, tags) */
 
-byte t;                    /* real time, D's clock */
 byte skew;
 
 /* ---- P: the running process and its ranks' lease tables ---- */
@@ -117,54 +168,56 @@ byte pinst = 1;            /* 0: down */
 bool pstock;               /* the running process is stock vLLM */
 bool restarted;
 bool held[NRANK * NL];
-byte dl[NRANK * NL];       /* deadline, P's clock */
+short rem[NRANK * NL];     /* deadline minus now, P's clock (-1: overdue) */
 bool amb[NRANK * NL];      /* ambiguous: its key has a tombstone, or a sharer was freed */
-byte tomb[NRANK];          /* P's clock until which key 0 is a tombstone (0: none) */
+byte tomb[NRANK];          /* P's clock left on key 0's tombstone (0: none) */
 bool loaded[NRANK];        /* D's agent admitted on this rank (P6) */
 bool ygranted;
 /* kv_transfer_params of D's requests (through the router) */
-byte rinst[NREQ];          /* remote_lease_instance (0: not granted) */
-byte rpdl[NREQ];           /* remote_lease_deadline, P's clock */
+byte rinst[NRQ];          /* remote_lease_instance (0: not granted) */
 
 /* ---- network: a bag; a D -> P message goes to every rank in its mask ---- */
 bool link_up = 1;
-byte dp_kind[DPN];
-byte dp_inst[DPN];         /* the process whose agents it is addressed to */
-byte dp_mask[DPN];
-byte dp_seq[DPN];
-byte dp_key[DPN];
-bool pd_used[PDN];
-byte pd_inst[PDN];         /* sender's process (its agent) and the instance the answer names */
-byte pd_rank[PDN];
-byte pd_seq[PDN];          /* 0: the welcome */
-bool pd_nh[PDN];           /* the key was not (unambiguously) held */
+byte dp_kind[2];
+byte dp_inst[2];         /* the process whose agents it is addressed to */
+byte dp_mask[2];
+byte dp_seq[2];          /* LHB: its sequence number (SEQ) */
+byte dp_key[2];
+bool pd_used[2];
+byte pd_inst[2];         /* sender's process (its agent) and the instance the answer names */
+byte pd_rank[2];
+byte pd_seq[2];          /* 0: the welcome */
+bool pd_nh[2];           /* the key was not (unambiguously) held */
 
 /* ---- D ---- */
-byte dq[NREQ];
-short vdl[NREQ];           /* view deadline, D's clock; 0: ended */
-bool vconv[NREQ];          /* converted to D's clock */
-bool rd_ok[NREQ];          /* ghost: the READ reached the granting process, which held it throughout */
+byte dq[NRQ];
+/* The view: its deadline minus now.  Until D converts it (vconv), that is
+ * remote_lease_deadline minus now on the granting process's clock. */
+short vrem[NRQ];
+bool vconv[NRQ];
+bool rd_ok[NRQ];          /* ghost: the READ reached the granting process, which held it throughout */
 bool conn;                 /* upstream's connection to the engine (_remote_agents[E]) */
 byte cinst;                /* the process that connection reaches (its agents) */
-byte coff;                 /* the offset measured at its handshake */
+byte cskew;                /* P's skew at its handshake (the offset measured is POFF(cinst) + cskew) */
 byte proven[NRANK];        /* the instance each agent of it answered with (0: none) */
-bool tick_d;               /* a tick the scheduler has not seen */
-bool hb_due[NREQ];         /* this tick's heartbeat, scheduler -> worker */
+bool hb_due[NRQ];         /* this tick's heartbeat, scheduler -> worker */
 bool hello_due = 1;        /* hello_retry_s */
-/* A heartbeat's sequence number names its send: SEQ(t, r), at most one per
- * request per tick (so a number never names two sends). */
-#define SEQ(s, r) ((s) * 2 + (r) + 1)
-#define SEQ_S(q) (((q) - 1) / 2)
+/* A heartbeat's sequence number names its send: SEQ(age, r), the request and
+ * how long ago it was sent (at most one per request per tick, so a number never
+ * names two live sends; every copy of it ages together, up to OLD). */
+#define SEQ(age, r) ((age) * 2 + (r) + 1)
+#define SEQ_AGE(q) (((q) - 1) / 2)
 #define SEQ_R(q) (((q) - 1) % 2)
-byte lg_seq[LN];           /* 0: free */
-byte lg_mask[LN];          /* ranks that have not answered */
-bool lg_nh[LN];
-bool lg_none[LN];          /* answered by another process: proves nothing */
+#define AGED(q) ((q) == 0 -> 0 : (SEQ_AGE(q) < OLD -> (q) + 2 : (q)))
+byte lg_seq[2];           /* 0: free */
+byte lg_mask[2];          /* ranks that have not answered */
+bool lg_nh[2];
+bool lg_none[2];          /* answered by another process: proves nothing */
 #ifdef MUT_REMEMBERED_CAPS
 byte eng_proven;
 #endif
 
-hidden byte i, j, k, l, m_kind, m_inst, m_seq, m_key, m_rank, m_nh, m_s;
+hidden byte i, j, k, l, m_kind, m_inst, m_seq, m_key, m_rank, m_nh, m_s, pstep;
 
 /* Bags are kept canonical (slot 0 fills first): the order of slots means nothing. */
 inline dp_compact()
@@ -206,7 +259,15 @@ inline pd_compact()
 #define READABLE(r) PROVEN_AS(rinst[r])
 #define FENCE_OTHER(r) OTHER_THAN(rinst[r])
 #endif
-#define MAY_READ(r) (vdl[r] - t > MARGIN)
+#define MAY_READ(r) (vrem[r] > MARGIN)
+/* a request D is done with keeps no view (canonical states) */
+inline rem_d_done(r)
+{
+  if :: dq[r] >= READ -> vrem[r] = 0; vconv[r] = 0 :: else fi
+}
+/* LeaseViews._local: P's deadline on D's clock, converted with the connection's offset */
+#define CONV(r) (vrem[r] + POFF(rinst[r]) + skew - POFF(cinst) - cskew)
+#define CONVERTED(r) (CONV(r) < VFLOOR -> VFLOOR : CONV(r))
 #define HELD_ALL(l) (held[l] && held[LAST * NL + (l)])
 
 /* ================= the clock ================= */
@@ -214,23 +275,45 @@ active proctype Clock()
 {
 end:
   do
-  :: atomic { t < TMAX && TICK_OK ->
-       t++;
+  :: atomic { TICK_OK ->
+       pstep = 1;
        if
-       :: skew > 0 -> skew--
+       :: skew > 0 -> skew--; pstep = 0
        :: true
-       :: skew < DRIFT -> skew++
+       :: skew < DRIFT -> skew++; pstep = 2
        fi;
-       tick_d = 1;
-       hello_due = 1;
-       /* AckLedger.prune: an answer to a send older than EXT could move no view */
+       /* P's timers, on P's clock */
        i = 0;
        do
-       :: i < LN -> if :: lg_seq[i] != 0 && t - SEQ_S(lg_seq[i]) > EXT ->
-                          lg_seq[i] = 0; lg_mask[i] = 0; lg_nh[i] = 0; lg_none[i] = 0
-                        :: else fi; i++
+       :: i < NRANK * NL -> if :: held[i] -> rem[i] = (rem[i] - pstep < -1 -> -1 : rem[i] - pstep) :: else fi; i++
        :: else -> i = 0; break
-       od }
+       od;
+       tomb[0] = (tomb[0] < pstep -> 0 : tomb[0] - pstep);
+       tomb[LAST] = (tomb[LAST] < pstep -> 0 : tomb[LAST] - pstep);
+       vrem[0] = (rinst[0] != 0 && !vconv[0] && dq[0] <= READING -> (vrem[0] - pstep < PFLOOR -> PFLOOR : vrem[0] - pstep) : vrem[0]);
+       vrem[1] = (rinst[1] != 0 && !vconv[1] && dq[1] <= READING -> (vrem[1] - pstep < PFLOOR -> PFLOOR : vrem[1] - pstep) : vrem[1]);
+       pstep = 0;
+       /* D's timers */
+       vrem[0] = (vconv[0] && vrem[0] > VFLOOR -> vrem[0] - 1 : vrem[0]);
+       vrem[1] = (vconv[1] && vrem[1] > VFLOOR -> vrem[1] - 1 : vrem[1]);
+       rem_d_done(0); rem_d_done(1);
+       /* every copy of a heartbeat's number ages; AckLedger.prune: a send older
+        * than EXT could move no view */
+       i = 0;
+       do
+       :: i < LN -> lg_seq[i] = AGED(lg_seq[i]);
+                    if :: lg_seq[i] != 0 && SEQ_AGE(lg_seq[i]) > EXT ->
+                            lg_seq[i] = 0; lg_mask[i] = 0; lg_nh[i] = 0; lg_none[i] = 0
+                       :: else fi; i++
+       :: else -> i = 0; break
+       od;
+       dp_seq[0] = (dp_kind[0] == LHB -> AGED(dp_seq[0]) : dp_seq[0]);
+       dp_seq[1] = (dp_kind[1] == LHB -> AGED(dp_seq[1]) : dp_seq[1]);
+       pd_seq[0] = AGED(pd_seq[0]);
+       pd_seq[1] = AGED(pd_seq[1]);
+       /* the scheduler's heartbeat tick (heartbeat_schedule.py) */
+       hb_due[0] = (dq[0] == QUEUED); hb_due[1] = (dq[1] == QUEUED);
+       hello_due = 1 }
   od
 }
 
@@ -240,9 +323,9 @@ inline grant(l)
   k = 0;
   do
   :: k < NRANK ->
-     held[k * NL + l] = 1; dl[k * NL + l] = PT + DUR;
+     held[k * NL + l] = 1; rem[k * NL + l] = DUR;
 #ifndef MUT_NO_TOMBSTONES
-     amb[k * NL + l] = (KEY(l) == 0 && tomb[k] >= PT);
+     amb[k * NL + l] = (KEY(l) == 0 && tomb[k] > 0);
 #endif
      k++
   :: else -> k = 0; break
@@ -251,12 +334,12 @@ inline grant(l)
 
 inline free_lease(k, l)
 {
-  held[k * NL + l] = 0; dl[k * NL + l] = 0; amb[k * NL + l] = 0;
+  held[k * NL + l] = 0; rem[k * NL + l] = 0; amb[k * NL + l] = 0;
   if :: l < NREQ && dq[l] == READING -> rd_ok[l] = 0 :: else fi;
 #ifndef MUT_NO_TOMBSTONES
   if
   :: KEY(l) == 0 ->
-     tomb[k] = PT + TOMB;
+     tomb[k] = TOMB;
      /* P4: a live lease still sharing the freed key is ambiguous */
      if :: l != 0 && held[k * NL] -> amb[k * NL] = 1 :: else fi;
      if :: l != YL && held[k * NL + YL] -> amb[k * NL + YL] = 1 :: else fi
@@ -271,16 +354,18 @@ active proctype Psched()
 end:
   do
   :: atomic { pinst == 1 && rinst[0] == 0 ->
-       grant(0); rinst[0] = pinst; rpdl[0] = PT + DUR }
+       grant(0); rinst[0] = pinst; vrem[0] = DUR }
+#if NREQ > 1
   :: atomic { pinst != 0 && !pstock && rinst[0] != 0 && rinst[1] == 0 ->
-       grant(1); rinst[1] = pinst; rpdl[1] = PT + DUR }
-  :: atomic { FAULT YOK pinst == 1 && !ygranted -> ygranted = 1; grant(YL) }
+       grant(1); rinst[1] = pinst; vrem[1] = DUR }
+#endif
+  :: atomic { FAULT YOK pinst != 0 && !pstock && !ygranted -> ygranted = 1; grant(YL) }
   :: atomic { FAULT CRASHOK pinst == 1 ->
        /* kill -9: every block is gone with the process, every READ to it fails */
        pinst = 0;
        k = 0;
        do
-       :: k < NRANK * NL -> held[k] = 0; dl[k] = 0; amb[k] = 0; k++
+       :: k < NRANK * NL -> held[k] = 0; rem[k] = 0; amb[k] = 0; k++
        :: else -> k = 0; break
        od;
        tomb[0] = 0; tomb[LAST] = 0; loaded[0] = 0; loaded[LAST] = 0;
@@ -297,7 +382,7 @@ inline p_answer(k, s, nh)
 {
   if
   :: !pd_used[0] -> pd_used[0] = 1; pd_inst[0] = pinst; pd_rank[0] = k; pd_seq[0] = s; pd_nh[0] = nh
-  :: pd_used[0] && !pd_used[1] -> pd_used[1] = 1; pd_inst[1] = pinst; pd_rank[1] = k; pd_seq[1] = s; pd_nh[1] = nh
+  :: PDN > 1 && pd_used[0] && !pd_used[1] -> pd_used[1] = 1; pd_inst[1] = pinst; pd_rank[1] = k; pd_seq[1] = s; pd_nh[1] = nh
   :: else    /* nothing free: lost */
   fi
 }
@@ -314,7 +399,7 @@ inline p_recv(k, i)
 {
   atomic { link_up && (dp_mask[i] & (1 << k)) &&
 #ifdef NOFAULT
-           !(pd_used[0] && pd_used[1]) &&
+           (!pd_used[0] || (PDN > 1 && !pd_used[1])) &&
 #endif
            true ->
     m_kind = dp_kind[i]; m_inst = dp_inst[i]; m_seq = dp_seq[i]; m_key = dp_key[i];
@@ -336,8 +421,8 @@ inline p_recv(k, i)
        /* P2: extend every lease the key names, before the sweep */
        l = 0;
        do
-       :: l < NL -> if :: held[k * NL + l] && KEY(l) == m_key && dl[k * NL + l] < PT + EXT ->
-                            dl[k * NL + l] = PT + EXT
+       :: l < NL -> if :: held[k * NL + l] && KEY(l) == m_key && rem[k * NL + l] < EXT ->
+                            rem[k * NL + l] = EXT
                           :: else fi; l++
        :: else -> l = 0; break
        od;
@@ -352,7 +437,7 @@ inline p_recv(k, i)
 
 inline p_expire(k, l)
 {
-  atomic { held[k * NL + l] && dl[k * NL + l] < PT -> free_lease(k, l) }
+  atomic { held[k * NL + l] && rem[k * NL + l] < 0 -> free_lease(k, l) }
 }
 
 proctype Pworker(byte rank)
@@ -368,8 +453,8 @@ end:
   :: atomic { FAULT held[rank * NL + YL] ->
        l = 0;
        do
-       :: l < NL -> if :: held[rank * NL + l] && KEY(l) == 0 && dl[rank * NL + l] < PT + EXT ->
-                            dl[rank * NL + l] = PT + EXT
+       :: l < NL -> if :: held[rank * NL + l] && KEY(l) == 0 && rem[rank * NL + l] < EXT ->
+                            rem[rank * NL + l] = EXT
                           :: else fi; l++
        :: else -> l = 0; break
        od }
@@ -397,7 +482,6 @@ end:
   do
   :: atomic { dq[0] == NONE && rinst[0] != 0 -> dq[0] = QUEUED; hb_due[0] = 1 }
   :: atomic { dq[1] == NONE && rinst[1] != 0 -> dq[1] = QUEUED; hb_due[1] = 1 }
-  :: atomic { tick_d -> tick_d = 0; hb_due[0] = (dq[0] == QUEUED); hb_due[1] = (dq[1] == QUEUED) }
   od
 }
 
@@ -405,13 +489,13 @@ inline d_send(kind, mask, s, key)
 {
   if
   :: dp_mask[0] == 0 -> dp_kind[0] = kind; dp_inst[0] = cinst; dp_mask[0] = mask; dp_seq[0] = s; dp_key[0] = key
-  :: dp_mask[0] != 0 && dp_mask[1] == 0 -> dp_kind[1] = kind; dp_inst[1] = cinst; dp_mask[1] = mask; dp_seq[1] = s; dp_key[1] = key
+  :: DPN > 1 && dp_mask[0] != 0 && dp_mask[1] == 0 -> dp_kind[1] = kind; dp_inst[1] = cinst; dp_mask[1] = mask; dp_seq[1] = s; dp_key[1] = key
   :: else    /* nothing free: lost */
   fi
 }
 
 #ifdef NOFAULT
-#define DP_ROOM (dp_mask[0] == 0 || dp_mask[1] == 0)
+#define DP_ROOM (dp_mask[0] == 0 || (DPN > 1 && dp_mask[1] == 0))
 #else
 #define DP_ROOM true
 #endif
@@ -431,13 +515,13 @@ inline d_heartbeat(r)
     hb_due[r] = 0;
     /* a full ledger forgets its oldest send (an answer to it is then ignored) */
     if
-    :: lg_seq[0] == 0 || (lg_seq[1] != 0 && lg_seq[0] < lg_seq[1]) -> i = 0
+    :: LN == 1 || lg_seq[0] == 0 || (lg_seq[1] != 0 && lg_seq[0] > lg_seq[1]) -> i = 0
     :: else -> i = 1
     fi;
-    lg_seq[i] = SEQ(t, r); lg_mask[i] = ALL_RANKS; lg_nh[i] = 0; lg_none[i] = 0; i = 0;
-    d_send(LHB, ALL_RANKS, SEQ(t, r), KEY(r));
+    lg_seq[i] = SEQ(0, r); lg_mask[i] = ALL_RANKS; lg_nh[i] = 0; lg_none[i] = 0; i = 0;
+    d_send(LHB, ALL_RANKS, SEQ(0, r), KEY(r));
 #ifdef MUT_RENEW_ON_SEND
-    if :: vconv[r] && vdl[r] - t > MARGIN && vdl[r] < t + EXT -> vdl[r] = t + EXT :: else fi;
+    if :: vconv[r] && vrem[r] > MARGIN && vrem[r] < EXT -> vrem[r] = EXT :: else fi;
 #endif
   }
 }
@@ -446,7 +530,7 @@ inline d_heartbeat(r)
 /* LeaseViews._local: P's deadline on D's clock, with the connection's offset */
 inline d_convert(r)
 {
-  atomic { conn && dq[r] == QUEUED && !vconv[r] -> vdl[r] = rpdl[r] - coff; vconv[r] = 1 }
+  atomic { conn && dq[r] == QUEUED && !vconv[r] -> vrem[r] = CONVERTED(r); vconv[r] = 1 }
 }
 
 /* D5: fenced (a failed load) when the connection proved another instance, or too little is left */
@@ -470,7 +554,7 @@ inline d_done(r)
 {
   atomic { dq[r] == READING ->
     if
-    :: vdl[r] - t <= 0 -> dq[r] = FENCED
+    :: vrem[r] <= 0 -> dq[r] = FENCED
     :: else ->
        /* S: no READ completes over blocks P freed or another process holds */
        assert(rd_ok[r]); dq[r] = READ
@@ -495,8 +579,8 @@ inline d_answer(i)
        /* D4: the connection proves another instance: those views end */
        if
        :: PROVEN_AS(m_inst) ->
-          if :: rinst[0] != m_inst -> vdl[0] = 0 :: else fi;
-          if :: rinst[1] != m_inst -> vdl[1] = 0 :: else fi
+          if :: rinst[0] != m_inst -> vrem[0] = VFLOOR; vconv[0] = 1 :: else fi;
+          if :: rinst[1] != m_inst -> vrem[1] = VFLOOR; vconv[1] = 1 :: else fi
        :: else
        fi;
 #endif
@@ -513,13 +597,14 @@ inline d_answer(i)
              l = SEQ_R(m_seq);
              if
              :: lg_none[j] -> skip
-             :: !lg_none[j] && lg_nh[j] -> vdl[l] = 0     /* not held: the view ends */
+             :: !lg_none[j] && lg_nh[j] -> vrem[l] = VFLOOR; vconv[l] = 1   /* not held: the view ends */
              :: !lg_none[j] && !lg_nh[j] ->
-                if :: !vconv[l] -> vdl[l] = rpdl[l] - coff; vconv[l] = 1 :: else fi;
-                /* 4.1: renew only a view alive at the send, to send + EXT */
-                m_s = SEQ_S(m_seq);
+                if :: !vconv[l] -> vrem[l] = CONVERTED(l); vconv[l] = 1 :: else fi;
+                /* 4.1: renew only a view alive at the send (sent before its end),
+                 * to send + EXT, from a send younger than EXT */
+                m_s = SEQ_AGE(m_seq);
                 if
-                :: m_s < vdl[l] && m_s + EXT > vdl[l] && m_s + EXT > t -> vdl[l] = m_s + EXT
+                :: vrem[l] + m_s > 0 && EXT - m_s > vrem[l] && m_s < EXT -> vrem[l] = EXT - m_s
                 :: else
                 fi;
                 m_s = 0
@@ -544,9 +629,9 @@ end:
   do
   /* upstream's NIXL handshake with whichever process serves the engine id now */
   :: atomic { !conn && pinst != 0 && link_up ->
-       conn = 1; cinst = pinst; coff = POFF(pinst) + skew; proven[0] = 0; proven[LAST] = 0 }
+       conn = 1; cinst = pinst; cskew = skew; proven[0] = 0; proven[LAST] = 0 }
   /* upstream releases the connection (a failed send, an invalid engine, a repeated handshake) */
-  :: atomic { FAULT RELEASEOK conn -> conn = 0; cinst = 0; coff = 0; proven[0] = 0; proven[LAST] = 0 }
+  :: atomic { FAULT RELEASEOK conn -> conn = 0; cinst = 0; cskew = 0; proven[0] = 0; proven[LAST] = 0 }
   /* rehello to a proven agent (P may have forgotten it) */
   :: atomic { FAULT conn && hello_due && dq[0] == QUEUED && PROVEN_AS(rinst[0]) ->
        hello_due = 0; d_send(HELLO, ALL_RANKS, 0, 0) }
@@ -582,9 +667,9 @@ end:
   :: atomic { FAULT pd_used[0] -> pd_used[0] = 0; pd_inst[0] = 0; pd_rank[0] = 0; pd_seq[0] = 0; pd_nh[0] = 0; pd_compact() }
   :: atomic { FAULT pd_used[1] -> pd_used[1] = 0; pd_inst[1] = 0; pd_rank[1] = 0; pd_seq[1] = 0; pd_nh[1] = 0 }
   /* duplication: a second copy of a message in flight */
-  :: atomic { FAULT DUPOK dp_mask[0] != 0 && dp_mask[1] == 0 ->
+  :: atomic { FAULT DUPOK DPN > 1 && dp_mask[0] != 0 && dp_mask[1] == 0 ->
        dp_kind[1] = dp_kind[0]; dp_inst[1] = dp_inst[0]; dp_mask[1] = dp_mask[0]; dp_seq[1] = dp_seq[0]; dp_key[1] = dp_key[0] }
-  :: atomic { FAULT DUPOK PDDUPOK pd_used[0] && !pd_used[1] ->
+  :: atomic { FAULT DUPOK PDDUPOK PDN > 1 && pd_used[0] && !pd_used[1] ->
        pd_used[1] = 1; pd_inst[1] = pd_inst[0]; pd_rank[1] = pd_rank[0]; pd_seq[1] = pd_seq[0]; pd_nh[1] = pd_nh[0] }
   od
 }
