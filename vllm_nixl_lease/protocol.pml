@@ -217,7 +217,8 @@ bool lg_none[2];          /* answered by another process: proves nothing */
 byte eng_proven;
 #endif
 
-hidden byte i, j, k, l, m_kind, m_inst, m_seq, m_key, m_rank, m_nh, m_s, pstep;
+/* scratch: every atomic step leaves them 0 */
+byte i, j, k, l, m_kind, m_inst, m_seq, m_key, m_rank, m_nh, m_s, pstep;
 
 /* Bags are kept canonical (slot 0 fills first): the order of slots means nothing. */
 inline dp_compact()
@@ -292,6 +293,7 @@ end:
        tomb[LAST] = (tomb[LAST] < pstep -> 0 : tomb[LAST] - pstep);
        vrem[0] = (rinst[0] != 0 && !vconv[0] && dq[0] <= READING -> (vrem[0] - pstep < PFLOOR -> PFLOOR : vrem[0] - pstep) : vrem[0]);
        vrem[1] = (rinst[1] != 0 && !vconv[1] && dq[1] <= READING -> (vrem[1] - pstep < PFLOOR -> PFLOOR : vrem[1] - pstep) : vrem[1]);
+       printf("EV tick (the P clock +%d)\n", pstep);
        pstep = 0;
        /* D's timers */
        vrem[0] = (vconv[0] && vrem[0] > VFLOOR -> vrem[0] - 1 : vrem[0]);
@@ -354,14 +356,15 @@ active proctype Psched()
 end:
   do
   :: atomic { pinst == 1 && rinst[0] == 0 ->
-       grant(0); rinst[0] = pinst; vrem[0] = DUR }
+       grant(0); rinst[0] = pinst; vrem[0] = DUR; printf("EV P%d grants r0\n", pinst) }
 #if NREQ > 1
   :: atomic { pinst != 0 && !pstock && rinst[0] != 0 && rinst[1] == 0 ->
        grant(1); rinst[1] = pinst; vrem[1] = DUR }
 #endif
-  :: atomic { FAULT YOK pinst != 0 && !pstock && !ygranted -> ygranted = 1; grant(YL) }
+  :: atomic { FAULT YOK pinst != 0 && !pstock && !ygranted -> ygranted = 1; grant(YL); printf("EV P%d grants Y (r0 s key)\n", pinst) }
   :: atomic { FAULT CRASHOK pinst == 1 ->
        /* kill -9: every block is gone with the process, every READ to it fails */
+       printf("EV P1 crashes\n");
        pinst = 0;
        k = 0;
        do
@@ -374,7 +377,8 @@ end:
   :: atomic { FAULT pinst == 0 && !restarted ->
        /* the same engine id, a new process: a new instance (A5) */
        restarted = 1; pinst = 2;
-       if :: pstock = 0 :: pstock = 1 fi }
+       if :: pstock = 0 :: pstock = 1 fi;
+       printf("EV P restarts: instance 2, stock=%d\n", pstock) }
   od
 }
 
@@ -414,7 +418,7 @@ inline p_recv(k, i)
     :: m_inst == pinst && !pstock && m_kind == HELLO ->
        /* P6/P7: admitted if it names a lease held here; welcomed at once */
        if
-       :: loaded[k] || HOLDS(k, m_key) -> loaded[k] = 1; p_answer(k, 0, 0)
+       :: loaded[k] || HOLDS(k, m_key) -> loaded[k] = 1; p_answer(k, 0, 0); printf("EV P%d rank %d admits hello, welcomes\n", pinst, k)
        :: else    /* refused */
        fi
     :: m_inst == pinst && !pstock && m_kind == LHB ->
@@ -428,7 +432,8 @@ inline p_recv(k, i)
        od;
        /* P3: answer; "held" only if held and not ambiguous */
        if
-       :: loaded[k] -> p_answer(k, m_seq, !HOLDS(k, m_key) || AMBIGUOUS(k, m_key))
+       :: loaded[k] -> p_answer(k, m_seq, !HOLDS(k, m_key) || AMBIGUOUS(k, m_key));
+          printf("EV P%d rank %d gets LHB (sent %d ago), answers not-held=%d\n", pinst, k, SEQ_AGE(m_seq), !HOLDS(k, m_key) || AMBIGUOUS(k, m_key))
        :: else       /* no hello admitted: dropped */
        fi
     fi;
@@ -437,7 +442,7 @@ inline p_recv(k, i)
 
 inline p_expire(k, l)
 {
-  atomic { held[k * NL + l] && rem[k * NL + l] < 0 -> free_lease(k, l) }
+  atomic { held[k * NL + l] && rem[k * NL + l] < 0 -> free_lease(k, l); printf("EV P%d rank %d frees lease %d (expired)\n", pinst, k, l) }
 }
 
 proctype Pworker(byte rank)
@@ -459,7 +464,7 @@ end:
        :: else -> l = 0; break
        od }
   /* P9 / eviction: P forgets D's agent */
-  :: atomic { FAULT FORGETOK loaded[rank] -> loaded[rank] = 0 }
+  :: atomic { FAULT FORGETOK loaded[rank] -> loaded[rank] = 0; printf("EV P rank %d forgets the agent of D\n", rank) }
   od
 }
 
@@ -505,6 +510,7 @@ inline d_hello(r)
 {
   atomic { conn && hello_due && dq[r] == QUEUED && !PROVEN_AS(rinst[r]) && DP_ROOM ->
     hello_due = 0;
+    printf("EV D says hello to P%d for r%d\n", cinst, r);
     d_send(HELLO, (proven[0] != rinst[r] -> 1 : 0) | (proven[LAST] != rinst[r] -> 1 << LAST : 0), 0, KEY(r)) }
 }
 
@@ -520,8 +526,9 @@ inline d_heartbeat(r)
     fi;
     lg_seq[i] = SEQ(0, r); lg_mask[i] = ALL_RANKS; lg_nh[i] = 0; lg_none[i] = 0; i = 0;
     d_send(LHB, ALL_RANKS, SEQ(0, r), KEY(r));
+    printf("EV D sends LHB for r%d to P%d (view %d left)\n", r, cinst, vrem[r]);
 #ifdef MUT_RENEW_ON_SEND
-    if :: vconv[r] && vrem[r] > MARGIN && vrem[r] < EXT -> vrem[r] = EXT :: else fi;
+    if :: vconv[r] && vrem[r] > MARGIN && vrem[r] < EXT -> vrem[r] = EXT; printf("EV D renews the view of r%d on send\n", r) :: else fi;
 #endif
   }
 }
@@ -545,7 +552,8 @@ inline d_start(r)
   atomic { conn && dq[r] == QUEUED && vconv[r] && !FENCE_OTHER(r) && READABLE(r) && MAY_READ(r) ->
     if
     :: cinst != pinst -> dq[r] = FENCED   /* the process is gone: the READ fails */
-    :: else -> dq[r] = READING; rd_ok[r] = (rinst[r] == pinst && HELD_ALL(r))
+    :: else -> dq[r] = READING; rd_ok[r] = (rinst[r] == pinst && HELD_ALL(r));
+       printf("EV D starts READ of r%d from P%d (view %d left)\n", r, cinst, vrem[r])
     fi }
 }
 
@@ -557,6 +565,7 @@ inline d_done(r)
     :: vrem[r] <= 0 -> dq[r] = FENCED
     :: else ->
        /* S: no READ completes over blocks P freed or another process holds */
+       printf("EV the READ of r%d completes (view %d left)\n", r, vrem[r]);
        assert(rd_ok[r]); dq[r] = READ
     fi;
     rd_ok[r] = 0 }
@@ -572,6 +581,7 @@ inline d_answer(i)
     if
     :: conn && cinst == m_inst ->
        proven[m_rank] = m_inst;
+       printf("EV D gets an answer from P%d rank %d (welcome=%d not-held=%d)\n", m_inst, m_rank, m_seq == 0, m_nh);
 #ifdef MUT_REMEMBERED_CAPS
        if :: PROVEN_AS(m_inst) -> eng_proven = m_inst :: else fi;
 #endif
@@ -604,7 +614,8 @@ inline d_answer(i)
                  * to send + EXT, from a send younger than EXT */
                 m_s = SEQ_AGE(m_seq);
                 if
-                :: vrem[l] + m_s > 0 && EXT - m_s > vrem[l] && m_s < EXT -> vrem[l] = EXT - m_s
+                :: vrem[l] + m_s > 0 && EXT - m_s > vrem[l] && m_s < EXT -> vrem[l] = EXT - m_s;
+                   printf("EV D renews the view of r%d to %d\n", SEQ_R(m_seq), EXT - m_s)
                 :: else
                 fi;
                 m_s = 0
@@ -629,9 +640,10 @@ end:
   do
   /* upstream's NIXL handshake with whichever process serves the engine id now */
   :: atomic { !conn && pinst != 0 && link_up ->
-       conn = 1; cinst = pinst; cskew = skew; proven[0] = 0; proven[LAST] = 0 }
+       conn = 1; cinst = pinst; cskew = skew; proven[0] = 0; proven[LAST] = 0;
+       printf("EV D handshakes with P%d\n", pinst) }
   /* upstream releases the connection (a failed send, an invalid engine, a repeated handshake) */
-  :: atomic { FAULT RELEASEOK conn -> conn = 0; cinst = 0; cskew = 0; proven[0] = 0; proven[LAST] = 0 }
+  :: atomic { FAULT RELEASEOK conn -> printf("EV D releases its connection\n"); conn = 0; cinst = 0; cskew = 0; proven[0] = 0; proven[LAST] = 0 }
   /* rehello to a proven agent (P may have forgotten it) */
   :: atomic { FAULT conn && hello_due && dq[0] == QUEUED && PROVEN_AS(rinst[0]) ->
        hello_due = 0; d_send(HELLO, ALL_RANKS, 0, 0) }
@@ -657,15 +669,15 @@ active proctype Net()
 {
 end:
   do
-  :: atomic { FAULT CUTOK link_up -> link_up = 0 }
-  :: atomic { FAULT !link_up -> link_up = 1 }
+  :: atomic { FAULT CUTOK link_up -> link_up = 0; printf("EV link cut\n") }
+  :: atomic { FAULT !link_up -> link_up = 1; printf("EV link healed\n") }
   /* loss: one rank's copy of a D -> P message, or a P -> D message */
-  :: atomic { FAULT dp_mask[0] & 1 -> dp_mask[0] = dp_mask[0] & ~1; dp_compact() }
-  :: atomic { FAULT dp_mask[0] & (1 << LAST) -> dp_mask[0] = dp_mask[0] & ~(1 << LAST); dp_compact() }
-  :: atomic { FAULT dp_mask[1] & 1 -> dp_mask[1] = dp_mask[1] & ~1; dp_compact() }
-  :: atomic { FAULT dp_mask[1] & (1 << LAST) -> dp_mask[1] = dp_mask[1] & ~(1 << LAST); dp_compact() }
-  :: atomic { FAULT pd_used[0] -> pd_used[0] = 0; pd_inst[0] = 0; pd_rank[0] = 0; pd_seq[0] = 0; pd_nh[0] = 0; pd_compact() }
-  :: atomic { FAULT pd_used[1] -> pd_used[1] = 0; pd_inst[1] = 0; pd_rank[1] = 0; pd_seq[1] = 0; pd_nh[1] = 0 }
+  :: atomic { FAULT dp_mask[0] & 1 -> dp_mask[0] = dp_mask[0] & ~1; dp_compact(); printf("EV network loses a D->P message\n") }
+  :: atomic { FAULT dp_mask[0] & (1 << LAST) -> dp_mask[0] = dp_mask[0] & ~(1 << LAST); dp_compact(); printf("EV network loses a D->P message\n") }
+  :: atomic { FAULT dp_mask[1] & 1 -> dp_mask[1] = dp_mask[1] & ~1; dp_compact(); printf("EV network loses a D->P message\n") }
+  :: atomic { FAULT dp_mask[1] & (1 << LAST) -> dp_mask[1] = dp_mask[1] & ~(1 << LAST); dp_compact(); printf("EV network loses a D->P message\n") }
+  :: atomic { FAULT pd_used[0] -> pd_used[0] = 0; pd_inst[0] = 0; pd_rank[0] = 0; pd_seq[0] = 0; pd_nh[0] = 0; pd_compact(); printf("EV network loses a P->D message\n") }
+  :: atomic { FAULT pd_used[1] -> pd_used[1] = 0; pd_inst[1] = 0; pd_rank[1] = 0; pd_seq[1] = 0; pd_nh[1] = 0; printf("EV network loses a P->D message\n") }
   /* duplication: a second copy of a message in flight */
   :: atomic { FAULT DUPOK DPN > 1 && dp_mask[0] != 0 && dp_mask[1] == 0 ->
        dp_kind[1] = dp_kind[0]; dp_inst[1] = dp_inst[0]; dp_mask[1] = dp_mask[0]; dp_seq[1] = dp_seq[0]; dp_key[1] = dp_key[0] }
