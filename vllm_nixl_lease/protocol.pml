@@ -47,8 +47,9 @@
 #define NO_FORGET
 #define NO_RELEASE
 #endif
-#ifdef SCOPE_RANKS         /* two TP ranks; loss, delay, stalls, drift */
+#ifdef SCOPE_RANKS         /* two TP ranks; loss, delay, stalls (drift: the other scopes) */
 #define NRANK 2
+#define DRIFT 0
 #define DPN 1
 #define PDN 1
 #define LN 1
@@ -84,7 +85,9 @@
 #define EXT 3              /* P2: a heartbeat extends to arrival + EXT */
 #define MARGIN 1           /* D5: fence a READ with this little left */
 #define TOMB (2 * EXT)     /* P4: tombstones live 2 x extension */
+#ifndef DRIFT
 #define DRIFT 1            /* P's clock is off by its offset plus 0..DRIFT */
+#endif
 #ifndef DPN
 #define DPN 2              /* D -> P messages in flight: 1 or 2 */
 #endif
@@ -293,7 +296,7 @@ end:
        tomb[LAST] = (tomb[LAST] < pstep -> 0 : tomb[LAST] - pstep);
        vrem[0] = (rinst[0] != 0 && !vconv[0] && dq[0] <= READING -> (vrem[0] - pstep < PFLOOR -> PFLOOR : vrem[0] - pstep) : vrem[0]);
        vrem[1] = (rinst[1] != 0 && !vconv[1] && dq[1] <= READING -> (vrem[1] - pstep < PFLOOR -> PFLOOR : vrem[1] - pstep) : vrem[1]);
-       printf("EV tick (the P clock +%d)\n", pstep);
+       printf("EV tick (P clock +%d)\n", pstep);
        pstep = 0;
        /* D's timers */
        vrem[0] = (vconv[0] && vrem[0] > VFLOOR -> vrem[0] - 1 : vrem[0]);
@@ -361,7 +364,7 @@ end:
   :: atomic { pinst != 0 && !pstock && rinst[0] != 0 && rinst[1] == 0 ->
        grant(1); rinst[1] = pinst; vrem[1] = DUR }
 #endif
-  :: atomic { FAULT YOK pinst != 0 && !pstock && !ygranted -> ygranted = 1; grant(YL); printf("EV P%d grants Y (r0 s key)\n", pinst) }
+  :: atomic { FAULT YOK pinst != 0 && !pstock && !ygranted -> ygranted = 1; grant(YL); printf("EV P%d grants Y (the key of r0)\n", pinst) }
   :: atomic { FAULT CRASHOK pinst == 1 ->
        /* kill -9: every block is gone with the process, every READ to it fails */
        printf("EV P1 crashes\n");
