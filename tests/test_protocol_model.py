@@ -37,6 +37,8 @@ MUTATION_ASSERTS = {
     "MUT_REMEMBERED_CAPS": "m_kind",
     "MUT_NO_TOMBSTONES": "rd_ok",
 }
+# Breadth-first where the space up to the counterexample is small: the shortest trail.
+BREADTH_FIRST = {"MUT_NO_EPOCH", "MUT_REMEMBERED_CAPS"}
 # A search of the whole space must never stop at these bounds.
 DEPTH = 200_000
 MEMLIM_MB = 2048
@@ -52,14 +54,18 @@ def _tools() -> tuple[str, str]:
     return spin, cc
 
 
-def _pan(tmp_path: Path, defines: list[str], cflags: list[str], args: list[str]) -> str:
-    """Generate, compile and run spin's verifier for the model with ``defines``; its report."""
+def _pan(
+    tmp_path: Path, defines: list[str], cflags: list[str], args: list[str], optimize: str = "-O1"
+) -> str:
+    """Generate, compile and run spin's verifier for the model with ``defines``; its report.
+    ``optimize``: the C compiler's level (-O1: the long searches; -O0 compiles in a
+    fifth of the time, for the short ones)."""
     spin, cc = _tools()
     shutil.copy(MODEL, tmp_path / "protocol.pml")
     spin_flags = [f"-D{d}" for d in defines]
     subprocess.run([spin, "-a", *spin_flags, "protocol.pml"], cwd=tmp_path, check=True, capture_output=True)
     subprocess.run(
-        [cc, "-O2", "-w", f"-DMEMLIM={MEMLIM_MB}", *cflags, "-o", "pan", "pan.c"],
+        [cc, optimize, "-w", f"-DMEMLIM={MEMLIM_MB}", *cflags, "-o", "pan", "pan.c"],
         cwd=tmp_path,
         check=True,
         capture_output=True,
@@ -86,14 +92,13 @@ def _assert_complete(report: str) -> None:
 
 @pytest.mark.parametrize("scope", SCOPES)
 def test_safety_holds_over_the_whole_space(tmp_path: Path, scope: str) -> None:
-    report = _pan(tmp_path, [scope], ["-DSAFETY", "-DNOCLAIM", "-DCOLLAPSE"], [])
+    report = _pan(tmp_path, [scope], ["-DSAFETY", "-DNOCLAIM"], [])
     _assert_complete(report)
     assert _errors(report) == 0, report
-    assert "invalid end state" not in report, report
 
 
 def test_liveness_without_faults(tmp_path: Path) -> None:
-    report = _pan(tmp_path, ["NOFAULT"], ["-DCOLLAPSE"], ["-a", "-N", "L"])
+    report = _pan(tmp_path, ["NOFAULT"], [], ["-a", "-N", "L"], optimize="-O0")
     _assert_complete(report)
     assert "never claim         \t+" in report or "never claim" in report, report
     assert _errors(report) == 0, report
@@ -102,7 +107,8 @@ def test_liveness_without_faults(tmp_path: Path) -> None:
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))
 def test_each_mutation_yields_a_counterexample(tmp_path: Path, mutation: str) -> None:
     defines = [MUTATIONS[mutation], mutation]
-    report = _pan(tmp_path, defines, ["-DSAFETY", "-DNOCLAIM"], [])
+    search = ["-DBFS"] if mutation in BREADTH_FIRST else []
+    report = _pan(tmp_path, defines, ["-DSAFETY", "-DNOCLAIM", *search], [], optimize="-O0")
     assert _errors(report) >= 1, report
     trail = tmp_path / "protocol.pml.trail"
     assert trail.is_file(), report
@@ -114,5 +120,5 @@ def test_each_mutation_yields_a_counterexample(tmp_path: Path, mutation: str) ->
         text=True,
         timeout=PAN_TIMEOUT_S,
     )
-    violated = re.search(r"assertion violated \(?(\w+)", replay.stdout)
+    violated = re.search(r"text of failed assertion: assert\(\(?(\w+)", replay.stdout)
     assert violated and violated.group(1) == MUTATION_ASSERTS[mutation], replay.stdout[-2000:]

@@ -37,14 +37,13 @@
 
 /* What one exhaustive check covers (the faults together are too many states
  * for one check of under a minute): */
-#ifdef SCOPE_NET           /* reorder, duplicate, cut and heal, loss, delay, stalls, drift */
+#ifdef SCOPE_NET           /* reorder, duplicate, cut and heal, loss, delay, P forgetting D; stalls, drift */
 #define NRANK 1
 #define DPN 2
 #define PDN 1
 #define LN 1
 #define NO_Y
 #define NO_CRASH
-#define NO_FORGET
 #define NO_RELEASE
 #endif
 #ifdef SCOPE_RANKS         /* two TP ranks; loss, delay, stalls (drift: the other scopes) */
@@ -60,13 +59,14 @@
 #define NO_CUT
 #define NO_DUP
 #endif
-#ifdef SCOPE_RESTART       /* crash, restart (ours or stock), reconnects, forgetting, colliding keys; loss, delay, stalls, drift */
+#ifdef SCOPE_RESTART       /* crash, restart (ours or stock), reconnects, colliding keys; loss, delay, stalls, drift */
 #define NRANK 1
 #define DPN 1
 #define PDN 1
 #define LN 1
 #define NO_CUT
 #define NO_DUP
+#define NO_FORGET
 #endif
 #ifdef NOFAULT             /* the liveness claim's schedule: two ranks, two requests */
 #define NREQ 2
