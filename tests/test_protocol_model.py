@@ -71,7 +71,11 @@ def _pan(
         capture_output=True,
     )
     run = subprocess.run(
-        ["./pan", f"-m{DEPTH}", "-w24", *args], cwd=tmp_path, capture_output=True, text=True, timeout=PAN_TIMEOUT_S
+        ["./pan", f"-m{DEPTH}", "-w24", *args],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=PAN_TIMEOUT_S,
     )
     return run.stdout + run.stderr
 
