@@ -5,7 +5,8 @@ section 7) under spin: every check exhaustive, and every mutation caught.
   stock-safety (a stock P never gets ``LHB:``/``LHBT:``): assertions, checked
   over the full state space of each scope (the fault classes in groups: one
   check of all of them together does not fit a minute).
-- Liveness L (every queued request is read): the LTL claim ``L`` with no faults.
+- Liveness L (every queued request is read): the LTL claim ``L`` with no faults;
+  and it fails when D never says hello (so the claim is not vacuous).
 - Each mutation named in section 7 reintroduces one hole; spin must find a
   counterexample trail, and replaying it must end at the violated assertion.
 
@@ -106,6 +107,13 @@ def test_liveness_without_faults(tmp_path: Path) -> None:
     _assert_complete(report)
     assert "never claim         \t+" in report or "never claim" in report, report
     assert _errors(report) == 0, report
+
+
+def test_liveness_claim_can_fail(tmp_path: Path) -> None:
+    """L is not vacuous: a D that never says hello never reads (an acceptance cycle)."""
+    report = _pan(tmp_path, ["NOFAULT", "MUT_NO_HELLO"], [], ["-a"], optimize="-O0")
+    assert _errors(report) >= 1 and "acceptance cycle" in report, report
+    assert (tmp_path / "protocol.pml.trail").is_file(), report
 
 
 @pytest.mark.parametrize("mutation", sorted(MUTATIONS))

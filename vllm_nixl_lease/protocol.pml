@@ -7,9 +7,10 @@
  * One P engine id, served first by process (instance) 1 and, after a crash, by
  * instance 2: ours, or stock vLLM (a downgrade).  Each P process has NRANK TP
  * ranks (one lease table and one NIXL agent each).  One D (scheduler and one
- * worker) holds up to two requests: r0, granted by instance 1, and r1, granted
- * by whichever process runs when P grants it.  Y is another D's lease on
- * instance 1 whose key (tag or id) collides with r0's.
+ * worker) holds request r0, granted by instance 1, and with NREQ 2 also r1,
+ * granted by whichever process runs then.  Y is another D's lease whose key
+ * (tag or id) collides with r0's, granted at most once by whichever of our
+ * processes runs.
  *
  * Time is discrete and unbounded; every timer is kept relative to now (what
  * is left, or how old), so the state space is finite without a time bound.
@@ -33,6 +34,8 @@
  *                         connections (the old `acked_engines`)
  *   MUT_NO_TOMBSTONES     P answers "held" for any live lease a colliding key
  *                         names (no tombstones, no ambiguity)
+ * and one that must break the liveness claim L:
+ *   MUT_NO_HELLO          D never says hello (so nothing is ever proven)
  */
 
 /* What one exhaustive check covers (the faults together are too many states
@@ -511,7 +514,11 @@ inline d_send(kind, mask, s, key)
 /* D2: hello to the agents that have not proven r's instance */
 inline d_hello(r)
 {
-  atomic { conn && hello_due && dq[r] == QUEUED && !PROVEN_AS(rinst[r]) && DP_ROOM ->
+  atomic {
+#ifdef MUT_NO_HELLO
+    false &&
+#endif
+    conn && hello_due && dq[r] == QUEUED && !PROVEN_AS(rinst[r]) && DP_ROOM ->
     hello_due = 0;
     printf("EV D says hello to P%d for r%d\n", cinst, r);
     d_send(HELLO, (proven[0] != rinst[r] -> 1 : 0) | (proven[LAST] != rinst[r] -> 1 << LAST : 0), 0, KEY(r)) }
