@@ -23,7 +23,7 @@ CONNECTOR_TESTS := tests/test_connector_differential.py tests/test_connector_hea
 ROUTER_VENV := .venv-router
 DIST_VENV := .venv-dist
 
-.PHONY: all venv venv-cpu venv-router prometheus build build-cpu test test-core test-twin test-vllm032 test-e2e \
+.PHONY: all venv venv-cpu venv-router prometheus spin build build-cpu test test-core test-twin test-vllm032 test-e2e \
 	lint bench bench-quick bench-acks bench-fleet bench-d demo demo-pd clean
 
 all: build
@@ -87,6 +87,17 @@ prometheus:
 	    { service prometheus stop || true; } >/dev/null 2>&1; \
 	  else echo "promtool missing: sudo apt-get install -y prometheus (rule tests and demo Prometheus skip)"; fi; }
 
+# Debian's spin model checker: tests/test_protocol_model.py checks vllm_nixl_lease/protocol.pml
+# with it (docs/PROTOCOL.md section 7). Installed when we are root on Debian/Ubuntu; otherwise the
+# model tests skip, saying how to install it.
+spin:
+	@command -v spin >/dev/null && command -v gcc >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's spin package (and gcc, which builds its verifiers)"; \
+	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	      spin gcc libc6-dev >/dev/null; } || echo "apt-get install spin failed: the protocol model tests skip"; \
+	  else echo "spin missing: sudo apt-get install -y spin (the protocol model tests skip)"; fi; }
+
 # mypy: the package only, configured in pyproject.toml ([tool.mypy]).
 lint: build
 	$(VENV)/bin/ruff check .
@@ -94,7 +105,7 @@ lint: build
 
 # The parallel suite with the Cython core active (its absence is an error).
 # matplotlib too, so the demo's figure code is tested rather than skipped.
-test-core: build prometheus $(VENV)/.demo-deps
+test-core: build prometheus spin $(VENV)/.demo-deps
 	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 $(VPY) -m pytest -n auto -m "not e2e and not serial" -p no:cacheprovider -q
 
 # The connector on the pure-Python twin, through the environment switch (the
@@ -111,7 +122,7 @@ test-vllm032: build-cpu
 # end-to-end tests come last and run serially: each starts a real P/D pair
 # (one core each) and nothing else may compete with it.
 test:
-	$(MAKE) -j4 build build-cpu venv-router prometheus $(VENV)/.demo-deps
+	$(MAKE) -j4 build build-cpu venv-router prometheus spin $(VENV)/.demo-deps
 	$(MAKE) lint test-dist test-core test-twin test-vllm032 test-e2e
 
 .PHONY: dist test-dist
