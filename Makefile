@@ -90,11 +90,12 @@ prometheus:
 # Debian's spin model checker: tests/test_protocol_model.py checks vllm_nixl_lease/protocol.pml
 # with it (docs/PROTOCOL.md section 7). Installed when we are root on Debian/Ubuntu; otherwise the
 # model tests skip, saying how to install it.
-spin:
+# After prometheus: apt-get takes one lock at a time.
+spin: prometheus
 	@command -v spin >/dev/null && command -v gcc >/dev/null || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	    echo "installing Debian's spin package (and gcc, which builds its verifiers)"; \
-	    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+	    { apt-get -o DPkg::Lock::Timeout=300 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends \
 	      spin gcc libc6-dev >/dev/null; } || echo "apt-get install spin failed: the protocol model tests skip"; \
 	  else echo "spin missing: sudo apt-get install -y spin (the protocol model tests skip)"; fi; }
 
