@@ -373,8 +373,7 @@ def _check_recovery(
                         "recovery",
                         heal + b["recovery_s"],
                         f"{p}->{d} served no new request correctly within {b['recovery_s']:.0f}s "
-                        "of the final heal"
-                        + ("" if took is None else f" (took {took:.1f}s)"),
+                        "of the final heal" + ("" if took is None else f" (took {took:.1f}s)"),
                         (p, d),
                     )
                 )

@@ -35,6 +35,7 @@ class History:
         self._lock = threading.Lock()
         self._fh: TextIO = open(self.path, "w")
         self.counts: dict[str, int] = {}
+        self.observers: list[Any] = []  # called with each event, under the lock
 
     def rel(self, mono: float) -> float:
         """A ``time.monotonic()`` reading as run time."""
@@ -49,6 +50,8 @@ class History:
         with self._lock:
             self._fh.write(line + "\n")
             self.counts[ev] = self.counts.get(ev, 0) + 1
+            for observe in self.observers:
+                observe(rec)
         return rec
 
     def flush(self) -> None:

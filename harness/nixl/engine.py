@@ -31,7 +31,6 @@ from .fleet import PORT_TAKEN
 from .ranks import Rank, heartbeat_ids_of, is_any_heartbeat, preemptions, rank_main
 from .spec import EngineSpec
 
-MAX_LIFETIME_S = 600.0  # orphan guard: an engine never outlives a test run
 EXIT_DUMP_S = 1.5  # dump every thread's stack if the process has not exited this long after "stop"
 SLOW_S = 0.1  # steps (and gaps between step starts) longer than this are logged
 SLOW_KEEP = 2000
@@ -811,7 +810,7 @@ def engine_main(spec: EngineSpec, conn: Any) -> None:
         return
     born = time.monotonic()
     next_step = time.monotonic()
-    while time.monotonic() - born < MAX_LIFETIME_S:
+    while time.monotonic() - born < spec.max_lifetime_s:
         while conn.poll(max(0.0, next_step - time.monotonic())):
             try:
                 cmd, kwargs = conn.recv()

@@ -55,3 +55,5 @@ class EngineSpec:
     # default) or "lifo" (the one freed last: a lapsed lease's blocks go to
     # the very next request, the harshest case for a late read).
     block_reuse: str = "fifo"
+    # Orphan guard: the engine exits this long after it started.
+    max_lifetime_s: float = 600.0
