@@ -26,7 +26,7 @@ from . import checker, nft, schedule, starve
 from .history import History
 from .nemesis import Nemesis
 from .nodes import Node
-from .progress import Tally
+from .progress import Reads, Tally
 from .workload import Workload
 
 LEASE = 6  # scaled down from vLLM's 30 s: a partition or stall past it fits in seconds
@@ -115,21 +115,22 @@ class ProbeWatch:
 
     def __init__(self) -> None:
         self.pair_of: dict[str, tuple[str, str]] = {}
-        self.written: dict[str, str] = {}
         self.ok: dict[tuple[str, str], float] = {}
         self.failed: dict[tuple[str, str], int] = {}
+        self.reads = Reads(self._verdict)
 
     def __call__(self, e: dict[str, Any]) -> None:
         if e["ev"] == "request" and e.get("probe"):
             self.pair_of[e["id"]] = (e["p"], e["d"])
-        elif e["ev"] == "written" and e["id"] in self.pair_of:
-            self.written[e["id"]] = e["digest"]
-        elif e["ev"] == "read" and e["id"] in self.pair_of:
-            pair = self.pair_of[e["id"]]
-            if not e["failed"] and self.written.get(e["id"]) == e["digest"]:
-                self.ok.setdefault(pair, e["t"])
-            else:
-                self.failed[pair] = self.failed.get(pair, 0) + 1
+        if e.get("id") in self.pair_of:
+            self.reads(e)
+
+    def _verdict(self, read: dict[str, Any], verdict: str) -> None:
+        pair = self.pair_of[read["id"]]
+        if verdict == "ok":
+            self.ok.setdefault(pair, read["t"])
+        else:
+            self.failed[pair] = self.failed.get(pair, 0) + 1
 
 
 def run(opts: Options) -> dict[str, Any]:

@@ -29,6 +29,9 @@ from .nodes import Node
 from .schedule import Planned
 from .starve import Starvation
 
+RESTART_ATTEMPTS = 10
+RESTART_BACKOFF_S = 2.0
+
 
 class Nemesis:
     def __init__(
@@ -168,12 +171,18 @@ class Nemesis:
 
     def _restart(self, f: Planned, node: Node) -> None:
         def restart() -> None:
+            # As an orchestrator restarts a crashed pod: again until it starts (UCX
+            # cannot open a device whose link is down: a start during a cut fails).
             try:
-                node.restart(same_id=bool(f.detail.get("same_id")))
-                self.say(f"restarted {node.name} as {node.engine_id}")
-            except Exception as exc:  # noqa: BLE001
-                self.failed.append(f"restart {node.name}: {exc}")
-                self.hist.add("error", engine=node.name, text=f"restart failed: {str(exc)[-800:]}")
+                for attempt in range(1, RESTART_ATTEMPTS + 1):
+                    try:
+                        node.restart(same_id=bool(f.detail.get("same_id")))
+                        self.say(f"restarted {node.name} as {node.engine_id} (attempt {attempt})")
+                        return
+                    except Exception as exc:  # noqa: BLE001
+                        self.hist.add("error", engine=node.name, text=f"restart failed: {str(exc)[-300:]}")
+                        time.sleep(RESTART_BACKOFF_S)
+                self.failed.append(f"restart {node.name}: {RESTART_ATTEMPTS} attempts failed")
             finally:
                 self._healed(f)
 

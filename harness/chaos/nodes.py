@@ -11,6 +11,7 @@ nobody else.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import threading
@@ -136,6 +137,9 @@ class Node:
         port (a restarted pod with a fixed id), or under a new id and port."""
         self.gen += 1
         kw = dict(self.spec, host=self.host)
+        # The dead process's torch.distributed file store: a new one must not find its keys.
+        with contextlib.suppress(OSError):
+            os.unlink(os.path.join(self.fleet.workdir, f"dist-{self.engine_id}"))
         if same_id:
             kw.update(engine_id=self.engine_id, side_channel_port=self.port)
         else:
