@@ -197,16 +197,51 @@ def test_lease_of_a_killed_p_is_not_a_leak() -> None:
         {"t": 9.0, "ev": "engine", "name": "p0", "role": "P", "host": "p", "engine_id": "p0", "up": True},
         request("r1", 10.0),
         {"t": 11.0, "ev": "engine", "name": "p0", "role": "P", "host": "p", "engine_id": "p0", "up": False},
-        {"t": 14.0, "ev": "engine", "name": "p0", "role": "P", "host": "p", "engine_id": "p0-g1", "up": True},
+        {
+            "t": 14.0,
+            "ev": "engine",
+            "name": "p0",
+            "role": "P",
+            "host": "p",
+            "engine_id": "p0-g1",
+            "up": True,
+            "gen": 1,
+        },
     ]
     # The restarted P serves the probes and is the engine the D engines know at the end.
     for e in ev:
         if e["ev"] == "request" and e.get("probe") and e["p"] == "p0":
             e["p_engine"] = "p0-g1"
+            e["p_gen"] = 1
         if e["ev"] == "sizes" and e["phase"] == "end":
             e["keys"] = {"worker._remote_agents": ["p0-g1", "p1"]}
     res = run(ev)
     assert "leak" not in rules(res), res.violations
+
+
+def test_lease_of_a_p_restarted_under_the_same_id_is_not_the_new_process_leak() -> None:
+    ev = base() + [
+        request("r1", 10.0),  # granted by p0's first process (generation 0)
+        {"t": 11.0, "ev": "engine", "name": "p0", "role": "P", "host": "p", "engine_id": "p0", "up": False},
+        {
+            "t": 14.0,
+            "ev": "engine",
+            "name": "p0",
+            "role": "P",
+            "host": "p",
+            "engine_id": "p0",
+            "up": True,
+            "gen": 1,
+        },
+    ]
+    for e in ev:
+        if e["ev"] == "request" and e.get("probe") and e["p"] == "p0":
+            e["p_gen"] = 1
+    res = run(ev)
+    assert res.ok, res.violations
+    # The same lease granted by the live process is a leak.
+    ev.append({**request("r2", 20.0), "p_gen": 1})
+    assert rules(run(ev)) == {"leak"}
 
 
 def test_structure_above_quiet_size_is_a_leak() -> None:

@@ -95,6 +95,7 @@ class _Fleet:
         self.role: dict[str, str] = {}
         self.ids_ever: set[str] = set()
         self.live_id: dict[str, str | None] = {}
+        self.live_gen: dict[str, int | None] = {}  # the process generation (restarts count up)
         self.up_since: dict[str, list[tuple[float, str]]] = {}  # name -> [(t up, engine id)]
         for e in events:
             if e["ev"] != "engine":
@@ -105,9 +106,11 @@ class _Fleet:
             self.ids_ever.add(e["engine_id"])
             if e["up"]:
                 self.live_id[name] = e["engine_id"]
+                self.live_gen[name] = e.get("gen", 0)
                 self.up_since.setdefault(name, []).append((e["t"], e["engine_id"]))
             else:
                 self.live_id[name] = None
+                self.live_gen[name] = None
 
     def live(self, role: str) -> list[str]:
         return sorted(n for n, r in self.role.items() if r == role and self.live_id.get(n))
@@ -306,7 +309,7 @@ def _check_leaks(
     open_leases = [
         r
         for r in requests.values()
-        if fleet.live_id.get(r["p"]) == r.get("p_engine") and r["id"] not in freed
+        if fleet.live_gen.get(r["p"]) == r.get("p_gen", 0) and r["id"] not in freed
     ]
     for r in open_leases[:20]:
         violations.append(Violation("leak", end_t, f"lease {r['id']} on {r['p']} never ended", (r["p"],)))

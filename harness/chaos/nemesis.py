@@ -150,7 +150,7 @@ class Nemesis:
             kind=f.kind,
             hosts=list(f.hosts),
             engines=list(f.engines),
-            until=round(f.end, 3),
+            until=round(self.hist.rel(self.t0 + f.end), 3),
             detail=f.detail,
         )
         self.say(f"fault {f.describe()}")

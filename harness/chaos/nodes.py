@@ -277,7 +277,7 @@ class Node:
                 t = self.hist.now()
                 params = eng.prefill(ids, tokens=blocks * 32)
                 for r in group:
-                    self.hist.add("request", t=t, p=self.name, p_engine=self.engine_id, **r)
+                    self.hist.add("request", t=t, p=self.name, p_engine=self.engine_id, p_gen=self.gen, **r)
                     route(r, params[r["id"]])
 
         self.enqueue(job)
