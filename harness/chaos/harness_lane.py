@@ -38,6 +38,10 @@ PROGRESS_DELAY_US = 1000  # NIXL's progress threads sleep between events (harnes
 P_BLOCKS = 2048
 D_BLOCKS = 2048
 PROGRESS_EVERY_S = 10.0
+# State that is time-bounded by design (upstream's invalid-engine backoff memory,
+# 60 s; D's re-handshake memory, 60 s; swept every 10 s) has ended this long after
+# the final heal: the end sizes are taken no earlier.
+QUIET_AFTER_HEAL_S = 75.0
 BOUNDS = {
     "recovery_s": 30.0,
     "step_gain_s": 0.100,
@@ -236,7 +240,7 @@ def run(opts: Options) -> dict[str, Any]:
             hist.add("phase", name="quiet")
             if not _wait_idle(all_nodes, 3 * LEASE + 30):
                 say("quiet: some engine still holds leases or queued requests")
-            time.sleep(2 * EXTENSION)
+            time.sleep(max(2 * EXTENSION, t_heal + QUIET_AFTER_HEAL_S - time.monotonic()))
             _on_node_thread(all_nodes, "end", 60)
             hist.add("phase", name="end")
         finally:

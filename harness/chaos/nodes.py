@@ -81,6 +81,7 @@ class Node:
             host=self.host,
             engine_id=self.engine_id,
             pid=eng.pid,
+            gen=self.gen,
             up=True,
         )
 
@@ -121,6 +122,7 @@ class Node:
             host=self.host,
             engine_id=self.engine_id,
             pid=eng.pid,
+            gen=self.gen,
             up=False,
         )
         while not self.jobs.empty():
