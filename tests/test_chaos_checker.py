@@ -349,3 +349,16 @@ def test_explain_names_seed_window_and_active_faults() -> None:
     res = checker.check(ev)
     text = checker.explain(res.violations[0], ev, res.faults, seed=7)
     assert "seed 7" in text and "#2 asym" in text and "r1" in text
+
+
+def test_crash_is_a_violation_and_excuses_the_dead_engines_expiries() -> None:
+    ev = base() + [
+        request("r1", 10.0),
+        {"t": 11.0, "ev": "crash", "engine": "d0", "engine_id": "d0", "why": "ucp_request.inl:356 Fatal"},
+        {"t": 11.0, "ev": "fault", "fid": 10001, "kind": "crash", "hosts": [], "engines": ["d0"]},
+        {"t": 14.0, "ev": "heal", "fid": 10001},
+        {"t": 30.0, "ev": "freed", "id": "r1", "p": "p0", "reason": "expiry"},
+    ]
+    res = run(ev)
+    assert rules(res) == {"crash"}
+    assert res.figures["crashes"] == ["d0 at 11.0s: ucp_request.inl:356 Fatal"]

@@ -19,6 +19,9 @@
   process, and steps during bursts, are load on a shared machine, not waiting:
   left out of both sides, and counted).
 - **memory**: an engine's RSS exceeded ``rss_factor`` times its RSS after warm-up.
+- **crash**: an engine died without a fault killing it (the harness restarts it
+  under its engine id, as an orchestrator would; the crash counts as a process
+  fault of that engine from its death to its restart).
 
 ``check`` returns every violation and the figures; ``explain`` prints one
 violation with the seed, the history around it and the faults active then.
@@ -31,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 NETWORK_FAULTS = frozenset({"partition", "partition_group", "asym", "flap"})
-PROCESS_FAULTS = frozenset({"stop", "kill", "starve"})
+PROCESS_FAULTS = frozenset({"stop", "kill", "starve", "crash"})
 
 DEFAULT_BOUNDS = {
     "recovery_s": 30.0,
@@ -189,6 +192,17 @@ def check(events: list[dict[str, Any]], bounds: dict[str, float] | None = None) 
     _check_recovery(events, requests, written, fleet, b, violations, figures)
     _check_p_steps(events, faults, fleet, b, violations, figures)
     _check_memory(events, fleet, b, violations, figures)
+    crashes = [e for e in events if e["ev"] == "crash"]
+    for e in crashes:
+        violations.append(
+            Violation(
+                "crash",
+                e["t"],
+                f"{e['engine']} died unasked: {e.get('why') or 'no log line'}",
+                (e["engine"],),
+            )
+        )
+    figures["crashes"] = [f"{e['engine']} at {e['t']:.1f}s: {e.get('why', '')}" for e in crashes]
     figures["violations"] = len(violations)
     return Result(violations=sorted(violations, key=lambda v: v.t), figures=figures, faults=faults)
 
@@ -267,7 +281,7 @@ def _check_expiries(
             if not impairs(f, fleet, p, d):
                 continue
             f_end = f.end + _settle(f, b)
-            if f.kind == "kill" and d in f.engines and req["t"] <= f.start:
+            if f.kind in ("kill", "crash") and d in f.engines and req["t"] <= f.start:
                 f_end = float("inf")  # the D that held it died: its lease can only lapse
             if f.start <= hi and f_end >= lo:
                 why.append(f)

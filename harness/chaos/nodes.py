@@ -29,6 +29,22 @@ SIZES_EVERY_S = 5.0
 JOBS_PER_TURN = 8
 
 
+CRASH_FID_BASE = 10_000  # crash "faults" get ids above the nemesis's
+
+
+def _last_fatal(log_path: str) -> str:
+    """The engine log's last line that says why the process died (UCX's Fatal, a traceback's end)."""
+    try:
+        with open(log_path, errors="replace") as fh:
+            lines = fh.readlines()[-200:]
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        if "Fatal" in line or "Error" in line or "Segmentation" in line:
+            return line.strip()[-300:]
+    return lines[-1].strip()[-300:] if lines else ""
+
+
 def rss_kb(pid: int) -> int:
     try:
         with open(f"/proc/{pid}/status") as fh:
@@ -64,6 +80,7 @@ class Node:
         self.pending = 0  # D: requests queued or reading
         self.errors = 0
         self.calls_failed = 0
+        self.crashes = 0
         self.idle = threading.Event()
 
     # -- lifecycle ---------------------------------------------------------
@@ -170,14 +187,51 @@ class Node:
             if self.state != "up" or eng is None:
                 time.sleep(0.05)
                 continue
+            if not eng.proc.is_alive() and self.state == "up" and self.eng is eng:
+                self._crashed(eng)
+                continue
             try:
                 self._turn(eng)
             except Exception as exc:  # noqa: BLE001 - a killed engine's pipe breaks mid-call
-                if self.state == "up" and self.eng is eng:
+                if self.state == "up" and self.eng is eng and not eng.proc.is_alive():
+                    self._crashed(eng)
+                elif self.state == "up" and self.eng is eng:
                     self.calls_failed += 1
                     self.hist.add("error", engine=self.name, text=f"{type(exc).__name__}: {str(exc)[-500:]}")
                     time.sleep(0.5)
             time.sleep(0.02)
+
+    def _crashed(self, eng: Engine) -> None:
+        """The engine died without a fault doing it: record a crash (its last
+        fatal log line), and restart it under its engine id, as an orchestrator
+        restarts a crashed pod (the crash shows as a fault that heals once it runs)."""
+        self.crashes += 1
+        fid = CRASH_FID_BASE + self.crash_seq()
+        why = _last_fatal(eng.log)
+        self.hist.add("crash", engine=self.name, engine_id=self.engine_id, pid=eng.pid, why=why)
+        self.hist.add(
+            "fault", fid=fid, kind="crash", hosts=[], engines=[self.name], until=None, detail={"why": why}
+        )
+        self.kill()
+        for _ in range(10):
+            try:
+                self.restart(same_id=True)
+                break
+            except Exception as exc:  # noqa: BLE001 - tried again, as a restart loop would
+                self.hist.add(
+                    "error", engine=self.name, text=f"restart after crash failed: {str(exc)[-300:]}"
+                )
+                time.sleep(2.0)
+        self.hist.add("heal", fid=fid)
+
+    _crash_counter = 0
+    _crash_lock = threading.Lock()
+
+    @classmethod
+    def crash_seq(cls) -> int:
+        with cls._crash_lock:
+            cls._crash_counter += 1
+            return cls._crash_counter
 
     def _turn(self, eng: Engine) -> None:
         for _ in range(JOBS_PER_TURN):
