@@ -412,6 +412,7 @@ def _check_p_steps(
     worst_gain = 0.0
     worst_at: tuple[float, str] | None = None
     preempted = 0
+    checked = 0
     for name in sorted(n for n, r in fleet.role.items() if r == "P"):
         quiet: list[float] = []
         under: list[tuple[float, float, list[Fault]]] = []
@@ -434,6 +435,7 @@ def _check_p_steps(
                 else:
                     quiet.append(conn)
         base = _percentile(quiet, QUIET_PERCENTILE)
+        checked += len(quiet) + len(under)
         for t, conn, now in under:
             gain = conn - base
             if gain > worst_gain:
@@ -452,6 +454,7 @@ def _check_p_steps(
         worst_p_step_gain_s=round(worst_gain, 4),
         worst_p_step_at=worst_at,
         p_steps_preempted=preempted,
+        p_steps_checked=checked,
     )
 
 

@@ -34,7 +34,7 @@ def draw(events: list[dict[str, Any]], res: Result, path: Path) -> None:
     ds = sorted(n for n, v in engines.items() if v["role"] == "D")
     ps = sorted(n for n, v in engines.items() if v["role"] == "P")
     end_t = events[-1]["t"] if events else 1.0
-    fig, axes = plt.subplots(3, 1, figsize=(14, 9), sharex=True, gridspec_kw={"height_ratios": [2, 3, 2]})
+    fig, axes = plt.subplots(3, 1, figsize=(16, 9), sharex=True, gridspec_kw={"height_ratios": [2, 3, 2]})
     ax = axes[0]
     for f in res.faults:
         rows = f.hosts if f.hosts else tuple(host_of.get(e, "?") for e in f.engines)
@@ -103,7 +103,7 @@ def draw(events: list[dict[str, Any]], res: Result, path: Path) -> None:
     ax.set_yticks([j * 3 + 1.5 for j in range(len(ds))])
     ax.set_yticklabels(ds)
     ax.set_title("reads per D")
-    ax.legend(fontsize=7, loc="upper right")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     ax = axes[2]
     for p in ps:
         delta: dict[float, int] = {}
@@ -121,7 +121,7 @@ def draw(events: list[dict[str, Any]], res: Result, path: Path) -> None:
         ax.step(ts, held, where="post", label=p)
         ax.set_yscale("symlog")
     ax.set_title("leases held per P (kill: the process's leases vanish with it)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
     for a in axes:
         if heal is not None:
             a.axvline(heal, color="tab:blue", linestyle="--", linewidth=1)
