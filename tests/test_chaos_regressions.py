@@ -58,3 +58,44 @@ def test_p_restarted_same_id_with_nothing_queued_on_d_is_served_again(tmp_path) 
         p2 = fleet.start("P", "p", engine_id="p-fixed", side_channel_port=port)
         ok, failed = _served(p2, d, "after", RECOVERY_S)
     assert ok, f"D served nothing from the restarted P in {RECOVERY_S:.0f}s ({failed} loads failed)"
+
+
+# UCX's TCP timeouts shortened (as tests/test_nixl_partition.py does) so the
+# endpoint times out within seconds of the cut.
+SHORT_UCX_TIMEOUTS = {
+    "UCX_TCP_USER_TIMEOUT": "5s",
+    "UCX_TCP_KEEPIDLE": "2s",
+    "UCX_TCP_KEEPINTVL": "1s",
+    "UCX_TCP_KEEPCNT": "3",
+    "UCX_KEEPALIVE_INTERVAL": "2s",
+}
+
+
+@pytest.mark.parametrize("stock", [pytest.param(False, id="ours"), pytest.param(True, id="stock")])
+def test_d_killed_behind_a_partition_while_p_answers_its_reads_p_survives(tmp_path, stock: bool) -> None:
+    """P's answers to D's READs are stuck in TCP behind a cut when D is killed;
+    the endpoint then times out on P.  P must keep running."""
+    from harness import netns
+    from harness.nixl import partition as pt
+
+    reason = netns.unavailable_reason()
+    if reason:
+        pytest.skip(f"network namespaces unavailable: {reason}")
+    with netns.TwoHosts() as hosts, Fleet(tmp_path, lease=sc.LEASE, hosts=hosts) as fleet:
+        p, d = pt.start_pair(fleet, stock, stock, env=SHORT_UCX_TIMEOUTS)
+        pt.warm_up(p, d)
+        ids, params = sc.prefill(p, "mid", 2, tokens=32 * 100)
+        sc.hand_to_d(d, params, hold=True, tokens=32 * 100)
+        p.freeze()  # D's READs wait in P's socket
+        d.release()
+        time.sleep(1.0)
+        hosts.cut("d")
+        p.thaw()  # P answers them into the cut
+        time.sleep(1.0)
+        d.kill()
+        time.sleep(15.0)  # past UCX's shortened TCP timeouts
+        hosts.heal("d")
+        time.sleep(5.0)
+        alive = p.proc.is_alive()
+        tail = "" if alive else p.log_tail(5)
+    assert alive, f"P died: {tail}"
