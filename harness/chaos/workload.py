@@ -69,9 +69,6 @@ class Workload:
     def up(self, nodes: list[Node]) -> list[Node]:
         return [n for n in nodes if n.state == "up"]
 
-    def route(self, req: dict[str, Any], params: dict[str, Any]) -> None:
-        self.by_name[req["d"]].submit_job([(req, params)])
-
     @property
     def by_name(self) -> dict[str, Node]:
         return {n.name: n for n in self.ps + self.ds}
