@@ -38,10 +38,6 @@ PROGRESS_DELAY_US = 1000  # NIXL's progress threads sleep between events (harnes
 P_BLOCKS = 2048
 D_BLOCKS = 2048
 PROGRESS_EVERY_S = 10.0
-# Upstream's idle-engine eviction (``engine_ttl``, 3600 s by default) is what releases
-# a dead engine id's state on D once nothing is queued for it: scaled down as the lease
-# is, so the leak check at the end sees it done.
-ENGINE_TTL_S = 30.0
 # State that is time-bounded by design (upstream's invalid-engine backoff memory,
 # 60 s; D's re-handshake memory, 60 s; swept every 10 s) has ended this long after
 # the final heal: the end sizes are taken no earlier.
@@ -177,7 +173,7 @@ def run(opts: Options) -> dict[str, Any]:
         "sampled_digest": True,
         "block_reuse": "lifo",
         "max_lifetime_s": horizon + 1200.0,
-        "extra": {"engine_ttl": ENGINE_TTL_S, **opts.extra},
+        "extra": dict(opts.extra),
     }
     nodes: dict[str, Node] = {}
     with (
