@@ -58,4 +58,3 @@ def test_p_restarted_same_id_with_nothing_queued_on_d_is_served_again(tmp_path) 
         p2 = fleet.start("P", "p", engine_id="p-fixed", side_channel_port=port)
         ok, failed = _served(p2, d, "after", RECOVERY_S)
     assert ok, f"D served nothing from the restarted P in {RECOVERY_S:.0f}s ({failed} loads failed)"
-
