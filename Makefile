@@ -197,3 +197,15 @@ demo-pd: demo
 
 clean:
 	rm -rf build .build *.egg-info vllm_nixl_lease/*.so
+
+# Randomized faults over a multi-host fleet, checked: SEED=, MINUTES= (the fault phase,
+# default 10), LANE=harness|serve, IMPL=ours|stock.  Writes .build/chaos/ (history.jsonl,
+# summary.json, timeline.png); exits non-zero on any violation.  Needs root (namespaces).
+# LANE=serve is not built yet (exits 2).
+SEED ?= 1
+MINUTES ?= 10
+LANE ?= harness
+IMPL ?= ours
+.PHONY: chaos
+chaos: build $(VENV)/.demo-deps
+	$(VPY) -m tools.chaos --seed $(SEED) --minutes $(MINUTES) --lane $(LANE) --impl $(IMPL) --out .build/chaos

@@ -37,7 +37,6 @@ from .fleet import PORT_TAKEN
 from .ranks import Rank, heartbeat_ids_of, is_any_heartbeat, preemptions, rank_main
 from .spec import EngineSpec
 
-MAX_LIFETIME_S = 600.0  # orphan guard: an engine never outlives a test run
 EXIT_DUMP_S = 1.5  # dump every thread's stack if the process has not exited this long after "stop"
 SLOW_S = 0.1  # steps (and gaps between step starts) longer than this are logged
 SLOW_KEEP = 2000
@@ -215,7 +214,7 @@ class Engine:
     def _alloc(self, n: int) -> list[int] | None:
         if len(self.free_blocks) < n:
             return None
-        take = self.free_blocks.popleft
+        take = self.free_blocks.pop if self.spec.block_reuse == "lifo" else self.free_blocks.popleft
         return [take() for _ in range(n)]
 
     def prefill(self, ids: list[str], tokens: int) -> dict[str, Any]:
@@ -568,6 +567,57 @@ class Engine:
             "deadlines_left": len(self.deadlines),
         }
 
+    def drain(self) -> dict[str, Any]:
+        """Hand over what happened since the last ``drain`` and forget it (a
+        long run's per-request records stay bounded): P's writes (digests),
+        frees (why, last heartbeat), D's loads (failed, digest), per-step
+        timings, and the connector's structure sizes now (``structure_sizes``)."""
+        self._match_heartbeats()
+        written, freed, loaded = [], [], []
+        for req_id in list(self.reqs):
+            rec = self.reqs[req_id]
+            if self.spec.role == "P":
+                if "digest" in rec and not rec.get("written"):
+                    rec["written"] = True
+                    written.append((req_id, _short(rec["digest"]), rec.get("granted_t", rec["submitted_t"])))
+                if "freed_t" not in rec:
+                    continue
+                freed.append(
+                    (req_id, rec["freed_reason"], rec["freed_t"], rec.get("hb_last_t"), rec.get("hb", 0))
+                )
+                self.sent_counts.pop(req_id, None)
+            else:
+                if "read_t" not in rec:
+                    continue
+                loaded.append(
+                    (req_id, bool(rec.get("failed")), _short(rec.get("digest", {})), rec["read_t"],
+                     rec.get("admitted_t"))
+                )
+            del self.reqs[req_id]
+        if self.spec.role == "P":
+            live_tags = {t for t, r in self.by_tag.items() if r in self.reqs}
+            self.by_tag = {t: self.by_tag[t] for t in live_tags}
+        steps = [(s[0], s[1], s[2], s[14]) for s in self.step_log]
+        self.step_log.clear()
+        self.hb_sent_log.clear()
+        self.hb_recv_log.clear()
+        self.notif_log.clear()
+        self.hb_arrivals.clear()
+        self.hb_ids_sent.clear()
+        return {
+            "written": written,
+            "freed": freed,
+            "loaded": loaded,
+            "steps": steps,
+            "live": self.live,
+            "waiting": len(self.waiting) + len(self.held),
+            "unread": len(self.unread),
+            "errors": len(self.errors),
+            "last_error": self.errors[-1][-2000:] if self.errors else "",
+            "sizes": structure_sizes(self),
+            "stats": self.rank0.stats(),
+        }
+
     def timings(self) -> dict[str, Any]:
         """Hand over (and forget) the per-step and per-heartbeat records so far."""
         out = {
@@ -644,6 +694,48 @@ class Engine:
             self.sched.shutdown()
         except Exception:
             pass
+
+
+def _short(digest: dict[Any, str]) -> str:
+    """A request's per-head digests as one short string (equal iff the data is)."""
+    return "/".join(str(digest[h])[:16] for h in sorted(digest))
+
+
+PEER_KEYS_MAX = 64  # a dict this small with str keys may be keyed by engine id: its keys are reported
+
+
+def structure_sizes(eng: Engine) -> dict[str, Any]:
+    """Sizes of the connector's collections, scheduler and worker (rank 0),
+    one level into the components of this package; and the keys of small
+    str-keyed dicts (per-engine state: the driver knows which are engine ids)."""
+    sizes: dict[str, int] = {}
+    keys: dict[str, list[str]] = {}
+
+    def visit(prefix: str, obj: Any, depth: int) -> None:
+        for name, value in list(vars(obj).items()):
+            path = f"{prefix}.{name}"
+            if isinstance(value, (dict, set, frozenset, list, deque)):
+                sizes[path] = len(value)
+                if isinstance(value, dict) and 0 < len(value) <= PEER_KEYS_MAX:
+                    str_keys = [k for k in value if isinstance(k, str)]
+                    if str_keys:
+                        keys[path] = str_keys
+                continue
+            module = type(value).__module__ or ""
+            if not module.startswith("vllm_nixl_lease"):
+                continue
+            try:
+                sizes[path] = len(value)
+            except TypeError:
+                pass
+            if depth > 0 and hasattr(value, "__dict__"):
+                visit(path, value, depth - 1)
+
+    visit("worker", eng.rank0.worker, 1)
+    scheduler = getattr(eng.sched, "connector_scheduler", None)
+    if scheduler is not None:
+        visit("scheduler", scheduler, 1)
+    return {"sizes": sizes, "keys": keys}
 
 
 def publish_handshakes(sched: Any, handshakes: dict[tuple[int, int], Any], port: int) -> None:
@@ -735,7 +827,7 @@ def engine_main(spec: EngineSpec, conn: Any) -> None:
         return
     born = time.monotonic()
     next_step = time.monotonic()
-    while time.monotonic() - born < MAX_LIFETIME_S:
+    while time.monotonic() - born < spec.max_lifetime_s:
         while conn.poll(max(0.0, next_step - time.monotonic())):
             try:
                 cmd, kwargs = conn.recv()
@@ -774,6 +866,8 @@ def _handle(eng: Engine, cmd: str, kwargs: dict[str, Any]) -> Any:
         return eng.summary()
     if cmd == "timings":
         return eng.timings()
+    if cmd == "drain":
+        return eng.drain()
     if cmd == "snapshot_deadlines":
         return eng.snapshot_deadlines()
     if cmd == "profile":

@@ -51,3 +51,9 @@ class EngineSpec:
     # more than the connector it watches; the engine then keeps counts,
     # per-step timings and one record per heartbeat message (``summary``).
     observe_ids: bool = True
+    # Which free block a new request takes: "fifo" (the oldest freed, the
+    # default) or "lifo" (the one freed last: a lapsed lease's blocks go to
+    # the very next request, the harshest case for a late read).
+    block_reuse: str = "fifo"
+    # Orphan guard: the engine exits this long after it started.
+    max_lifetime_s: float = 600.0

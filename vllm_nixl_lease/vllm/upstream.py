@@ -58,6 +58,9 @@ class UpstreamWorker(Protocol):
     _hb_handshake_notif_only: bool
     # engines whose connection is gone, released after their reads drain
     _invalid_remote_engines: set[str]
+    # engine id -> (backoff s, when it is released): upstream forgets an entry only
+    # when it marks another engine invalid
+    _invalid_engine_backoff: dict[str, tuple[float, float]]
 
     def _mark_remote_engine_invalid(self, engine_id: str, now: float) -> None: ...
 

@@ -56,7 +56,9 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         self.lease_keeper.peer_interval = self.ack_answerer.longest_interval
         views = LeaseViews(lease_config.lease_safety_margin)
         self.ack_requester = AckRequester(self, views, lease_config)
-        self.read_fence = ReadFence(self, views, lease_config, self.ack_requester.proof)
+        self.read_fence = ReadFence(
+            self, views, lease_config, self.ack_requester.proof, self.ack_requester.other_instance
+        )
         self.heartbeat_sender = HeartbeatSender(
             self, lease_config.max_heartbeat_bytes, self.read_fence.heartbeat_delivered, self.ack_requester
         )

@@ -21,6 +21,14 @@ then each is behind the ``HB:,`` escape it parses harmlessly.
 - Answers (``LACK:``) renew the views they prove, only from an agent of the
   current connection, for sequence numbers D sent that agent, for sends the
   extension has not yet outlived.
+- Another instance.  A connection proven to reach another instance than the
+  one that granted leases D holds is released once per (engine, instance)
+  within ``REHANDSHAKE_ONCE_PER_S`` (``other_instance``), so the next
+  heartbeat or READ handshakes again: P may have restarted under the same
+  engine id while D had nothing queued there, and then nothing ever fails on
+  the connection to the dead process.  Which instance is the live one only a
+  new connection's proof tells; if it proves the other instance again, those
+  leases are the dead ones and their views end.
 Per-agent state is kept only for agents of current connections.
 """
 
@@ -48,6 +56,10 @@ from ..upstream import NixlWrapper, UpstreamWorker
 logger = init_logger(__name__)
 
 PROVEN, PENDING, OTHER = "proven", "pending", "other"
+REHANDSHAKE_ONCE_PER_S = 60.0
+# Upstream's _INVALID_PEER_MAX_BACKOFF_S: an invalid-engine backoff entry released
+# longer ago than this is forgotten (upstream does it only on the next invalidation).
+INVALID_BACKOFF_MEMORY_S = 60.0
 
 
 def connection_metadata(wrapper: NixlWrapper) -> bytes:
@@ -79,6 +91,8 @@ class AckRequester:
         self._hello_sent: dict[tuple[str, str], float] = {}  # (P agent, instance D wants) -> last hello
         self._answered: dict[str, float] = {}  # P agent -> last answer
         self._next_sweep = 0.0
+        # engine id -> (the instance D released the connection for, when)
+        self.rehandshaken: dict[str, tuple[str, float]] = {}
         self._log = RateLimitedLog(logger)
         self._stranger_log = RateLimitedLog(logger)
 
@@ -99,6 +113,29 @@ class AckRequester:
                     return OTHER
                 state = PENDING
         return state
+
+    def other_instance(self, engine_id: str, instance: str) -> None:
+        """D holds leases of ``instance`` but the connection to ``engine_id`` is
+        proven another: release it (upstream's invalid-engine path, which waits
+        for READs in flight) so the next heartbeat or READ handshakes again,
+        once per (engine, instance) within ``REHANDSHAKE_ONCE_PER_S``."""
+        now = time.perf_counter()
+        done = self.rehandshaken
+        for eid in [e for e, (_, t) in done.items() if now - t > REHANDSHAKE_ONCE_PER_S]:
+            del done[eid]
+        if done.get(engine_id, ("", 0.0))[0] == instance:
+            return
+        done[engine_id] = (instance, now)
+        up = self._upstream
+        if engine_id in up._invalid_remote_engines:
+            return
+        logger.warning(  # once per (engine, instance) a minute at most: no rate limit needed
+            "The NIXL connection to P engine %s reaches another P process than the one that granted "
+            "leases D holds (P restarted under the same engine id?); releasing it so that D "
+            "handshakes again",
+            engine_id,
+        )
+        up._mark_remote_engine_invalid(engine_id, now)
 
     def hellos(
         self, engine_id: str, instance: str, agents: Sequence[str | bytes]
@@ -252,13 +289,26 @@ class AckRequester:
         }
 
     def _forget_gone(self) -> None:
-        """Keep per-agent state only for agents of current connections."""
+        """Keep per-agent state only for agents of current connections; forget
+        re-handshakes and upstream's invalid-engine backoffs that are over (a
+        fleet whose P engines restart under new ids would otherwise keep one
+        entry per engine id ever invalidated)."""
         current = self._engines_by_agent()
         for table in (self._proven, self._answered):
             for agent in [a for a in table if a not in current]:
                 del table[agent]
         for sent in [k for k in self._hello_sent if k[0] not in current]:
             del self._hello_sent[sent]
+        now = time.perf_counter()
+        done = self.rehandshaken
+        for engine_id in [e for e, (_, t) in done.items() if now - t > REHANDSHAKE_ONCE_PER_S]:
+            del done[engine_id]
+        backoff = getattr(self._upstream, "_invalid_engine_backoff", None)
+        if backoff:
+            for engine_id in [
+                e for e, (_, release) in backoff.items() if now - release > INVALID_BACKOFF_MEMORY_S
+            ]:
+                del backoff[engine_id]
 
     def agents_known(self) -> int:
         """Agents this worker keeps state for (for bounds tests)."""

@@ -19,8 +19,12 @@ only forwards bytes.  Differences from upstream's ``_send_heartbeats``, all on p
   over a connection proven to reach that instance: until then the group waits
   (``awaiting_proof``) while D says hello, and is sent on the first step the
   proof is there; a connection proven to reach another instance drops it
-  (those leases died with their process).  A plain group goes out as
-  upstream's ``HB:``, and a completed send is reported to ``on_delivered``.
+  (those leases died with their process) after handshaking again once: P may
+  have restarted under the same engine id while D had nothing queued there,
+  so that nothing ever failed on the connection to the dead process (which
+  instance is the live one, only a new connection's proof tells).  A plain
+  group goes out as upstream's ``HB:``, and a completed send is reported to
+  ``on_delivered``.
 """
 
 from __future__ import annotations
@@ -156,7 +160,11 @@ class HeartbeatSender:
                     return  # no acknowledgements on this worker: nothing to renew
                 proof = self._acks.proof(engine_id, hb.instance)
                 if proof == OTHER:
-                    return  # another P process runs there: these leases died with theirs
+                    # Another P process answers there: either these leases died with
+                    # theirs, or that process is the dead one (P restarted under the
+                    # same id).  Only a new connection's proof tells which.
+                    self._acks.other_instance(engine_id, hb.instance)
+                    return
                 acked = True
                 if proof == PROVEN:
                     pairs = self._acks.sends(

@@ -67,11 +67,13 @@ class ReadFence:
         views: LeaseViews,
         lease_config: LeaseConfig,
         proof: Callable[[str, str], str] | None = None,
+        on_other: Callable[[str, str], None] | None = None,
     ) -> None:
         self._upstream = upstream
         self.views = views
         self._interval = lease_config.heartbeat_interval
         self._proof = proof
+        self._on_other = on_other  # a view's connection proven another instance: (engine, instance)
         # Plain views: the connection (its agents) each was first read over.
         self._bound: dict[str, frozenset[str]] = {}
         # READs waiting for the proof of their P instance: req id -> upstream's meta.
@@ -187,6 +189,8 @@ class ReadFence:
         if instance:
             proof = OTHER if self._proof is None else self._proof(engine_id, instance)
             if proof == OTHER:
+                if self._on_other is not None:
+                    self._on_other(engine_id, instance)
                 return FENCE
             if proof == PENDING:
                 return WAIT if self.views.may_read(req_id, time.perf_counter(), offset) else FENCE

@@ -1,0 +1,535 @@
+"""The checker: rules over a chaos history (``history``), each a pure function of the events.
+
+- **stale**: a read D accepted (not a failed load) returned data other than its
+  request's pattern (its digest differs from what P wrote), or a read of a
+  request P never wrote.
+- **premature expiry**: P let a lease lapse although no fault cut that lease's
+  P-D pair off (or stopped, killed or starved either engine) during the
+  extension before the expiry, plus a settle time after each fault (TCP's
+  retransmission backoff after a heal, one step after a resume).  A legitimate
+  expiry names the fault(s) that allowed it.
+- **leak**: at the end, a lease on a live P never ended; a D still holds
+  per-engine state for an engine id that is not live; a connector structure is
+  larger than in the quiet after warm-up.
+- **recovery**: after the final heal, some P-D pair of live engines did not
+  serve a new request correctly within ``recovery_s``.
+- **P step**: a P step's connector time, while a peer of that P was dead,
+  partitioned, stopped or starved, exceeded the quiet steps' p99 by more than
+  ``step_gain_s`` (steps in which the stepping thread lost its core to another
+  process, and steps during bursts, are load on a shared machine, not waiting:
+  left out of both sides, and counted).
+- **memory**: an engine's RSS exceeded ``rss_factor`` times its RSS after warm-up.
+- **crash**: an engine died without a fault killing it (the harness restarts it
+  under its engine id, as an orchestrator would; the crash counts as a process
+  fault of that engine from its death to its restart).
+
+``check`` returns every violation and the figures; ``explain`` prints one
+violation with the seed, the history around it and the faults active then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+NETWORK_FAULTS = frozenset({"partition", "partition_group", "asym", "flap"})
+PROCESS_FAULTS = frozenset({"stop", "kill", "starve", "crash"})
+
+DEFAULT_BOUNDS = {
+    "recovery_s": 30.0,
+    "step_gain_s": 0.100,
+    "rss_factor": 1.5,
+    "settle_net_s": 3.0,
+    "settle_proc_s": 1.0,
+    "rss_warm_s": 15.0,
+}
+
+# Noise a P step's time may carry without being "waiting on a peer": the p99 of quiet steps.
+QUIET_PERCENTILE = 0.99
+
+
+@dataclass
+class Violation:
+    rule: str
+    t: float
+    what: str
+    engines: tuple[str, ...] = ()
+
+
+@dataclass
+class Fault:
+    fid: int
+    kind: str
+    start: float
+    end: float  # heal time (or the end of the history)
+    hosts: tuple[str, ...]
+    engines: tuple[str, ...]
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def label(self) -> str:
+        where = ",".join(self.engines or self.hosts)
+        return f"#{self.fid} {self.kind} {where} [{self.start:.1f}s..{self.end:.1f}s]"
+
+
+@dataclass
+class Result:
+    violations: list[Violation]
+    figures: dict[str, Any]
+    faults: list[Fault]
+
+    @property
+    def ok(self) -> bool:
+        return not self.violations
+
+
+def _percentile(values: list[float], q: float) -> float:
+    if not values:
+        return 0.0
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
+
+
+class _Fleet:
+    """Engines over time: name -> host, role; generations (engine ids) and when each was up."""
+
+    def __init__(self, events: list[dict[str, Any]]) -> None:
+        self.host: dict[str, str] = {}
+        self.role: dict[str, str] = {}
+        self.ids_ever: set[str] = set()
+        self.live_id: dict[str, str | None] = {}
+        self.live_gen: dict[str, int | None] = {}  # the process generation (restarts count up)
+        self.up_since: dict[str, list[tuple[float, str]]] = {}  # name -> [(t up, engine id)]
+        for e in events:
+            if e["ev"] != "engine":
+                continue
+            name = e["name"]
+            self.host[name] = e["host"]
+            self.role[name] = e["role"]
+            self.ids_ever.add(e["engine_id"])
+            if e["up"]:
+                self.live_id[name] = e["engine_id"]
+                self.live_gen[name] = e.get("gen", 0)
+                self.up_since.setdefault(name, []).append((e["t"], e["engine_id"]))
+            else:
+                self.live_id[name] = None
+                self.live_gen[name] = None
+
+    def live(self, role: str) -> list[str]:
+        return sorted(n for n, r in self.role.items() if r == role and self.live_id.get(n))
+
+    def gen_at(self, name: str, t: float) -> str | None:
+        gen = None
+        for up_t, eid in self.up_since.get(name, []):
+            if up_t <= t:
+                gen = eid
+        return gen
+
+
+def _faults(events: list[dict[str, Any]]) -> list[Fault]:
+    end_t = events[-1]["t"] if events else 0.0
+    heal_all = next((e["t"] for e in events if e["ev"] == "heal_all"), end_t)
+    open_: dict[int, dict[str, Any]] = {}
+    out: dict[int, Fault] = {}
+    for e in events:
+        if e["ev"] == "fault":
+            open_[e["fid"]] = e
+        elif e["ev"] == "heal" and e["fid"] in open_:
+            f = open_.pop(e["fid"])
+            out[f["fid"]] = _fault(f, e["t"])
+    for fid, f in open_.items():
+        out[fid] = _fault(f, heal_all)
+    return sorted(out.values(), key=lambda f: (f.start, f.fid))
+
+
+def _fault(e: dict[str, Any], end: float) -> Fault:
+    return Fault(
+        fid=e["fid"],
+        kind=e["kind"],
+        start=e["t"],
+        end=end,
+        hosts=tuple(e.get("hosts", ())),
+        engines=tuple(e.get("engines", ())),
+        detail=dict(e.get("detail", {})),
+    )
+
+
+def impairs(f: Fault, fleet: _Fleet, p: str, d: str) -> bool:
+    """Whether fault ``f`` can stop traffic between engines ``p`` and ``d``."""
+    if f.kind in NETWORK_FAULTS:
+        hosts = set(f.hosts)
+        return (fleet.host.get(p) in hosts) != (fleet.host.get(d) in hosts)
+    return p in f.engines or d in f.engines
+
+
+def _settle(f: Fault, bounds: dict[str, float]) -> float:
+    return bounds["settle_net_s"] if f.kind in NETWORK_FAULTS else bounds["settle_proc_s"]
+
+
+def active_at(faults: Iterable[Fault], t: float) -> list[Fault]:
+    return [f for f in faults if f.start <= t <= f.end]
+
+
+def check(events: list[dict[str, Any]], bounds: dict[str, float] | None = None) -> Result:
+    """Every rule over ``events`` (sorted by ``t``); bounds default to the run's, then to DEFAULT_BOUNDS."""
+    run = next((e for e in events if e["ev"] == "run"), {})
+    b = {**DEFAULT_BOUNDS, **run.get("bounds", {}), **(bounds or {})}
+    extension = float(run.get("extension", 4.0))
+    fleet = _Fleet(events)
+    faults = _faults(events)
+    violations: list[Violation] = []
+    figures: dict[str, Any] = {}
+
+    requests = {e["id"]: e for e in events if e["ev"] == "request"}
+    written = {e["id"]: e["digest"] for e in events if e["ev"] == "written"}
+    figures["requests"] = len(requests)
+    figures["bursts"] = sum(1 for e in events if e["ev"] == "burst")
+    figures["faults_by_kind"] = _by_kind(faults)
+
+    _check_reads(events, written, violations, figures)
+    _check_expiries(events, requests, faults, fleet, extension, b, violations, figures)
+    _check_leaks(events, requests, fleet, violations, figures)
+    _check_recovery(events, requests, written, fleet, b, violations, figures)
+    _check_p_steps(events, faults, fleet, b, violations, figures)
+    _check_memory(events, fleet, b, violations, figures)
+    crashes = [e for e in events if e["ev"] == "crash"]
+    for e in crashes:
+        violations.append(
+            Violation(
+                "crash",
+                e["t"],
+                f"{e['engine']} died unasked: {e.get('why') or 'no log line'}",
+                (e["engine"],),
+            )
+        )
+    figures["crashes"] = [f"{e['engine']} at {e['t']:.1f}s: {e.get('why', '')}" for e in crashes]
+    figures["violations"] = len(violations)
+    return Result(violations=sorted(violations, key=lambda v: v.t), figures=figures, faults=faults)
+
+
+def _by_kind(faults: list[Fault]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for f in faults:
+        key = f.kind
+        if f.kind == "kill":
+            key = f"kill_{'same_id' if f.detail.get('same_id') else 'new_id'}"
+        out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def _check_reads(
+    events: list[dict[str, Any]],
+    written: dict[str, str],
+    violations: list[Violation],
+    figures: dict[str, Any],
+) -> None:
+    reads = ok = failed = stale = 0
+    for e in events:
+        if e["ev"] != "read":
+            continue
+        reads += 1
+        if e["failed"]:
+            failed += 1
+            continue
+        expect = written.get(e["id"])
+        if expect is None:
+            stale += 1
+            violations.append(Violation("stale", e["t"], f"read of {e['id']} on {e['d']}: P never wrote it"))
+        elif expect != e["digest"]:
+            stale += 1
+            violations.append(
+                Violation("stale", e["t"], f"read of {e['id']} on {e['d']} returned other data", (e["d"],))
+            )
+        else:
+            ok += 1
+    fenced = discarded = 0
+    last: dict[tuple[str, str], dict[str, Any]] = {}
+    for e in events:
+        if e["ev"] == "stats":
+            last[e["engine"], e.get("engine_id", "")] = e
+    for e in last.values():
+        fenced += e.get("fenced", 0)
+        discarded += e.get("discarded", 0)
+    figures.update(
+        reads=reads, reads_ok=ok, reads_failed=failed, stale=stale, fenced=fenced, discarded=discarded
+    )
+
+
+def _check_expiries(
+    events: list[dict[str, Any]],
+    requests: dict[str, dict[str, Any]],
+    faults: list[Fault],
+    fleet: _Fleet,
+    extension: float,
+    b: dict[str, float],
+    violations: list[Violation],
+    figures: dict[str, Any],
+) -> None:
+    expiries = premature = 0
+    allowed_by: dict[str, int] = {}
+    for e in events:
+        if e["ev"] != "freed" or e["reason"] != "expiry":
+            continue
+        expiries += 1
+        req = requests.get(e["id"])
+        if req is None:
+            continue  # warm-up traffic is not in the history's requests
+        p, d = req["p"], req["d"]
+        lo, hi = e["t"] - extension - b["settle_net_s"], e["t"]
+        why = []
+        for f in faults:
+            if not impairs(f, fleet, p, d):
+                continue
+            f_end = f.end + _settle(f, b)
+            if f.kind in ("kill", "crash") and d in f.engines and req["t"] <= f.start:
+                f_end = float("inf")  # the D that held it died: its lease can only lapse
+            if f.start <= hi and f_end >= lo:
+                why.append(f)
+        if why:
+            for f in why:
+                allowed_by[f.kind] = allowed_by.get(f.kind, 0) + 1
+            continue
+        premature += 1
+        violations.append(
+            Violation(
+                "premature_expiry",
+                e["t"],
+                f"lease {e['id']} ({p}->{d}) expired on {p} with no fault on the pair in "
+                f"[{lo:.1f}s, {hi:.1f}s]; last heartbeat on P at {e.get('hb_last')}",
+                (p, d),
+            )
+        )
+    figures.update(expiries=expiries, premature_expiries=premature, expiries_allowed_by=allowed_by)
+
+
+def _last_phase_sizes(events: list[dict[str, Any]], phase: str) -> dict[str, dict[str, Any]]:
+    out: dict[str, dict[str, Any]] = {}
+    for e in events:
+        if e["ev"] == "sizes" and e.get("phase") == phase:
+            out[e["engine"]] = e
+    return out
+
+
+def _check_leaks(
+    events: list[dict[str, Any]],
+    requests: dict[str, dict[str, Any]],
+    fleet: _Fleet,
+    violations: list[Violation],
+    figures: dict[str, Any],
+) -> None:
+    end_t = events[-1]["t"] if events else 0.0
+    freed = {e["id"] for e in events if e["ev"] == "freed"}
+    # Leases granted by the P process that is still alive, never ended.
+    open_leases = [
+        r
+        for r in requests.values()
+        if fleet.live_gen.get(r["p"]) == r.get("p_gen", 0) and r["id"] not in freed
+    ]
+    for r in open_leases[:20]:
+        violations.append(Violation("leak", end_t, f"lease {r['id']} on {r['p']} never ended", (r["p"],)))
+    warm = _last_phase_sizes(events, "warm")
+    end = _last_phase_sizes(events, "end")
+    grown: list[str] = []
+    stale_keys: list[str] = []
+    live_ids = {eid for eid in fleet.live_id.values() if eid}
+    for name, e in end.items():
+        base = warm.get(name)
+        if base is not None:
+            for key, size in e["sizes"].items():
+                before = base["sizes"].get(key, 0)
+                if size > before:
+                    grown.append(f"{name} {key} {before}->{size}")
+        for key, ids in e.get("keys", {}).items():
+            dead = sorted(set(ids) & (fleet.ids_ever - live_ids))
+            if dead:
+                stale_keys.append(f"{name} {key} holds {dead}")
+    for g in grown:
+        violations.append(Violation("leak", end_t, f"structure above its quiet size: {g}"))
+    for s in stale_keys:
+        violations.append(Violation("leak", end_t, f"state for an engine that is gone: {s}"))
+    figures.update(
+        leases_open=len(open_leases),
+        structures_grown=grown,
+        dead_engine_state=stale_keys,
+        checked_end=bool(end),
+    )
+    figures["leaks"] = len(open_leases) + len(grown) + len(stale_keys)
+
+
+def _check_recovery(
+    events: list[dict[str, Any]],
+    requests: dict[str, dict[str, Any]],
+    written: dict[str, str],
+    fleet: _Fleet,
+    b: dict[str, float],
+    violations: list[Violation],
+    figures: dict[str, Any],
+) -> None:
+    heal = next((e["t"] for e in events if e["ev"] == "heal_all"), None)
+    if heal is None:
+        figures["recovery_s"] = None
+        return
+    best: dict[tuple[str, str], float] = {}
+    for e in events:
+        if e["ev"] != "read" or e["failed"] or e["t"] < heal:
+            continue
+        req = requests.get(e["id"])
+        if req is None or req["t"] < heal or written.get(e["id"]) != e["digest"]:
+            continue
+        key = (req["p"], req["d"])
+        best[key] = min(best.get(key, float("inf")), e["t"] - heal)
+    worst = 0.0
+    wedged = []
+    for p in fleet.live("P"):
+        for d in fleet.live("D"):
+            took = best.get((p, d))
+            if took is None or took > b["recovery_s"]:
+                wedged.append(f"{p}->{d}")
+                violations.append(
+                    Violation(
+                        "recovery",
+                        heal + b["recovery_s"],
+                        f"{p}->{d} served no new request correctly within {b['recovery_s']:.0f}s "
+                        "of the final heal" + ("" if took is None else f" (took {took:.1f}s)"),
+                        (p, d),
+                    )
+                )
+            if took is not None:
+                worst = max(worst, took)
+    figures.update(recovery_s=round(worst, 3), wedged_pairs=wedged)
+
+
+def _check_p_steps(
+    events: list[dict[str, Any]],
+    faults: list[Fault],
+    fleet: _Fleet,
+    b: dict[str, float],
+    violations: list[Violation],
+    figures: dict[str, Any],
+) -> None:
+    faults_start = next((e["t"] for e in events if e["ev"] == "phase" and e["name"] == "faults"), 0.0)
+    bursts = [(e["t"], e["t"] + e.get("span_s", 5.0)) for e in events if e["ev"] == "burst"]
+    worst_gain = 0.0
+    worst_at: tuple[float, str] | None = None
+    preempted = 0
+    checked = 0
+    for name in sorted(n for n, r in fleet.role.items() if r == "P"):
+        quiet: list[float] = []
+        under: list[tuple[float, float, list[Fault]]] = []
+        own = [f for f in faults if name in f.engines or fleet.host.get(name) in f.hosts]
+        peer = [f for f in faults if f not in own]
+        for e in events:
+            if e["ev"] != "steps" or e["engine"] != name:
+                continue
+            for t, conn, pre in zip(e["start"], e["conn"], e["pre"], strict=True):
+                if t < faults_start:
+                    continue
+                if pre:
+                    preempted += 1
+                    continue
+                if any(lo <= t <= hi for lo, hi in bursts) or active_at(own, t):
+                    continue
+                now = [f for f in active_at(peer, t) if _is_peer(f, fleet, name)]
+                if now:
+                    under.append((t, conn, now))
+                else:
+                    quiet.append(conn)
+        base = _percentile(quiet, QUIET_PERCENTILE)
+        checked += len(quiet) + len(under)
+        for t, conn, now in under:
+            gain = conn - base
+            if gain > worst_gain:
+                worst_gain, worst_at = gain, (t, name)
+            if gain > b["step_gain_s"]:
+                violations.append(
+                    Violation(
+                        "p_step",
+                        t,
+                        f"{name}'s step took {conn * 1e3:.0f} ms in the connector, {gain * 1e3:.0f} ms over "
+                        f"its quiet p99 ({base * 1e3:.1f} ms) during {', '.join(f.label() for f in now)}",
+                        (name,),
+                    )
+                )
+    figures.update(
+        worst_p_step_gain_s=round(worst_gain, 4),
+        worst_p_step_at=worst_at,
+        p_steps_preempted=preempted,
+        p_steps_checked=checked,
+    )
+
+
+def _is_peer(f: Fault, fleet: _Fleet, p: str) -> bool:
+    """A fault on one of P's peers (a D, or the network between P and a D)."""
+    return any(impairs(f, fleet, p, d) for d, r in fleet.role.items() if r == "D")
+
+
+def _check_memory(
+    events: list[dict[str, Any]],
+    fleet: _Fleet,
+    b: dict[str, float],
+    violations: list[Violation],
+    figures: dict[str, Any],
+) -> None:
+    base: dict[tuple[str, str], float] = {}
+    peak: dict[tuple[str, str], tuple[float, float]] = {}
+    for e in events:
+        if e["ev"] != "sizes" or not e.get("rss_kb"):
+            continue
+        key = (e["engine"], e.get("engine_id", ""))
+        if key not in base:
+            up = fleet.up_since.get(e["engine"], [])
+            up_t = max((t for t, eid in up if eid == key[1]), default=0.0)
+            if e.get("phase") == "warm" or e["t"] >= up_t + b["rss_warm_s"]:
+                base[key] = e["rss_kb"]
+            continue
+        if e["rss_kb"] > peak.get(key, (0.0, 0.0))[0]:
+            peak[key] = (e["rss_kb"], e["t"])
+    growth = 0.0
+    for key, (rss, t) in peak.items():
+        factor = rss / base[key]
+        growth = max(growth, factor)
+        if factor > b["rss_factor"]:
+            violations.append(
+                Violation(
+                    "memory",
+                    t,
+                    f"{key[0]} ({key[1]}) RSS {rss / 1024:.0f} MiB, {factor:.2f}x its "
+                    f"{base[key] / 1024:.0f} MiB after warm-up (bound {b['rss_factor']}x)",
+                    (key[0],),
+                )
+            )
+    figures["max_rss_growth"] = round(growth, 3)
+
+
+QUIET_KINDS = frozenset({"steps", "sizes", "stats"})
+
+
+def explain(
+    v: Violation, events: list[dict[str, Any]], faults: list[Fault], seed: Any, window_s: float = 2.0
+) -> str:
+    """The seed, the history within ``window_s`` of the violation (at most 40
+    lines) and the faults active then."""
+    lines = [f"VIOLATION {v.rule} at t={v.t:.3f}s (seed {seed}): {v.what}"]
+    active = active_at(faults, v.t)
+    lines.append("  faults active: " + (", ".join(f.label() for f in active) if active else "none"))
+    near = [
+        e
+        for e in events
+        if abs(e["t"] - v.t) <= window_s
+        and e["ev"] not in QUIET_KINDS
+        and (not v.engines or e["ev"] in ("fault", "heal", "engine") or _mentions(e, v.engines))
+    ]
+    lines.append(
+        f"  history within {window_s:.0f}s ({len(near)} events{', first 40' if len(near) > 40 else ''}):"
+    )
+    lines += [f"    {_fmt(e)}" for e in near[:40]]
+    return "\n".join(lines)
+
+
+def _mentions(e: dict[str, Any], engines: tuple[str, ...]) -> bool:
+    return any(e.get(k) in engines for k in ("p", "d", "engine", "name"))
+
+
+def _fmt(e: dict[str, Any]) -> str:
+    rest = {k: v for k, v in e.items() if k not in ("t", "ev")}
+    return f"{e['t']:9.3f} {e['ev']:8s} {rest}"

@@ -1,0 +1,318 @@
+"""The harness lane: 2 P and 3 D NIXL engines (UCX over TCP), each on its own
+network-namespace host on one bridge, every D reading from every P, under the
+nemesis, then healed, probed and checked.
+
+Phases, each marked in the history: ``warm`` (one request per P-D pair, so
+every pair has handshaken; then the structure sizes and RSS baselines),
+``faults`` (workload and nemesis for the horizon), ``recovery`` (after
+``heal_all``: every pair of live engines must serve a probe), ``quiet`` (every
+lease ended, every queue empty) and ``end`` (sizes again).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from harness import netns
+from harness.nixl.fleet import Fleet
+from vllm_nixl_lease._wire import default_heartbeat_interval, default_lease_extension
+
+from . import checker, nft, schedule, starve
+from .history import History
+from .nemesis import Nemesis
+from .nodes import Node
+from .progress import Reads, Tally
+from .workload import Workload
+
+LEASE = 6  # scaled down from vLLM's 30 s: a partition or stall past it fits in seconds
+EXTENSION = default_lease_extension(LEASE)
+INTERVAL = default_heartbeat_interval(LEASE)
+P_HOSTS = {"p0": "p", "p1": "q"}
+D_HOSTS = {"d0": "d", "d1": "e", "d2": "f"}
+PROGRESS_DELAY_US = 1000  # NIXL's progress threads sleep between events (harness.nixl.progress)
+P_BLOCKS = 2048
+D_BLOCKS = 2048
+PROGRESS_EVERY_S = 10.0
+# State that is time-bounded by design (upstream's invalid-engine backoff memory,
+# 60 s; D's re-handshake memory, 60 s; swept every 10 s) has ended this long after
+# the final heal: the end sizes are taken no earlier.
+QUIET_AFTER_HEAL_S = 75.0
+BOUNDS = {
+    "recovery_s": 30.0,
+    "step_gain_s": 0.100,
+    "rss_factor": 1.5,
+    "settle_net_s": 3.0,
+    "settle_proc_s": 1.0,
+    "rss_warm_s": 15.0,
+}
+
+
+@dataclass
+class Options:
+    seed: int
+    minutes: float
+    impl: str = "ours"  # or "stock"
+    workdir: Path = Path(".build/chaos")
+    rate: float = 4.0  # requests per second, all P together
+    burst_size: int = 1000
+    say: Callable[[str], None] = print
+    kinds: tuple[str, ...] = schedule.KINDS
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def layout() -> schedule.Layout:
+    return schedule.Layout(
+        {**{n: ("P", h) for n, h in P_HOSTS.items()}, **{n: ("D", h) for n, h in D_HOSTS.items()}}
+    )
+
+
+def available_kinds() -> tuple[tuple[str, ...], list[str]]:
+    """The fault kinds this machine can make, and why any are left out."""
+    kinds = list(schedule.KINDS)
+    why = []
+    for reason, needs in (
+        (nft.unavailable_reason(), ("asym", "partition_group")),
+        (starve.unavailable_reason(), ("starve",)),
+    ):
+        if reason:
+            kinds = [k for k in kinds if k not in needs]
+            why.append(f"{', '.join(needs)} left out: {reason}")
+    return tuple(kinds), why
+
+
+def _on_node_thread(nodes: list[Node], phase: str, timeout: float) -> None:
+    """Drain every up engine once more, recording sizes as ``phase`` (on each node's own thread)."""
+    done = []
+    for node in nodes:
+        if node.state != "up":
+            continue
+        ev = threading.Event()
+
+        def job(eng: Any, node: Node = node, ev: threading.Event = ev) -> None:
+            try:
+                node.drain(eng, phase=phase)
+            finally:
+                ev.set()
+
+        node.enqueue(job)
+        done.append(ev)
+    for ev in done:
+        ev.wait(timeout)
+
+
+def _wait_idle(nodes: list[Node], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(n.state != "up" or (n.idle.is_set() and n.jobs.empty()) for n in nodes):
+            return True
+        time.sleep(0.5)
+    return False
+
+
+class ProbeWatch:
+    """After the final heal: which P-D pairs have served a probe correctly (history observer)."""
+
+    def __init__(self) -> None:
+        self.pair_of: dict[str, tuple[str, str]] = {}
+        self.ok: dict[tuple[str, str], float] = {}
+        self.failed: dict[tuple[str, str], int] = {}
+        self.reads = Reads(self._verdict)
+
+    def __call__(self, e: dict[str, Any]) -> None:
+        if e["ev"] == "request" and e.get("probe"):
+            self.pair_of[e["id"]] = (e["p"], e["d"])
+        if e.get("id") in self.pair_of:
+            self.reads(e)
+
+    def _verdict(self, read: dict[str, Any], verdict: str) -> None:
+        pair = self.pair_of[read["id"]]
+        if verdict == "ok":
+            self.ok.setdefault(pair, read["t"])
+        else:
+            self.failed[pair] = self.failed.get(pair, 0) + 1
+
+
+def run(opts: Options) -> dict[str, Any]:
+    """One run; returns the summary (also written to summary.json beside the history)."""
+    say = opts.say
+    workdir = opts.workdir
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "engines").mkdir(exist_ok=True)
+    stock = opts.impl == "stock"
+    horizon = opts.minutes * 60.0
+    lay = layout()
+    plan = schedule.plan(opts.seed, horizon, lay, opts.kinds)
+    hist = History(workdir / "history.jsonl")
+    tally = Tally()
+    probes = ProbeWatch()
+    hist.observers += [tally, probes]
+    hist.add(
+        "run",
+        seed=opts.seed,
+        impl=opts.impl,
+        lane="harness",
+        lease=LEASE,
+        extension=EXTENSION,
+        interval=INTERVAL,
+        minutes=opts.minutes,
+        bounds=BOUNDS,
+        rate=opts.rate,
+        burst_size=opts.burst_size,
+        engines={n: {"role": r, "host": h} for n, (r, h) in lay.engines.items()},
+        plan=len(plan),
+    )
+    netns.sweep_stale()
+    started = time.monotonic()
+    common = {
+        "progress_delay_us": PROGRESS_DELAY_US,
+        "sampled_digest": True,
+        "block_reuse": "lifo",
+        "max_lifetime_s": horizon + 1200.0,
+        "extra": dict(opts.extra),
+    }
+    nodes: dict[str, Node] = {}
+    with (
+        netns.TwoHosts(names=tuple(lay.hosts)) as hosts,
+        Fleet(str(workdir / "engines"), lease=LEASE, hosts=hosts) as fleet,
+    ):
+        specs = []
+        for name, (role, host) in lay.engines.items():
+            spec = {**common, "num_blocks": P_BLOCKS if role == "P" else D_BLOCKS, "engine_id": name}
+            nodes[name] = Node(fleet, hist, name, role, host, stock, spec)
+            specs.append((role, name, {**spec, "host": host}))
+        say(f"starting {len(specs)} engines ({opts.impl}) on hosts {', '.join(lay.hosts)}")
+        for node, eng in zip(
+            nodes.values(), fleet.start_many(specs, stock=stock, start_timeout=300.0), strict=True
+        ):
+            node.adopt(eng)
+            node.start_thread()
+        ps = [n for n in nodes.values() if n.role == "P"]
+        ds = [n for n in nodes.values() if n.role == "D"]
+        all_nodes = ps + ds
+        bursts = [horizon * x for x in (0.3, 0.65)] if horizon >= 240 else [horizon * 0.4]
+        wl = Workload(hist, ps, ds, opts.seed, LEASE, opts.rate, opts.burst_size, bursts)
+        nem: Nemesis | None = None
+        try:
+            hist.add("phase", name="warm")
+            say(f"warm-up: one request per P-D pair ({time.monotonic() - started:.0f}s since start)")
+            for p in ps:
+                for d in ds:
+                    wl.one(p=p, d=d, wait=0.0)
+            time.sleep(2.0)
+            if not _wait_idle(all_nodes, 120):
+                say("warm-up: not every request finished in 120 s")
+            time.sleep(2 * EXTENSION)  # let heartbeat and acknowledgement state settle
+            _on_node_thread(all_nodes, "warm", 60)
+            nem = Nemesis(hosts, nodes, hist, plan, lambda m: say(f"[{hist.now():7.1f}s] {m}"))
+            hist.add("phase", name="faults")
+            say(
+                f"faults: {len(plan)} planned over {horizon:.0f}s (seed {opts.seed}); bursts of "
+                f"{opts.burst_size} at {', '.join(f'{b:.0f}s' for b in bursts)}"
+            )
+            wl.start()
+            nem.start()
+            t_faults = time.monotonic()
+            while time.monotonic() - t_faults < horizon:
+                time.sleep(min(PROGRESS_EVERY_S, max(0.1, horizon - (time.monotonic() - t_faults))))
+                running = ", ".join(
+                    f"#{f.fid} {f.kind} {','.join(f.engines or f.hosts)}" for f in nem.running()
+                )
+                say(f"[{hist.now():7.1f}s] now: {running or 'no fault'} | {tally.line()}")
+            wl.stop()
+            nem.join()
+            nem.heal_all()
+            t_heal = time.monotonic()
+            say(f"[{hist.now():7.1f}s] healed everything; probing every P-D pair")
+            hist.add("phase", name="recovery")
+            for n in ds:
+                n.release_all_holds()
+            _probe(wl, ps, ds, probes, BOUNDS["recovery_s"] + 15.0, say, hist)
+            worst = max((t - hist.rel(t_heal) for t in probes.ok.values()), default=0.0)
+            say(
+                f"[{hist.now():7.1f}s] recovery: {len(probes.ok)}/{len(ps) * len(ds)} pairs served a probe "
+                f"(worst {worst:.1f}s after the heal)"
+            )
+            hist.add("phase", name="quiet")
+            if not _wait_idle(all_nodes, 3 * LEASE + 30):
+                say("quiet: some engine still holds leases or queued requests")
+            time.sleep(max(2 * EXTENSION, t_heal + QUIET_AFTER_HEAL_S - time.monotonic()))
+            _on_node_thread(all_nodes, "end", 60)
+            hist.add("phase", name="end")
+        finally:
+            wl.stop()
+            if nem is not None:
+                nem.stop()
+            for n in all_nodes:
+                n.stop_thread()
+    nem_failed = list(nem.failed) if nem is not None else []
+    hist.close()
+    return finish(opts, workdir, tally, nem_failed, time.monotonic() - started)
+
+
+def _probe(
+    wl: Workload,
+    ps: list[Node],
+    ds: list[Node],
+    probes: ProbeWatch,
+    limit_s: float,
+    say: Callable[[str], None],
+    hist: History,
+) -> None:
+    """One probe per pair of up engines; another for a pair whose probe failed or is slow."""
+    deadline = time.monotonic() + limit_s
+    sent: dict[tuple[str, str], float] = {}
+    while time.monotonic() < deadline:
+        todo = [
+            (p, d) for p in ps for d in ds if (p.name, d.name) not in probes.ok and p.state == d.state == "up"
+        ]
+        if not todo:
+            return
+        for p, d in todo:
+            key = (p.name, d.name)
+            last = sent.get(key)
+            if last is None or time.monotonic() - last > 6.0 or probes.failed.get(key, 0):
+                probes.failed.pop(key, None)
+                sent[key] = time.monotonic()
+                wl.one(probe=True, p=p, d=d, wait=0.0)
+        time.sleep(0.5)
+
+
+def finish(
+    opts: Options, workdir: Path, tally: Tally, nem_failed: list[str], wall_s: float
+) -> dict[str, Any]:
+    """Check the history, write summary.json and the timeline, print the verdict."""
+    import json
+
+    from . import history, timeline
+
+    events = history.read(workdir / "history.jsonl")
+    res = checker.check(events)
+    for v in res.violations[:10]:
+        opts.say(checker.explain(v, events, res.faults, opts.seed))
+    if len(res.violations) > 10:
+        opts.say(f"... and {len(res.violations) - 10} more violations (summary.json lists them)")
+    summary = {
+        "seed": opts.seed,
+        "impl": opts.impl,
+        "lane": "harness",
+        "minutes": opts.minutes,
+        "wall_s": round(wall_s, 1),
+        "ok": res.ok,
+        "figures": res.figures,
+        "violations": [{"rule": v.rule, "t": v.t, "what": v.what} for v in res.violations],
+        "nemesis_errors": nem_failed,
+        "bounds": BOUNDS,
+        "lease": LEASE,
+        "extension": EXTENSION,
+    }
+    (workdir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
+    try:
+        timeline.draw(events, res, workdir / "timeline.png")
+    except ImportError as exc:
+        opts.say(f"timeline not drawn: {exc}")
+    return summary

@@ -1,0 +1,72 @@
+"""``make chaos``: a seeded nemesis over a fleet, a history, a checker.
+
+    python -m tools.chaos --seed 1 --minutes 10 --lane harness --impl ours
+
+Writes ``.build/chaos/history.jsonl``, ``summary.json`` and ``timeline.png``
+(``--out`` elsewhere); exits 1 on any violation, 2 when the lane cannot run here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+SHOWN = (
+    "requests", "reads", "reads_ok", "reads_failed", "fenced", "discarded", "stale", "expiries",
+    "premature_expiries", "leaks", "recovery_s", "worst_p_step_gain_s", "max_rss_growth", "crashes",
+    "faults_by_kind",
+)  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--minutes", type=float, default=10.0, help="length of the fault phase")
+    ap.add_argument("--lane", choices=("harness", "serve"), default="harness")
+    ap.add_argument("--impl", choices=("ours", "stock"), default="ours")
+    ap.add_argument("--out", type=Path, default=Path(".build/chaos"))
+    ap.add_argument("--rate", type=float, default=4.0, help="requests per second (harness lane)")
+    ap.add_argument("--burst", type=int, default=1000, help="requests per burst (harness lane)")
+    args = ap.parse_args(argv)
+
+    def say(msg: str) -> None:
+        print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
+
+    if args.lane == "serve":
+        say("chaos: LANE=serve (1 P + 2 D `vllm serve` behind vllm-router) is not built yet")
+        return 2
+    from harness import netns
+
+    reason = netns.unavailable_reason()
+    if reason:
+        say(f"chaos: cannot run here: {reason}")
+        return 2
+    from harness.chaos import harness_lane
+
+    kinds, why = harness_lane.available_kinds()
+    for line in why:
+        say(line)
+    summary = harness_lane.run(
+        harness_lane.Options(
+            seed=args.seed,
+            minutes=args.minutes,
+            impl=args.impl,
+            workdir=args.out,
+            rate=args.rate,
+            burst_size=args.burst,
+            say=say,
+            kinds=kinds,
+        )
+    )
+    fig = summary["figures"]
+    say(f"chaos {args.lane} {args.impl} seed {args.seed}: " + json.dumps({k: fig.get(k) for k in SHOWN}))
+    verdict = "OK" if summary["ok"] else f"VIOLATIONS: {len(summary['violations'])}"
+    say(f"{verdict}; history, summary.json and timeline.png in {args.out}")
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
