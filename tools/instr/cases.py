@@ -1,0 +1,356 @@
+"""What ``make bench-instr`` counts: ours and stock's real methods on the same inputs.
+
+Each case builds its state (not counted), then counts one call per side:
+``cython`` and ``twin`` (our core, or our connector on that core) and
+``stock`` (vLLM 0.33.0's own classes, built by ``harness.upstream_fake``).
+Core cases call both of our implementations in one process; worker cases run
+our connector on the core the process imported (``VLLM_NIXL_LEASE_NO_EXTENSIONS``),
+so the twin's worker rows come from a second process.
+
+A step is what one engine step costs the connector, scheduler to worker:
+``build_connector_meta``, the metadata pickled and unpickled (what the
+multiprocess executor ships), the worker's ``start_load_kv`` and
+``get_transfer_results``.  NIXL is ``FakeNixlWrapper``; ``time.perf_counter``
+is held (``PerfCounter``), so every run takes the same path.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import pickle
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from harness.upstream_fake import FakeNixlWrapper, make_upstream_worker, stock_worker_class
+from tools.bench_core import load_impl, req_ids
+from tools.instr.probe import PerfCounter, Probe
+from vllm_nixl_lease._wire import default_heartbeat_interval, default_lease_extension, heartbeat_message
+
+NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
+LEASE = 30  # s: upstream's default
+EXTENSION = default_lease_extension(LEASE)
+INTERVAL = default_heartbeat_interval(LEASE)
+MAX_BYTES = 8192  # our max_heartbeat_bytes default
+FAR = 1e9  # a deadline no step reaches
+NOW = 1000.0
+
+
+@dataclass
+class Case:
+    """One row of the table."""
+
+    name: str
+    group: str  # core, p_step, d_step, ack, idle
+    unit: str  # what one operation is
+    ops: int  # operations one counted call performs
+    run: Callable[[Probe, Any], None]  # measures every side this process can
+    core: bool = False  # both implementations in one process (the core's own classes)
+    floor: float | None = None  # the least stock/ours ratio we state (None: none)
+    gate: bool = False  # in make test's subset
+    note: str = ""
+    sides: tuple[str, ...] = field(default=("stock",))
+
+
+# -- shared set-up -----------------------------------------------------------------
+def quiet_loggers() -> None:
+    """Both sides log at WARNING into memory: logging is part of what an expiry costs."""
+    sink = logging.StreamHandler(io.StringIO())
+    for name in (f"{NIXL}.base_worker", f"{NIXL}.pull_worker", "vllm_nixl_lease", "instr.core"):
+        lg = logging.getLogger(name)
+        lg.handlers[:] = [sink]
+        lg.propagate = False
+        lg.setLevel(logging.INFO)
+
+
+def fill_router(impl: str, ids: list[str], deadline: float) -> Any:
+    LeaseTable, NotificationRouter, _ = load_impl("cython" if impl == "cython" else "python")
+    router = NotificationRouter(LeaseTable(EXTENSION))
+    for rid in ids:
+        router.add_in_batch(rid)
+        router.grant(rid, deadline)
+    return router
+
+
+def stock_p_worker() -> Any:
+    return make_upstream_worker(stock_worker_class(), EXTENSION, FakeNixlWrapper(keep_sent=False))
+
+
+def our_worker(name: str = "P") -> Any:
+    from vllm_nixl_lease.vllm.config import LeaseConfig
+    from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
+
+    w = make_upstream_worker(LeaseNixlPullConnectorWorker, EXTENSION, FakeNixlWrapper(keep_sent=False, name=name))
+    w._setup_lease(LeaseConfig.from_extra_config({"kv_lease_duration": LEASE}))
+    return w
+
+
+def grant(worker: Any, ids: list[str], deadline: float) -> None:
+    for rid in ids:
+        worker._reqs_to_process.add(rid)
+        worker._reqs_to_send[rid] = deadline
+
+
+# -- core: our router/table against upstream's worker methods ---------------------------
+CORE_LEASES = 100_000
+HB_IDS = 1000
+
+
+def _heartbeat(pick: Callable[[list[str]], list[str]]) -> Callable[[Probe, Any], None]:
+    def run(probe: Probe, env: Any) -> None:
+        ids = req_ids(CORE_LEASES)
+        payload = heartbeat_message(pick(ids))
+        clock = PerfCounter(5.0)
+        try:
+            for impl in ("cython", "twin"):
+                router = fill_router(impl, ids, FAR)
+                with probe.instrumented():
+                    probe.measure(
+                        env.case.name, impl, lambda r=router: r.route({"d": [payload]}, 5.0), ops=HB_IDS
+                    )
+            w = stock_p_worker()
+            grant(w, ids, FAR)
+
+            def deliver() -> None:
+                w.nixl_wrapper.inbox = {"d": [payload]}
+
+            with probe.instrumented():
+                probe.measure(env.case.name, "stock", w._get_new_notifs, ops=HB_IDS, setup=deliver)
+        finally:
+            clock.restore()
+
+    return run
+
+
+def core_churn(probe: Probe, env: Any) -> None:
+    """Steady state: 1% of the leases fall due at each step; the sweep frees
+    them (and logs) while as many new ones arrive between steps (not counted)."""
+    from vllm_nixl_lease.prefill.expiry_log import log_expired
+
+    per = CORE_LEASES // 100
+    steps = 5
+    ids = req_ids(CORE_LEASES + per * steps, "sw")
+    our_log = logging.getLogger("instr.core")
+    clock = PerfCounter(0.0)
+    try:
+        for side in ("cython", "twin", "stock"):
+            state = {"step": 0, "fresh": CORE_LEASES}
+            live = ids[:CORE_LEASES]
+            if side == "stock":
+                w = stock_p_worker()
+                w._reqs_to_process.update(live)
+                w._reqs_to_send.update((r, float(1 + i // per)) for i, r in enumerate(live))
+            else:
+                router = fill_router(side, [], FAR)
+                for i, r in enumerate(live):
+                    router.add_in_batch(r)
+                    router.grant(r, float(1 + i // per))
+
+            def setup(side: str = side, state: dict[str, int] = state) -> None:
+                state["step"] += 1
+                clock.now = float(state["step"])
+                new = ids[state["fresh"] : state["fresh"] + per]
+                state["fresh"] += per
+                if side == "stock":
+                    w._reqs_to_process.update(new)
+                    w._reqs_to_send.update((r, FAR) for r in new)
+                else:
+                    for r in new:
+                        router.add_in_batch(r)
+                        router.grant(r, FAR)
+
+            if side == "stock":
+                fn: Callable[[], object] = lambda: w._reap_expired_send_leases(set())  # noqa: E731
+            else:
+                fn = lambda: log_expired(our_log, router.expire(clock.now))  # noqa: E731
+            with probe.instrumented():
+                probe.measure(env.case.name, side, fn, ops=per, setup=setup, warmup=1, repeats=3)
+    finally:
+        clock.restore()
+
+
+def core_grant_release(probe: Probe, env: Any) -> None:
+    """1,000 leases granted (as start_load_kv does) and released by their reads'
+    completions (one notification each), beside 100k others."""
+    ids = req_ids(CORE_LEASES)
+    batch = req_ids(HB_IDS, "gr")
+    completions = {"d": [f"{r}:1".encode() for r in batch]}
+    clock = PerfCounter(5.0)
+    try:
+        for impl in ("cython", "twin"):
+            router = fill_router(impl, ids, FAR)
+
+            def ours(r: Any = router) -> None:
+                for rid in batch:
+                    r.add_in_batch(rid)
+                    r.grant(rid, FAR)
+                r.route(completions, 5.0)
+
+            with probe.instrumented():
+                probe.measure(env.case.name, impl, ours, ops=HB_IDS)
+        w = stock_p_worker()
+        grant(w, ids, FAR)
+
+        def stock() -> None:
+            for rid in batch:
+                w._reqs_to_process.add(rid)
+                w._reqs_to_send[rid] = FAR
+            w.nixl_wrapper.inbox = {"d": list(completions["d"])}
+            w._get_new_notifs()
+
+        with probe.instrumented():
+            probe.measure(env.case.name, "stock", stock, ops=HB_IDS)
+    finally:
+        clock.restore()
+
+
+def core_mass_expiry(probe: Probe, env: Any) -> None:
+    """A dead D: 1,000 of 100k leases fall due at once; freed and logged."""
+    from vllm_nixl_lease.prefill.expiry_log import log_expired
+
+    ids = req_ids(CORE_LEASES)
+    rounds = iter(range(10))
+    our_log = logging.getLogger("instr.core")
+    clock = PerfCounter(2.0)
+    try:
+        for side in ("cython", "twin", "stock"):
+            if side == "stock":
+                w = stock_p_worker()
+                grant(w, ids, FAR)
+            else:
+                router = fill_router(side, ids, FAR)
+
+            def setup(side: str = side) -> None:
+                dead = req_ids(HB_IDS, f"dead{next(rounds)}")
+                if side == "stock":
+                    grant(w, dead, 1.0)
+                else:
+                    for r in dead:
+                        router.add_in_batch(r)
+                        router.grant(r, 1.0)
+
+            if side == "stock":
+                fn: Callable[[], object] = lambda: w._reap_expired_send_leases(set())  # noqa: E731
+            else:
+                fn = lambda: log_expired(our_log, router.expire(2.0))  # noqa: E731
+            rounds = iter(range(10))
+            with probe.instrumented():
+                probe.measure(env.case.name, side, fn, ops=HB_IDS, setup=setup, warmup=1, repeats=3)
+    finally:
+        clock.restore()
+
+
+# -- engines: real schedulers and workers -------------------------------------------
+class Engines:
+    """The vLLM config and the scheduler classes, built once per process."""
+
+    def __init__(self, root: Path) -> None:
+        from tools.bench_d_bookkeeping import kv_cache_config, vllm_config
+
+        self.config = vllm_config(root)
+        self.kv_cache_config = kv_cache_config()
+
+    def scheduler(self, ours: bool, engine_id: str) -> Any:
+        from vllm.config import set_current_vllm_config
+
+        if ours:
+            from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler as cls
+        else:
+            from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
+                NixlPullConnectorScheduler as cls,
+            )
+        with set_current_vllm_config(self.config):
+            return cls(self.config, engine_id, self.kv_cache_config)
+
+
+def step_fn(sched: Any, worker: Any, output: Any) -> Callable[[], object]:
+    """One engine step, as the connector sees it (see the module docstring)."""
+
+    def step() -> object:
+        meta = pickle.loads(pickle.dumps(sched.build_connector_meta(output), protocol=pickle.HIGHEST_PROTOCOL))
+        worker.start_load_kv(meta)
+        return worker.get_transfer_results()
+
+    return step
+
+
+def p_engine(env: Any, ours: bool) -> tuple[Any, Any]:
+    sched = env.engines.scheduler(ours, "p-engine")
+    worker = our_worker("P") if ours else stock_p_worker()
+    return sched, worker
+
+
+P_OUTPUT = SimpleNamespace(total_num_scheduled_tokens=0, finished_recving=set())
+D_ENGINES = 8
+
+
+def p_idle(leases: int) -> Callable[[Probe, Any], None]:
+    """P holds ``leases`` unread leases; nothing arrives this step."""
+
+    def run(probe: Probe, env: Any) -> None:
+        ids = req_ids(leases)
+        clock = PerfCounter(NOW)
+        try:
+            for side in env.worker_sides:
+                sched, worker = p_engine(env, side != "stock")
+                grant(worker, ids, FAR)
+                with probe.instrumented():
+                    probe.measure(env.case.name, side, step_fn(sched, worker, P_OUTPUT), ops=1)
+        finally:
+            clock.restore()
+
+    return run
+
+
+def p_heartbeat_round(leases: int) -> Callable[[Probe, Any], None]:
+    """P holds ``leases`` leases read by 8 D engines; one step receives a whole
+    heartbeat round, every D's ids in ``HB:`` messages of at most 8 KiB."""
+    from vllm_nixl_lease import encode_heartbeats
+
+    def run(probe: Probe, env: Any) -> None:
+        ids = req_ids(leases)
+        inbox = {
+            f"D{k}": list(encode_heartbeats(ids[k::D_ENGINES], MAX_BYTES)) for k in range(D_ENGINES)
+        }
+        clock = PerfCounter(NOW)
+        try:
+            for side in env.worker_sides:
+                sched, worker = p_engine(env, side != "stock")
+                grant(worker, ids, FAR)
+
+                def deliver(w: Any = worker) -> None:
+                    w.nixl_wrapper.inbox = {k: list(v) for k, v in inbox.items()}
+
+                with probe.instrumented():
+                    probe.measure(
+                        env.case.name, side, step_fn(sched, worker, P_OUTPUT), ops=leases, setup=deliver
+                    )
+        finally:
+            clock.restore()
+
+    return run
+
+
+CASES: list[Case] = [
+    Case("core: heartbeat, 1k contiguous ids, 100k leases", "core", "id", HB_IDS,
+         _heartbeat(lambda ids: ids[len(ids) // 2 : len(ids) // 2 + HB_IDS]), core=True, gate=True),
+    Case("core: heartbeat, 1k spread ids, 100k leases", "core", "id", HB_IDS,
+         _heartbeat(lambda ids: ids[:: len(ids) // HB_IDS][:HB_IDS]), core=True, gate=True),
+    Case("core: churn sweep, 1k of 100k due", "core", "lease", CORE_LEASES // 100, core_churn, core=True,
+         gate=True),
+    Case("core: grant + release, 1k beside 100k", "core", "lease", HB_IDS, core_grant_release, core=True,
+         gate=True),
+    Case("core: mass expiry, 1k of 100k at once", "core", "lease", HB_IDS, core_mass_expiry, core=True),
+    *(
+        Case(f"P idle step, {n} leases", "idle", "step", 1, p_idle(n), gate=True)
+        for n in (0, 10, 100, 1000)
+    ),
+    Case("P step, 10k leases, no heartbeat", "p_step", "step", 1, p_idle(10_000), gate=True),
+    Case("P step, 10k leases, 8 D heartbeat round", "p_step", "id", 10_000, p_heartbeat_round(10_000),
+         gate=True),
+    Case("P step, 100k leases, no heartbeat", "p_step", "step", 1, p_idle(100_000)),
+    Case("P step, 100k leases, 8 D heartbeat round", "p_step", "id", 100_000, p_heartbeat_round(100_000)),
+]
