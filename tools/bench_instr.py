@@ -111,15 +111,25 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     for (case, side), values in by.items():
         c = meta[case]
         row = rows.setdefault(
-            case, {"group": c.group, "unit": c.unit, "ops": c.ops, "floor": c.floor, "counts": {}, "spread": {}}
+            case,
+            {"group": c.group, "unit": c.unit, "ops": c.ops, "floor": c.floor, "counts": {}, "spread": {}},
         )
-        row["counts"][side] = round(statistics.median(values))
-        row["spread"][side] = (max(values) - min(values)) / max(1.0, statistics.median(values))
+        if c.per_step:  # one value per step of an interval: the worst step, and the mean beside it
+            row["counts"][side] = round(max(values))
+            row.setdefault("mean", {})[side] = round(statistics.fmean(values))
+            row["steps"] = len(values)
+        else:
+            row["counts"][side] = round(statistics.median(values))
+            row["spread"][side] = (max(values) - min(values)) / max(1.0, statistics.median(values))
     for row in rows.values():
         stock = row["counts"].get("stock")
         row["ratio"] = {
             side: stock / n for side, n in row["counts"].items() if side in OURS and stock and n > 0
         }
+        if "mean" in row and row["mean"].get("stock"):
+            row["mean_ratio"] = {
+                side: row["mean"]["stock"] / n for side, n in row["mean"].items() if side in OURS and n > 0
+            }
     return {"overhead": overhead, "rows": rows}
 
 
@@ -134,10 +144,18 @@ def table(summary: dict[str, Any]) -> str:
                 continue
             ratio = row["ratio"].get(side)
             floor = f" (floor {row['floor']:g})" if ratio is not None and row["floor"] else ""
+            label = case if "mean" not in row else f"{case}, worst step"
             lines.append(
-                f"{case:<48} {side:<7} {n:>14,} {n / row['ops']:>12,.1f}  {row['unit']:<6} "
+                f"{label:<48} {side:<7} {n:>14,} {n / row['ops']:>12,.1f}  {row['unit']:<6} "
                 + (f"{ratio:>9.2f}x{floor}" if ratio is not None else "")
             )
+            if "mean" in row:
+                mean_ratio = row["mean_ratio"].get(side) if "mean_ratio" in row else None
+                lines.append(
+                    f"{'  mean of ' + str(row['steps']) + ' steps':<48} {side:<7} "
+                    f"{row['mean'][side]:>14,} {row['mean'][side]:>12,.1f}  {row['unit']:<6} "
+                    + (f"{mean_ratio:>9.2f}x" if mean_ratio is not None else "")
+                )
     return "\n".join(lines)
 
 
@@ -151,13 +169,14 @@ def check(summary: dict[str, Any], baseline: dict[str, Any], tolerance: float = 
         if base is None:
             failures.append(f"{case}: not in the baseline (make bench-instr-update)")
             continue
-        for side in OURS:
-            now, then = row["counts"].get(side), base["counts"].get(side)
-            if now is not None and then is not None and now > then * tolerance:
-                failures.append(
-                    f"{case} [{side}]: {now:,} instructions, {now / then:.2f}x the baseline's {then:,} "
-                    f"(limit {tolerance:g}x)"
-                )
+        for key, what in (("counts", ""), ("mean", " (mean step)")):
+            for side in OURS:
+                now, then = row.get(key, {}).get(side), base.get(key, {}).get(side)
+                if now is not None and then is not None and now > then * tolerance:
+                    failures.append(
+                        f"{case} [{side}]{what}: {now:,} instructions, {now / then:.2f}x the baseline's "
+                        f"{then:,} (limit {tolerance:g}x)"
+                    )
         floor = row.get("floor")
         if floor:
             for side, ratio in row["ratio"].items():
@@ -228,7 +247,12 @@ def main(argv: list[str] | None = None) -> int:
     status = 0
     if args.update:
         keep = json.loads(args.update.read_text())["rows"] if args.update.exists() else {}
-        keep.update({case: {"counts": row["counts"], "floor": row["floor"]} for case, row in summary["rows"].items()})
+        keep.update(
+            {
+                case: {key: row[key] for key in ("counts", "mean", "floor") if key in row}
+                for case, row in summary["rows"].items()
+            }
+        )
         args.update.write_text(
             json.dumps({"tolerance": TOLERANCE, "rows": dict(sorted(keep.items()))}, indent=1) + "\n"
         )

@@ -51,6 +51,7 @@ class Case:
     core: bool = False  # both implementations in one process (the core's own classes)
     floor: float | None = None  # the least stock/ours ratio we state (None: none)
     gate: bool = False  # in make test's subset
+    per_step: bool = False  # one count per step of an interval: the row gives the worst and the mean
     note: str = ""
     sides: tuple[str, ...] = field(default=("stock",))
 
@@ -334,6 +335,215 @@ def p_heartbeat_round(leases: int) -> Callable[[Probe, Any], None]:
     return run
 
 
+# -- D: a queue of requests waiting on 8 P engines -------------------------------------
+STEP_S = 0.020  # one D step (virtual time)
+CHURN = 10  # arrivals and departures per step
+P_ENGINES = 8
+
+
+class DEngine:
+    """``tools.bench_d_bookkeeping``'s D (a real scheduler and worker, a fake P
+    that answers ``LHB:`` as ours does), driven through whole steps."""
+
+    def __init__(self, env: Any, ours: bool, clock: PerfCounter) -> None:
+        from tools.bench_d_bookkeeping import CASES as D_CASES
+        from tools.bench_d_bookkeeping import D
+
+        self.engines = [f"P{k}" for k in range(P_ENGINES)]
+        self.d = D(D_CASES[0] if ours else D_CASES[2], env.engines.config, self.engines, clock)
+        for k, engine in enumerate(self.engines):  # handshaken: upstream's clean-up keeps them
+            self.d.worker._engine_by_address[("10.0.0.1", 5600 + k)] = engine
+        self.step = step_fn(self.d.sched, self.d.worker, self.d.output)
+        self.clock = clock
+        self.made = 0
+        self.queue: list[str] = []
+        self.head = 0
+        self.remote: list[str] = []
+
+    def arrivals(self, n: int) -> list[Any]:
+        if len(self.remote) < self.made + n:
+            self.remote += req_ids(max(n, 10_000), f"cmpl{len(self.remote)}")
+        out = []
+        for _ in range(n):
+            local = f"d-{self.made}"
+            out.append(self.d.request(local, self.engines[self.made % P_ENGINES], self.remote[self.made]))
+            self.queue.append(local)
+            self.made += 1
+        return out
+
+    def fill(self, n: int) -> None:
+        for req in self.arrivals(n):
+            self.d.sched.on_new_request(req)
+
+    def answer(self) -> None:
+        """The fake P takes what D sent and answers (delivered for D's next step)."""
+        self.d.p_answers({}, {})
+
+    def interval(self, steps: int, count: Callable[[Callable[[], object]], None] | None = None) -> None:
+        """``steps`` steps of ``STEP_S``, ``CHURN`` requests in and out each;
+        ``count(step)`` runs each step's connector calls (default: uncounted)."""
+        sched = self.d.sched
+        for _ in range(steps):
+            arrivals = self.arrivals(CHURN)
+            departures = self.queue[self.head : self.head + CHURN]
+            self.head += CHURN
+
+            def step(arrivals: list[Any] = arrivals, departures: list[str] = departures) -> None:
+                for req in arrivals:
+                    sched.on_new_request(req)
+                for req_id in departures:
+                    sched._stop_heartbeat(req_id)
+                self.step()
+
+            if count is None:
+                step()
+            else:
+                count(step)
+            self.answer()
+            self.clock.now += STEP_S
+
+
+def d_queue(queued: int) -> Callable[[Probe, Any], None]:
+    """D with ``queued`` requests over 8 P engines, 10 in and 10 out per 20 ms
+    step: each step of one heartbeat interval counted on its own (the row
+    gives the worst step and the mean), after one interval not counted (the
+    queue filled at once sends every first heartbeat)."""
+    steps = round(INTERVAL / STEP_S)
+
+    def run(probe: Probe, env: Any) -> None:
+        clock = PerfCounter(NOW)
+        try:
+            for side in env.worker_sides:
+                d = DEngine(env, side != "stock", clock)
+                d.fill(queued)
+                d.interval(steps)
+                with probe.instrumented():
+                    d.interval(
+                        steps,
+                        lambda step, side=side: probe.measure(  # type: ignore[misc]
+                            env.case.name, side, step, ops=1, warmup=0, repeats=1
+                        ),
+                    )
+        finally:
+            clock.restore()
+
+    return run
+
+
+def d_idle(queued: int) -> Callable[[Probe, Any], None]:
+    """D with ``queued`` requests waiting on 8 P engines; no heartbeat due (the
+    clock held where the last step sent what was due), nothing to read."""
+
+    def run(probe: Probe, env: Any) -> None:
+        clock = PerfCounter(NOW)
+        try:
+            for side in env.worker_sides:
+                d = DEngine(env, side != "stock", clock)
+                d.fill(queued)
+                for _ in range(round(INTERVAL / STEP_S) + 1):
+                    d.step()
+                    d.answer()
+                    clock.now += STEP_S
+                d.step()  # what is due now goes; the counted steps at this time find nothing due
+                d.answer()
+                with probe.instrumented():
+                    probe.measure(env.case.name, side, d.step, ops=1, setup=d.answer)
+        finally:
+            clock.restore()
+
+    return run
+
+
+# -- acknowledgements: building and taking LHB: / LACK: ------------------------------------
+ACK_LEASES = 10_000
+INSTANCE = "0123456789abcdef"
+
+
+def ack_p(probe: Probe, env: Any) -> None:
+    """P routes one round of ``LHB:`` for 10k leases from one D and answers it
+    (``LACK:``); stock routes the same ids as ``HB:``."""
+    from vllm_nixl_lease import encode_heartbeats
+    from vllm_nixl_lease._wire import ACKED_HEARTBEAT_OVERHEAD, acked_heartbeat_message, hello_message
+
+    ids = req_ids(ACK_LEASES)
+    hb = encode_heartbeats(ids, MAX_BYTES - ACKED_HEARTBEAT_OVERHEAD)
+    lhb = [acked_heartbeat_message(seq, m) for seq, m in enumerate(hb, 1)]
+    clock = PerfCounter(NOW)
+    try:
+        for side in env.worker_sides:
+            ours = side != "stock"
+            w = our_worker("P") if ours else stock_p_worker()
+            grant(w, ids, FAR)
+            if ours:
+                w.lease_keeper.adopt_instance(SimpleNamespace(lease_instance=(INSTANCE, b"k" * 16)))
+                d_metadata = FakeNixlWrapper(name="D").get_partial_agent_metadata(None)
+                w.nixl_wrapper.deliver("D", hello_message(5.0, d_metadata, ids[0]))
+                w._get_new_notifs()
+                w.ack_answerer._loading["D"][0].result()  # D's hello loaded, as in a running fleet
+                w._get_new_notifs()
+            msgs = lhb if ours else hb
+
+            def deliver(w: Any = w, msgs: list[bytes] = msgs) -> None:
+                clock.now += 1.0  # past the answer gap: this round is answered at once
+                w.nixl_wrapper.deliver("D", *msgs)
+
+            with probe.instrumented():
+                probe.measure(env.case.name, side, w._get_new_notifs, ops=ACK_LEASES, setup=deliver)
+            if ours:
+                w.ack_answerer.shutdown()
+    finally:
+        clock.restore()
+
+
+def ack_d(probe: Probe, env: Any) -> None:
+    """D sends one round for 10k leases to one P as ``LHB:`` and takes P's
+    ``LACK:`` answers (its views renewed); stock sends the round as ``HB:``."""
+    from vllm_nixl_lease import encode_heartbeats
+    from vllm_nixl_lease._wire import ACKED_HEARTBEAT_OVERHEAD, heartbeat_ack_message
+    from vllm_nixl_lease.vllm.metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
+
+    ids = req_ids(ACK_LEASES)
+    hb = encode_heartbeats(ids, MAX_BYTES - ACKED_HEARTBEAT_OVERHEAD)
+    clock = PerfCounter(NOW)
+    try:
+        for side in env.worker_sides:
+            if side == "stock":
+                from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import HeartbeatInfo
+
+                stock = stock_p_worker()
+                stock._remote_agents["P"] = {(0, 0): "P"}
+                stock._ensure_handshake = lambda *a, **k: None
+                info = HeartbeatInfo(req_ids=set(ids), host="h", port=1, tp_size=1)
+                meta = SimpleNamespace(heartbeat_by_engine={"P": info})
+                with probe.instrumented():
+                    probe.measure(env.case.name, side, lambda: stock._send_heartbeats(meta), ops=ACK_LEASES)
+                continue
+            d = our_worker("D")
+            d._remote_agents["P"] = {(0, 0): b"P"}
+            d._engine_clock_offset["P"] = 0.0
+            for i, rid in enumerate(ids):
+                d.read_fence.views.add(f"d{i}", "P", rid, FAR, 20.0, INSTANCE)
+            d.nixl_wrapper.deliver("P", heartbeat_ack_message(INSTANCE, []))  # P's welcome: proven
+            d._get_new_notifs()
+
+            def send_and_take(d: Any = d) -> None:
+                hbs = EngineHeartbeats("P", hb, "h", 1, 1, instance=INSTANCE)
+                d._send_heartbeats(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": hbs}}))
+                probe.pause()
+                seqs = list(d.ack_requester.ledger._sent)  # P answers every message of the round
+                d.nixl_wrapper.deliver("P", heartbeat_ack_message(INSTANCE, seqs))
+                probe.resume()
+                d._get_new_notifs()
+
+            def tick() -> None:
+                clock.now += 1.0
+
+            with probe.instrumented():
+                probe.measure(env.case.name, side, send_and_take, ops=ACK_LEASES, setup=tick)
+    finally:
+        clock.restore()
+
+
 CASES: list[Case] = [
     Case("core: heartbeat, 1k contiguous ids, 100k leases", "core", "id", HB_IDS,
          _heartbeat(lambda ids: ids[len(ids) // 2 : len(ids) // 2 + HB_IDS]), core=True, gate=True),
@@ -353,4 +563,12 @@ CASES: list[Case] = [
          gate=True),
     Case("P step, 100k leases, no heartbeat", "p_step", "step", 1, p_idle(100_000)),
     Case("P step, 100k leases, 8 D heartbeat round", "p_step", "id", 100_000, p_heartbeat_round(100_000)),
+    *(
+        Case(f"D idle step, {n} queued", "idle", "step", 1, d_idle(n), gate=True)
+        for n in (0, 10, 100, 1000)
+    ),
+    Case("D step, 10k queued over 8 P", "d_step", "step", 1, d_queue(10_000), gate=True, per_step=True),
+    Case("D step, 100k queued over 8 P", "d_step", "step", 1, d_queue(100_000), per_step=True),
+    Case("ack: P routes LHB: + answers LACK:, 10k ids", "ack", "id", ACK_LEASES, ack_p, gate=True),
+    Case("ack: D sends LHB: + takes LACK:, 10k ids", "ack", "id", ACK_LEASES, ack_d, gate=True),
 ]

@@ -11,7 +11,7 @@ Why client requests rather than ``--toggle-collect=<function>``: Python
 functions are invisible to valgrind (they all run inside the interpreter's
 eval loop), so a marker function would have to be a C function that calls back
 into Python; the requests do the same with no callback and let one case
-exclude parts of its own loop (``paused``), such as a fake peer's answers.
+exclude parts of its own loop (``pause``, ``resume``), such as a fake peer's answers.
 What the toggles themselves cost (a ctypes call each way) is measured once,
 ``overhead``, and subtracted per collected stretch.
 
@@ -86,21 +86,15 @@ class Probe:
             gc.enable()
 
     # -- collection (one measurement) -------------------------------------------
-    def _on(self) -> None:
+    def resume(self) -> None:
+        """Collect again (after ``pause``, inside a measured call)."""
         self._stretches += 1
         self._lib.instr_toggle()
 
-    def _off(self) -> None:
+    def pause(self) -> None:
+        """Stop collecting: a part of the measured call that is not the connector's
+        (a fake peer's answers, the case's own bookkeeping)."""
         self._lib.instr_toggle()
-
-    @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """Inside a measured call: leave this part out (a fake peer, the test's own clock)."""
-        self._off()
-        try:
-            yield
-        finally:
-            self._on()
 
     def measure(
         self,
@@ -115,7 +109,8 @@ class Probe:
     ) -> None:
         """Count ``fn()``'s instructions ``repeats`` times (after ``warmup`` uncounted
         calls, so the interpreter's specialisation has settled), ``setup()``
-        uncollected before each call.  ``ops``: operations one call performs."""
+        uncollected before each call.  ``ops``: operations one call performs.
+        ``fn`` may leave parts out: ``pause()`` ... ``resume()``."""
         for i in range(warmup + repeats):
             if setup is not None:
                 setup()
@@ -126,9 +121,9 @@ class Probe:
             label = f"{self._serial}"
             self._stretches = 0
             self._lib.instr_zero()
-            self._on()
+            self.resume()
             fn()
-            self._off()
+            self.pause()
             self._lib.instr_dump(label.encode())
             self.records.append(
                 {"label": label, "case": case, "side": side, "ops": ops, "stretches": self._stretches}
