@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tools.instr.cases import CASES
+from tools.instr.cases import CASES, Case
 from tools.instr.probe import build_marker
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,6 +57,9 @@ def run_process(impl: str, cases: list[int], lib: Path, workdir: Path) -> list[d
         "--instr-atstart=no",
         "--collect-atstart=no",
         "--dump-line=no",
+        # Counts per thread: only the main thread's are read, so a library's
+        # background thread taking the GIL mid-measurement cannot add to a row.
+        "--separate-threads=yes",
         f"--callgrind-out-file={out / 'callgrind.out'}",
         f"--log-file={out / 'valgrind.log'}",
         sys.executable,
@@ -72,6 +75,9 @@ def run_process(impl: str, cases: list[int], lib: Path, workdir: Path) -> list[d
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         raise SystemExit(f"the {impl} process failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    for line in proc.stdout.splitlines():
+        if line.startswith(("threads at start:", "case took")):
+            print(f"  [{impl} process] {line}")
     counts = read_dumps(out)
     records = json.loads((out / "records.json").read_text())["records"]
     for rec in records:
@@ -83,7 +89,7 @@ def read_dumps(out: Path) -> dict[str, int]:
     """label -> instructions, from callgrind's dumps (``desc: Trigger: Client Request: <label>``)."""
     counts: dict[str, int] = {}
     prefix = "desc: Trigger: Client Request: "
-    for path in out.glob("callgrind.out.*"):
+    for path in out.glob("callgrind.out.*-01"):  # thread 1: the main thread
         label = total = None
         with path.open() as f:
             for line in f:
@@ -109,7 +115,7 @@ def summarize(records: list[dict[str, Any]]) -> dict[str, Any]:
     rows: dict[str, Any] = {}
     meta = {c.name: c for c in CASES}
     for (case, side), values in by.items():
-        c = meta[case]
+        c = meta.get(case) or Case(case, "parts", "call", 1, lambda probe, env: None)
         row = rows.setdefault(
             case,
             {"group": c.group, "unit": c.unit, "ops": c.ops, "floor": c.floor, "counts": {}, "spread": {}},
@@ -217,6 +223,7 @@ def largest_difference(a: dict[str, Any], b: dict[str, Any]) -> tuple[float, str
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gate", action="store_true", help="only the cases make test runs (Cython process only)")
+    ap.add_argument("--no-twin", action="store_true", help="skip the twin's process (its core rows stay)")
     ap.add_argument("--cases", nargs="*", default=None, help="only cases whose name contains one of these")
     ap.add_argument("--check", type=Path, help="fail (exit 1) against this baseline")
     ap.add_argument("--update", type=Path, help="write this run as the baseline")
@@ -230,9 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     selected = [
         i
         for i, c in enumerate(CASES)
-        if (not args.gate or c.gate) and (args.cases is None or any(s in c.name for s in args.cases))
+        if (not args.gate or c.gate)
+        and (any(s in c.name for s in args.cases) if args.cases is not None else c.group != "parts")
     ]
-    impls = ("cython",) if args.gate else ("cython", "twin")
+    impls = ("cython",) if args.gate or args.no_twin else ("cython", "twin")
     print(f"counting instructions for {len(selected)} cases ({', '.join(impls)}) under callgrind", flush=True)
     summary = measure(selected, impls, args.keep)
     print(table(summary))

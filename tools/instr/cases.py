@@ -84,7 +84,9 @@ def our_worker(name: str = "P") -> Any:
     from vllm_nixl_lease.vllm.config import LeaseConfig
     from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
 
-    w = make_upstream_worker(LeaseNixlPullConnectorWorker, EXTENSION, FakeNixlWrapper(keep_sent=False, name=name))
+    w = make_upstream_worker(
+        LeaseNixlPullConnectorWorker, EXTENSION, FakeNixlWrapper(keep_sent=False, name=name)
+    )
     w._setup_lease(LeaseConfig.from_extra_config({"kv_lease_duration": LEASE}))
     return w
 
@@ -126,49 +128,60 @@ def _heartbeat(pick: Callable[[list[str]], list[str]]) -> Callable[[Probe, Any],
     return run
 
 
+class Sweepable:
+    """Our router (either core) or stock's worker, behind the two calls the expiry cases make."""
+
+    def __init__(self, side: str) -> None:
+        self.stock = side == "stock"
+        self.w = stock_p_worker() if self.stock else None
+        self.router = None if self.stock else fill_router(side, [], FAR)
+
+    def grant(self, ids: list[str], deadline: Callable[[int], float]) -> None:
+        for i, rid in enumerate(ids):
+            if self.w is not None:
+                self.w._reqs_to_process.add(rid)
+                self.w._reqs_to_send[rid] = deadline(i)
+            else:
+                self.router.add_in_batch(rid)
+                self.router.grant(rid, deadline(i))
+
+    def sweep(self, now: float) -> None:
+        """One step's expiry sweep, logged (stock reads ``now`` from the held clock)."""
+        from vllm_nixl_lease.prefill.expiry_log import log_expired
+
+        if self.w is not None:
+            self.w._reap_expired_send_leases(set())
+        else:
+            log_expired(logging.getLogger("instr.core"), self.router.expire(now))
+
+
 def core_churn(probe: Probe, env: Any) -> None:
     """Steady state: 1% of the leases fall due at each step; the sweep frees
     them (and logs) while as many new ones arrive between steps (not counted)."""
-    from vllm_nixl_lease.prefill.expiry_log import log_expired
-
     per = CORE_LEASES // 100
-    steps = 5
-    ids = req_ids(CORE_LEASES + per * steps, "sw")
-    our_log = logging.getLogger("instr.core")
+    ids = req_ids(CORE_LEASES + per * 5, "sw")
     clock = PerfCounter(0.0)
     try:
         for side in ("cython", "twin", "stock"):
+            table = Sweepable(side)
+            table.grant(ids[:CORE_LEASES], lambda i: float(1 + i // per))
             state = {"step": 0, "fresh": CORE_LEASES}
-            live = ids[:CORE_LEASES]
-            if side == "stock":
-                w = stock_p_worker()
-                w._reqs_to_process.update(live)
-                w._reqs_to_send.update((r, float(1 + i // per)) for i, r in enumerate(live))
-            else:
-                router = fill_router(side, [], FAR)
-                for i, r in enumerate(live):
-                    router.add_in_batch(r)
-                    router.grant(r, float(1 + i // per))
 
-            def setup(side: str = side, state: dict[str, int] = state) -> None:
+            def setup(table: Sweepable = table, state: dict[str, int] = state) -> None:
                 state["step"] += 1
                 clock.now = float(state["step"])
-                new = ids[state["fresh"] : state["fresh"] + per]
+                table.grant(ids[state["fresh"] : state["fresh"] + per], lambda i: FAR)
                 state["fresh"] += per
-                if side == "stock":
-                    w._reqs_to_process.update(new)
-                    w._reqs_to_send.update((r, FAR) for r in new)
-                else:
-                    for r in new:
-                        router.add_in_batch(r)
-                        router.grant(r, FAR)
 
-            if side == "stock":
-                fn: Callable[[], object] = lambda: w._reap_expired_send_leases(set())  # noqa: E731
-            else:
-                fn = lambda: log_expired(our_log, router.expire(clock.now))  # noqa: E731
             with probe.instrumented():
-                probe.measure(env.case.name, side, fn, ops=per, setup=setup, warmup=1, repeats=3)
+                probe.measure(
+                    env.case.name,
+                    side,
+                    lambda table=table: table.sweep(clock.now),  # type: ignore[misc]
+                    ops=per,
+                    setup=setup,
+                    warmup=1,
+                )
     finally:
         clock.restore()
 
@@ -210,36 +223,26 @@ def core_grant_release(probe: Probe, env: Any) -> None:
 
 def core_mass_expiry(probe: Probe, env: Any) -> None:
     """A dead D: 1,000 of 100k leases fall due at once; freed and logged."""
-    from vllm_nixl_lease.prefill.expiry_log import log_expired
-
     ids = req_ids(CORE_LEASES)
-    rounds = iter(range(10))
-    our_log = logging.getLogger("instr.core")
     clock = PerfCounter(2.0)
     try:
         for side in ("cython", "twin", "stock"):
-            if side == "stock":
-                w = stock_p_worker()
-                grant(w, ids, FAR)
-            else:
-                router = fill_router(side, ids, FAR)
-
-            def setup(side: str = side) -> None:
-                dead = req_ids(HB_IDS, f"dead{next(rounds)}")
-                if side == "stock":
-                    grant(w, dead, 1.0)
-                else:
-                    for r in dead:
-                        router.add_in_batch(r)
-                        router.grant(r, 1.0)
-
-            if side == "stock":
-                fn: Callable[[], object] = lambda: w._reap_expired_send_leases(set())  # noqa: E731
-            else:
-                fn = lambda: log_expired(our_log, router.expire(2.0))  # noqa: E731
+            table = Sweepable(side)
+            table.grant(ids, lambda i: FAR)
             rounds = iter(range(10))
+
+            def setup(table: Sweepable = table, rounds: Any = rounds) -> None:
+                table.grant(req_ids(HB_IDS, f"dead{next(rounds)}"), lambda i: 1.0)
+
             with probe.instrumented():
-                probe.measure(env.case.name, side, fn, ops=HB_IDS, setup=setup, warmup=1, repeats=3)
+                probe.measure(
+                    env.case.name,
+                    side,
+                    lambda table=table: table.sweep(2.0),  # type: ignore[misc]
+                    ops=HB_IDS,
+                    setup=setup,
+                    warmup=1,
+                )
     finally:
         clock.restore()
 
@@ -271,7 +274,9 @@ def step_fn(sched: Any, worker: Any, output: Any) -> Callable[[], object]:
     """One engine step, as the connector sees it (see the module docstring)."""
 
     def step() -> object:
-        meta = pickle.loads(pickle.dumps(sched.build_connector_meta(output), protocol=pickle.HIGHEST_PROTOCOL))
+        meta = pickle.loads(
+            pickle.dumps(sched.build_connector_meta(output), protocol=pickle.HIGHEST_PROTOCOL)
+        )
         worker.start_load_kv(meta)
         return worker.get_transfer_results()
 
@@ -313,9 +318,7 @@ def p_heartbeat_round(leases: int) -> Callable[[Probe, Any], None]:
 
     def run(probe: Probe, env: Any) -> None:
         ids = req_ids(leases)
-        inbox = {
-            f"D{k}": list(encode_heartbeats(ids[k::D_ENGINES], MAX_BYTES)) for k in range(D_ENGINES)
-        }
+        inbox = {f"D{k}": list(encode_heartbeats(ids[k::D_ENGINES], MAX_BYTES)) for k in range(D_ENGINES)}
         clock = PerfCounter(NOW)
         try:
             for side in env.worker_sides:
@@ -326,8 +329,13 @@ def p_heartbeat_round(leases: int) -> Callable[[Probe, Any], None]:
                     w.nixl_wrapper.inbox = {k: list(v) for k, v in inbox.items()}
 
                 with probe.instrumented():
-                    probe.measure(
-                        env.case.name, side, step_fn(sched, worker, P_OUTPUT), ops=leases, setup=deliver
+                    probe.measure(  # the round's loops quicken within the first call
+                        env.case.name,
+                        side,
+                        step_fn(sched, worker, P_OUTPUT),
+                        ops=leases,
+                        setup=deliver,
+                        warmup=2,
                     )
         finally:
             clock.restore()
@@ -516,7 +524,9 @@ def ack_d(probe: Probe, env: Any) -> None:
                 info = HeartbeatInfo(req_ids=set(ids), host="h", port=1, tp_size=1)
                 meta = SimpleNamespace(heartbeat_by_engine={"P": info})
                 with probe.instrumented():
-                    probe.measure(env.case.name, side, lambda: stock._send_heartbeats(meta), ops=ACK_LEASES)
+                    probe.measure(
+                        env.case.name, side, lambda w=stock, m=meta: w._send_heartbeats(m), ops=ACK_LEASES
+                    )
                 continue
             d = our_worker("D")
             d._remote_agents["P"] = {(0, 0): b"P"}
@@ -544,31 +554,146 @@ def ack_d(probe: Probe, env: Any) -> None:
         clock.restore()
 
 
+# -- where an idle step's instructions go (``--cases parts``) ----------------------------
+def _parts(sched: Any, worker: Any, output: Any, ours: bool) -> dict[str, tuple[Callable[[], object], Any]]:
+    """One idle step cut at the hooks and, for ours, at each component call:
+    name -> (call, set-up); every call gets fresh metadata from ``meta()``."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
+
+    state: dict[str, Any] = {}
+
+    def meta() -> None:
+        state["meta"] = pickle.loads(pickle.dumps(sched.build_connector_meta(output)))
+
+    def pickled() -> None:
+        state["built"] = sched.build_connector_meta(output)
+
+    parts: dict[str, tuple[Callable[[], object], Any]] = {
+        "build_connector_meta": (lambda: sched.build_connector_meta(output), None),
+        "metadata pickled + unpickled": (
+            lambda: pickle.loads(pickle.dumps(state["built"], protocol=pickle.HIGHEST_PROTOCOL)),
+            pickled,
+        ),
+        "start_load_kv": (lambda: worker.start_load_kv(state["meta"]), meta),
+        "get_transfer_results": (worker.get_transfer_results, None),
+        "  _get_new_notifs": (worker._get_new_notifs, None),
+        "  _pop_done_transfers": (lambda: worker._pop_done_transfers(worker._recving_transfers), None),
+        "  _reap_expired_send_leases": (lambda: worker._reap_expired_send_leases(set()), None),
+        "  _cleanup_remote_engines": (worker._cleanup_remote_engines, None),
+        "  upstream's start_load_kv": (
+            lambda: NixlPullConnectorWorker.start_load_kv(worker, state["meta"]),
+            meta,
+        ),
+    }
+    if ours:
+        parts.update(
+            {
+                "  idle_pause.begin_step": (lambda: worker.idle_pause.begin_step(state["meta"]), meta),
+                "  lease_keeper.adopt_instance": (
+                    lambda: worker.lease_keeper.adopt_instance(state["meta"]),
+                    meta,
+                ),
+                "  read_fence.add_views": (lambda: worker.read_fence.add_views(state["meta"]), meta),
+                "  heartbeat_sender.send": (lambda: worker.heartbeat_sender.send(state["meta"]), meta),
+                "  read_pacer.begin_step": (worker.read_pacer.begin_step, None),
+                "  read_fence.take_parked": (lambda: list(worker.read_fence.take_parked()), None),
+                "  read_pacer.carried_over": (lambda: list(worker.read_pacer.carried_over()), None),
+                "  read_fence.drop_views": (lambda: worker.read_fence.drop_views(state["meta"]), meta),
+                "  lease_keeper.route": (lambda: worker.lease_keeper.route({}), None),
+                "  ack_answerer.handle": (lambda: worker.ack_answerer.handle({}), None),
+                "  ack_requester.received": (lambda: worker.ack_requester.received({}), None),
+                "  lease_keeper.expire": (lambda: worker.lease_keeper.expire(set()), None),
+                "  scheduler: heartbeats.attach": (lambda: sched.heartbeats.attach(state["meta"]), meta),
+                "  scheduler: lease_views.attach": (lambda: sched.lease_views.attach(state["meta"]), meta),
+                "  scheduler: lease_params.attach": (lambda: sched.lease_params.attach(state["meta"]), meta),
+            }
+        )
+    return parts
+
+
+def idle_parts(role: str, n: int) -> Callable[[Probe, Any], None]:
+    def run(probe: Probe, env: Any) -> None:
+        clock = PerfCounter(NOW)
+        try:
+            for side in env.worker_sides:
+                if role == "P":
+                    sched, worker = p_engine(env, side != "stock")
+                    grant(worker, req_ids(n), FAR)
+                    output = P_OUTPUT
+                else:
+                    d = DEngine(env, side != "stock", clock)
+                    d.fill(n)
+                    for _ in range(round(INTERVAL / STEP_S) + 2):
+                        d.step()
+                        d.answer()
+                        clock.now += STEP_S
+                    d.step()
+                    d.answer()
+                    sched, worker, output = d.d.sched, d.d.worker, d.d.output
+                for part, (fn, setup) in _parts(sched, worker, output, side != "stock").items():
+                    with probe.instrumented():
+                        probe.measure(f"{env.case.name}: {part}", side, fn, ops=1, setup=setup)
+        finally:
+            clock.restore()
+
+    return run
+
+
 CASES: list[Case] = [
-    Case("core: heartbeat, 1k contiguous ids, 100k leases", "core", "id", HB_IDS,
-         _heartbeat(lambda ids: ids[len(ids) // 2 : len(ids) // 2 + HB_IDS]), core=True, gate=True),
-    Case("core: heartbeat, 1k spread ids, 100k leases", "core", "id", HB_IDS,
-         _heartbeat(lambda ids: ids[:: len(ids) // HB_IDS][:HB_IDS]), core=True, gate=True),
-    Case("core: churn sweep, 1k of 100k due", "core", "lease", CORE_LEASES // 100, core_churn, core=True,
-         gate=True),
-    Case("core: grant + release, 1k beside 100k", "core", "lease", HB_IDS, core_grant_release, core=True,
-         gate=True),
-    Case("core: mass expiry, 1k of 100k at once", "core", "lease", HB_IDS, core_mass_expiry, core=True),
-    *(
-        Case(f"P idle step, {n} leases", "idle", "step", 1, p_idle(n), gate=True)
-        for n in (0, 10, 100, 1000)
+    Case(
+        "core: heartbeat, 1k contiguous ids, 100k leases",
+        "core",
+        "id",
+        HB_IDS,
+        _heartbeat(lambda ids: ids[len(ids) // 2 : len(ids) // 2 + HB_IDS]),
+        core=True,
+        gate=True,
     ),
+    Case(
+        "core: heartbeat, 1k spread ids, 100k leases",
+        "core",
+        "id",
+        HB_IDS,
+        _heartbeat(lambda ids: ids[:: len(ids) // HB_IDS][:HB_IDS]),
+        core=True,
+        gate=True,
+    ),
+    Case(
+        "core: churn sweep, 1k of 100k due",
+        "core",
+        "lease",
+        CORE_LEASES // 100,
+        core_churn,
+        core=True,
+        gate=True,
+    ),
+    Case(
+        "core: grant + release, 1k beside 100k",
+        "core",
+        "lease",
+        HB_IDS,
+        core_grant_release,
+        core=True,
+        gate=True,
+    ),
+    Case("core: mass expiry, 1k of 100k at once", "core", "lease", HB_IDS, core_mass_expiry, core=True),
+    *(Case(f"P idle step, {n} leases", "idle", "step", 1, p_idle(n), gate=True) for n in (0, 10, 100, 1000)),
     Case("P step, 10k leases, no heartbeat", "p_step", "step", 1, p_idle(10_000), gate=True),
-    Case("P step, 10k leases, 8 D heartbeat round", "p_step", "id", 10_000, p_heartbeat_round(10_000),
-         gate=True),
+    Case(
+        "P step, 10k leases, 8 D heartbeat round",
+        "p_step",
+        "id",
+        10_000,
+        p_heartbeat_round(10_000),
+        gate=True,
+    ),
     Case("P step, 100k leases, no heartbeat", "p_step", "step", 1, p_idle(100_000)),
     Case("P step, 100k leases, 8 D heartbeat round", "p_step", "id", 100_000, p_heartbeat_round(100_000)),
-    *(
-        Case(f"D idle step, {n} queued", "idle", "step", 1, d_idle(n), gate=True)
-        for n in (0, 10, 100, 1000)
-    ),
+    *(Case(f"D idle step, {n} queued", "idle", "step", 1, d_idle(n), gate=True) for n in (0, 10, 100, 1000)),
     Case("D step, 10k queued over 8 P", "d_step", "step", 1, d_queue(10_000), gate=True, per_step=True),
     Case("D step, 100k queued over 8 P", "d_step", "step", 1, d_queue(100_000), per_step=True),
+    Case("parts: P idle step, 10 leases", "parts", "call", 1, idle_parts("P", 10)),
+    Case("parts: D idle step, 10 queued", "parts", "call", 1, idle_parts("D", 10)),
     Case("ack: P routes LHB: + answers LACK:, 10k ids", "ack", "id", ACK_LEASES, ack_p, gate=True),
     Case("ack: D sends LHB: + takes LACK:, 10k ids", "ack", "id", ACK_LEASES, ack_d, gate=True),
 ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -30,8 +31,13 @@ def main(argv: list[str] | None = None) -> int:
     impl = "cython" if IMPLEMENTATION == "cython" else "twin"
     probe = Probe(Path(args.lib), impl)
     if not probe.on_valgrind:
-        raise SystemExit("tools.instr.measure counts nothing outside callgrind: run python -m tools.bench_instr")
+        raise SystemExit(
+            "tools.instr.measure counts nothing outside callgrind: run python -m tools.bench_instr"
+        )
     quiet_loggers()
+    import threading
+
+    print("threads at start:", [t.name for t in threading.enumerate()], flush=True)
     with probe.instrumented():  # what the probe itself costs, subtracted from every row
         probe.measure("calibration", "probe", lambda: None, ops=1, warmup=3, repeats=5)
     worker_sides = ("cython", "stock") if impl == "cython" else ("twin",)
@@ -42,7 +48,9 @@ def main(argv: list[str] | None = None) -> int:
             if case.core and impl != "cython":
                 continue  # both cores are measured in the Cython process
             env.case = case
+            t0 = time.monotonic()
             case.run(probe, env)
+            print(f"case took {time.monotonic() - t0:.0f} s: {case.name}", flush=True)
             probe.write(Path(args.out) / "records.json")  # as we go: a crash keeps what was counted
     probe.write(Path(args.out) / "records.json")
     return 0

@@ -104,11 +104,12 @@ class Probe:
         *,
         ops: int,
         setup: Callable[[], object] | None = None,
-        warmup: int = 2,
+        warmup: int = 10,
         repeats: int = 3,
     ) -> None:
         """Count ``fn()``'s instructions ``repeats`` times (after ``warmup`` uncounted
-        calls, so the interpreter's specialisation has settled), ``setup()``
+        calls: CPython quickens a function's code after 8 calls and then
+        specialises its instructions, so earlier calls run more), ``setup()``
         uncollected before each call.  ``ops``: operations one call performs.
         ``fn`` may leave parts out: ``pause()`` ... ``resume()``."""
         for i in range(warmup + repeats):

@@ -97,8 +97,9 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
     def get_transfer_results(self) -> Any:
         # _get_new_notifs, _pop_done_transfers, then _reap_expired_send_leases
         results = super().get_transfer_results()
-        waiting = len(self._recving_transfers) + len(self.read_pacer) + len(self.read_fence.parked)
-        self.idle_pause.end_step(results, waiting)
+        if self.idle_pause.enabled:
+            waiting = len(self._recving_transfers) + len(self.read_pacer) + len(self.read_fence.parked)
+            self.idle_pause.end_step(results, waiting)
         return results
 
     def _get_new_notifs(self) -> set[str]:
@@ -115,7 +116,7 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
 
     def _pop_done_transfers(self, transfers: dict[str, list[int]]) -> tuple[set[str], set[str]]:
         done, failed = super()._pop_done_transfers(transfers)
-        if transfers is self._recving_transfers:
+        if done and transfers is self._recving_transfers:
             self.read_fence.discard_late(done, failed)  # READs that outlived the lease view
         return done, failed
 
@@ -152,7 +153,8 @@ class LeaseNixlPushConnectorWorker(NixlPushConnectorWorker):
 
     def get_transfer_results(self) -> Any:
         results = super().get_transfer_results()
-        self.idle_pause.end_step(results, len(self._recving_transfers))
+        if self.idle_pause.enabled:
+            self.idle_pause.end_step(results, len(self._recving_transfers))
         return results
 
     def _get_new_notifs(self) -> set[str]:
