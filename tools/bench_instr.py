@@ -149,7 +149,7 @@ def table(summary: dict[str, Any]) -> str:
             if n is None:
                 continue
             ratio = row["ratio"].get(side)
-            floor = f" (floor {row['floor']:g})" if ratio is not None and row["floor"] else ""
+            floor = f" (floor {row['floor'][side]:g}x)" if ratio is not None and side in row["floor"] else ""
             label = case if "mean" not in row else f"{case}, worst step"
             lines.append(
                 f"{label:<48} {side:<7} {n:>14,} {n / row['ops']:>12,.1f}  {row['unit']:<6} "
@@ -183,11 +183,10 @@ def check(summary: dict[str, Any], baseline: dict[str, Any], tolerance: float = 
                         f"{case} [{side}]{what}: {now:,} instructions, {now / then:.2f}x the baseline's "
                         f"{then:,} (limit {tolerance:g}x)"
                     )
-        floor = row.get("floor")
-        if floor:
-            for side, ratio in row["ratio"].items():
-                if ratio < floor:
-                    failures.append(f"{case} [{side}]: {ratio:.2f}x stock, below its floor {floor:g}x")
+        floors = row.get("floor") or {}
+        for side, ratio in row["ratio"].items():
+            if side in floors and ratio < floors[side]:
+                failures.append(f"{case} [{side}]: {ratio:.2f}x stock, below its floor {floors[side]:g}x")
     return failures
 
 

@@ -49,11 +49,9 @@ class Case:
     ops: int  # operations one counted call performs
     run: Callable[[Probe, Any], None]  # measures every side this process can
     core: bool = False  # both implementations in one process (the core's own classes)
-    floor: float | None = None  # the least stock/ours ratio we state (None: none)
+    floor: dict[str, float] = field(default_factory=dict)  # side -> the least stock/ours ratio we state
     gate: bool = False  # in make test's subset
     per_step: bool = False  # one count per step of an interval: the row gives the worst and the mean
-    note: str = ""
-    sides: tuple[str, ...] = field(default=("stock",))
 
 
 # -- shared set-up -----------------------------------------------------------------
@@ -289,6 +287,7 @@ def p_engine(env: Any, ours: bool) -> tuple[Any, Any]:
     return sched, worker
 
 
+IDLE_FLOOR: dict[str, float] = {}  # the claim is 1.0: see docs/BENCHMARKS.md for where it stands
 P_OUTPUT = SimpleNamespace(total_num_scheduled_tokens=0, finished_recving=set())
 D_ENGINES = 8
 
@@ -639,6 +638,11 @@ def idle_parts(role: str, n: int) -> Callable[[Probe, Any], None]:
     return run
 
 
+# Floors: the least stock/ours ratio each row states (the gate fails below it); set
+# well under what was measured where ours is faster, at 1.0 where the claim is "never
+# slower than stock", absent where ours costs more by design (the twin's grants; D
+# taking answers that renew its views) or is not yet at stock's level (noted in
+# docs/BENCHMARKS.md).
 CASES: list[Case] = [
     Case(
         "core: heartbeat, 1k contiguous ids, 100k leases",
@@ -648,6 +652,7 @@ CASES: list[Case] = [
         _heartbeat(lambda ids: ids[len(ids) // 2 : len(ids) // 2 + HB_IDS]),
         core=True,
         gate=True,
+        floor={"cython": 10, "twin": 1.5},
     ),
     Case(
         "core: heartbeat, 1k spread ids, 100k leases",
@@ -657,6 +662,7 @@ CASES: list[Case] = [
         _heartbeat(lambda ids: ids[:: len(ids) // HB_IDS][:HB_IDS]),
         core=True,
         gate=True,
+        floor={"cython": 10, "twin": 1.5},
     ),
     Case(
         "core: churn sweep, 1k of 100k due",
@@ -666,6 +672,7 @@ CASES: list[Case] = [
         core_churn,
         core=True,
         gate=True,
+        floor={"cython": 50, "twin": 3},
     ),
     Case(
         "core: grant + release, 1k beside 100k",
@@ -675,10 +682,22 @@ CASES: list[Case] = [
         core_grant_release,
         core=True,
         gate=True,
+        floor={"cython": 2},
     ),
     Case("core: mass expiry, 1k of 100k at once", "core", "lease", HB_IDS, core_mass_expiry, core=True),
-    *(Case(f"P idle step, {n} leases", "idle", "step", 1, p_idle(n), gate=True) for n in (0, 10, 100, 1000)),
-    Case("P step, 10k leases, no heartbeat", "p_step", "step", 1, p_idle(10_000), gate=True),
+    *(
+        Case(f"P idle step, {n} leases", "idle", "step", 1, p_idle(n), gate=True, floor=IDLE_FLOOR)
+        for n in (0, 10, 100, 1000)
+    ),
+    Case(
+        "P step, 10k leases, no heartbeat",
+        "p_step",
+        "step",
+        1,
+        p_idle(10_000),
+        gate=True,
+        floor={"cython": 10},
+    ),
     Case(
         "P step, 10k leases, 8 D heartbeat round",
         "p_step",
@@ -686,14 +705,42 @@ CASES: list[Case] = [
         10_000,
         p_heartbeat_round(10_000),
         gate=True,
+        floor={"cython": 10},
     ),
-    Case("P step, 100k leases, no heartbeat", "p_step", "step", 1, p_idle(100_000)),
-    Case("P step, 100k leases, 8 D heartbeat round", "p_step", "id", 100_000, p_heartbeat_round(100_000)),
-    *(Case(f"D idle step, {n} queued", "idle", "step", 1, d_idle(n), gate=True) for n in (0, 10, 100, 1000)),
-    Case("D step, 10k queued over 8 P", "d_step", "step", 1, d_queue(10_000), gate=True, per_step=True),
+    Case("P step, 100k leases, no heartbeat", "p_step", "step", 1, p_idle(100_000), floor={"cython": 10}),
+    Case(
+        "P step, 100k leases, 8 D heartbeat round",
+        "p_step",
+        "id",
+        100_000,
+        p_heartbeat_round(100_000),
+        floor={"cython": 10},
+    ),
+    *(
+        Case(f"D idle step, {n} queued", "idle", "step", 1, d_idle(n), gate=True, floor=IDLE_FLOOR)
+        for n in (0, 10, 100, 1000)
+    ),
+    Case(
+        "D step, 10k queued over 8 P",
+        "d_step",
+        "step",
+        1,
+        d_queue(10_000),
+        gate=True,
+        per_step=True,
+        floor={"cython": 5},
+    ),
     Case("D step, 100k queued over 8 P", "d_step", "step", 1, d_queue(100_000), per_step=True),
     Case("parts: P idle step, 10 leases", "parts", "call", 1, idle_parts("P", 10)),
     Case("parts: D idle step, 10 queued", "parts", "call", 1, idle_parts("D", 10)),
-    Case("ack: P routes LHB: + answers LACK:, 10k ids", "ack", "id", ACK_LEASES, ack_p, gate=True),
+    Case(
+        "ack: P routes LHB: + answers LACK:, 10k ids",
+        "ack",
+        "id",
+        ACK_LEASES,
+        ack_p,
+        gate=True,
+        floor={"cython": 5},
+    ),
     Case("ack: D sends LHB: + takes LACK:, 10k ids", "ack", "id", ACK_LEASES, ack_d, gate=True),
 ]

@@ -79,7 +79,8 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         for req_id, meta in self.read_pacer.carried_over():
             self._post_read(req_id, meta)
         super().start_load_kv(metadata)  # reads, grants leases, then _send_heartbeats (done above)
-        self.xfer_stats.add("num_reads_carried", self.read_pacer.newly_carried)
+        if self.read_pacer.newly_carried:
+            self.xfer_stats.add("num_reads_carried", self.read_pacer.newly_carried)
         self.read_fence.drop_views(metadata)
 
     def _read_blocks_for_req(self, req_id: str, meta: Any) -> None:
