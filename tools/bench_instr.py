@@ -165,6 +165,35 @@ def table(summary: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def markdown(summary: dict[str, Any]) -> str:
+    """The table as docs/BENCHMARKS.md shows it: instructions per call (per op), and stock/ours."""
+    lines = [
+        "| case | op | cython | twin | stock | stock / cython | stock / twin |",
+        "|---|---|---|---|---|---|---|",
+    ]
+
+    def cell(row: dict[str, Any], key: str, side: str) -> str:
+        n = row.get(key, {}).get(side)
+        if n is None:
+            return ""
+        per = f" ({n / row['ops']:,.0f}/{row['unit']})" if row["ops"] > 1 else ""
+        return f"{n:,}{per}"
+
+    for case, row in summary["rows"].items():
+        keys = (("counts", case if "mean" not in row else f"{case}, worst step"),)
+        if "mean" in row:
+            keys += (("mean", f"{case}, mean of {row['steps']} steps"),)
+        for key, label in keys:
+            ratios = row["ratio"] if key == "counts" else row.get("mean_ratio", {})
+            lines.append(
+                f"| {label} | {row['unit']} | {cell(row, key, 'cython')} | {cell(row, key, 'twin')} | "
+                f"{cell(row, key, 'stock')} | "
+                + " | ".join(f"{ratios[s]:.2f}x" if s in ratios else "" for s in OURS)
+                + " |"
+            )
+    return "\n".join(lines)
+
+
 def check(summary: dict[str, Any], baseline: dict[str, Any], tolerance: float = TOLERANCE) -> list[str]:
     """What fails the gate: a row of ours above ``tolerance`` x its baseline, a
     ratio to stock below the row's stated floor, a row the baseline lacks."""
@@ -228,8 +257,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--update", type=Path, help="write this run as the baseline")
     ap.add_argument("--twice", action="store_true", help="run twice and report the largest difference")
     ap.add_argument("--json", type=Path, default=ROOT / ".build" / "bench-instr.json")
+    ap.add_argument("--markdown", type=Path, help="print this result file (--json's) as a Markdown table")
     ap.add_argument("--keep", type=Path, help="keep callgrind's dumps here (callgrind_annotate reads them)")
     args = ap.parse_args(argv)
+    if args.markdown:
+        print(markdown(json.loads(args.markdown.read_text())))
+        return 0
     if shutil.which("valgrind") is None:
         raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
 
@@ -237,7 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         i
         for i, c in enumerate(CASES)
         if (not args.gate or c.gate)
-        and (any(s in c.name for s in args.cases) if args.cases is not None else c.group != "parts")
+        and (args.cases is None or any(s in c.name for s in args.cases))
+        and (c.group != "parts" or any("parts" in s for s in args.cases or ()))
     ]
     impls = ("cython",) if args.gate or args.no_twin else ("cython", "twin")
     print(f"counting instructions for {len(selected)} cases ({', '.join(impls)}) under callgrind", flush=True)

@@ -153,6 +153,18 @@ class Sweepable:
             log_expired(logging.getLogger("instr.core"), self.router.expire(now))
 
 
+def core_heartbeat_floor(probe: Probe, env: Any) -> None:
+    """The heartbeat path's floor: the table alone extends the ids of one 1k-id
+    payload (comma scan, keyed hash, one probe, the deadline written), against
+    the router's whole ``route`` of the same message (the heartbeat rows)."""
+    ids = req_ids(CORE_LEASES)
+    payload = heartbeat_message(ids[len(ids) // 2 : len(ids) // 2 + HB_IDS])[len(b"HB:") :]
+    for impl in ("cython", "twin"):
+        table = fill_router(impl, ids, FAR).table
+        with probe.instrumented():
+            probe.measure(env.case.name, impl, lambda t=table: t.extend_counted(payload, 5.0), ops=HB_IDS)
+
+
 def core_churn(probe: Probe, env: Any) -> None:
     """Steady state: 1% of the leases fall due at each step; the sweep frees
     them (and logs) while as many new ones arrive between steps (not counted)."""
@@ -663,6 +675,14 @@ CASES: list[Case] = [
         core=True,
         gate=True,
         floor={"cython": 10, "twin": 1.5},
+    ),
+    Case(
+        "core: heartbeat floor, table alone, 1k ids, 100k leases",
+        "core",
+        "id",
+        HB_IDS,
+        core_heartbeat_floor,
+        core=True,
     ),
     Case(
         "core: churn sweep, 1k of 100k due",
