@@ -154,7 +154,7 @@ bench-instr: build
 bench-instr-update: build
 	$(VPY) -m tools.bench_instr --gate --update bench/instr-baseline.json --json .build/bench-instr-gate.json
 
-# The instruction gate (~4 minutes): each row within 1.10x of the committed baseline and at or
+# The instruction gate (4-6 minutes here): each row within 1.10x of the committed baseline and at or
 # above its stated ratio to stock.  Counts do not move with the machine's load.
 test-instr: build
 	$(VPY) -m tools.bench_instr --gate --check bench/instr-baseline.json --json .build/bench-instr-gate.json
