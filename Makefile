@@ -24,7 +24,7 @@ ROUTER_VENV := .venv-router
 DIST_VENV := .venv-dist
 
 .PHONY: all venv venv-cpu venv-router prometheus spin build build-cpu test test-core test-twin test-vllm032 test-e2e \
-	lint bench bench-quick bench-acks bench-fleet bench-d demo demo-pd clean
+	lint bench bench-quick bench-acks bench-fleet bench-d bench-instr bench-instr-update test-instr demo demo-pd clean
 
 all: build
 
@@ -124,7 +124,7 @@ test-vllm032: build-cpu
 # (one core each) and nothing else may compete with it.
 test:
 	$(MAKE) -j4 build build-cpu venv-router prometheus spin $(VENV)/.demo-deps
-	$(MAKE) lint test-dist test-core test-twin test-vllm032 test-e2e
+	$(MAKE) lint test-dist test-core test-twin test-instr test-vllm032 test-e2e
 
 .PHONY: dist test-dist
 
@@ -155,6 +155,21 @@ test-dist: dist
 test-e2e: build build-cpu venv-router prometheus
 	$(VPY) -m pytest -m e2e -p no:xdist -p no:cacheprovider -rxXs tests/e2e
 	$(VPY) -m pytest -m serial -p no:xdist -p no:cacheprovider -rxXs tests
+
+# Instructions (callgrind), ours against stock vLLM's real methods on the same inputs: the core,
+# P and D steps, idle steps, the acknowledgement path.  Writes .build/bench-instr.json.
+bench-instr: build
+	@mkdir -p .build
+	$(VPY) -m tools.bench_instr
+
+# Rewrite the committed baseline of the gate's rows (review its diff).
+bench-instr-update: build
+	$(VPY) -m tools.bench_instr --gate --update bench/instr-baseline.json --json .build/bench-instr-gate.json
+
+# The instruction gate (4-6 minutes here): each row within 1.10x of the committed baseline and at or
+# above its stated ratio to stock.  Counts do not move with the machine's load.
+test-instr: build
+	$(VPY) -m tools.bench_instr --gate --check bench/instr-baseline.json --json .build/bench-instr-gate.json
 
 # What heartbeat acknowledgements cost on P and D, against upstream's heartbeat code.
 bench-acks: build

@@ -121,6 +121,16 @@ def make_upstream_worker(
     w._hb_handshake_notif_only = False
     w._pending_completion_notifs = queue.Queue()
     w._push_writer_wake = threading.Event()
+    # Read by upstream's get_transfer_results (the whole step runs unchanged).
+    w._failed_recv_reqs = queue.Queue()
+    w._recv_failures = set()
+    w._pending_recv_notifs = {}
+    w.use_host_buffer = False
+    w.use_mla = False
+    w._is_hma_required = False
+    w._has_mamba = False
+    w.enable_permute_local_kv = False
+    w.enable_heterogeneous_attn_post_process = False
     # Read by the stock __del__ -> shutdown path.
     w.src_xfer_handles_by_block_size = {}
     w.src_xfer_handles_by_tp_ratio = {}

@@ -33,7 +33,8 @@ def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[float]:
 def test_scheduler_marks_empty_steps_idle(tmp_path_factory, clock: Clock) -> None:
     from vllm.config import set_current_vllm_config
 
-    vc = shared_vllm_config(tmp_path_factory.mktemp("idle"), {"kv_lease_duration": LEASE})
+    root = tmp_path_factory.mktemp("idle")
+    vc = shared_vllm_config(root, {"kv_lease_duration": LEASE, "idle_step_sleep_ms": 1})
     with set_current_vllm_config(vc):
         sched = LeaseNixlPullConnectorScheduler(vc, "p-engine", make_kv_cache_config())
     assert getattr(sched.build_connector_meta(SimpleNamespace(total_num_scheduled_tokens=0)), LEASE_IDLE_ATTR)
@@ -41,6 +42,12 @@ def test_scheduler_marks_empty_steps_idle(tmp_path_factory, clock: Clock) -> Non
         sched.build_connector_meta(SimpleNamespace(total_num_scheduled_tokens=5)), LEASE_IDLE_ATTR
     )
     assert not getattr(sched.build_connector_meta(SimpleNamespace()), LEASE_IDLE_ATTR)  # unknown: not idle
+    # With the pause off (the default) no step carries the flag: nothing reads it.
+    off = shared_vllm_config(root, {"kv_lease_duration": LEASE})
+    with set_current_vllm_config(off):
+        sched = LeaseNixlPullConnectorScheduler(off, "p-engine", make_kv_cache_config())
+    meta = sched.build_connector_meta(SimpleNamespace(total_num_scheduled_tokens=0))
+    assert not hasattr(meta, LEASE_IDLE_ATTR)
 
 
 @pytest.fixture

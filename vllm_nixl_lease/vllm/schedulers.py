@@ -61,7 +61,8 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
         self.lease_views.rechunk(self.heartbeats.take_repacked(), self.heartbeats.chunk_of)
         self.lease_views.attach(meta)
         self.lease_params.attach(meta)
-        setattr(meta, LEASE_IDLE_ATTR, step_is_idle(scheduler_output, meta))
+        if self.lease_config.idle_step_sleep_s > 0:  # read only by the idle pause
+            setattr(meta, LEASE_IDLE_ATTR, step_is_idle(scheduler_output, meta))
         return meta
 
     # P: tell D when its lease ends (read fencing).
@@ -94,5 +95,6 @@ class LeaseNixlPushConnectorScheduler(NixlPushConnectorScheduler):
         meta = super().build_connector_meta(scheduler_output)
         self.heartbeats.attach(meta)
         self.lease_views.attach(meta)
-        setattr(meta, LEASE_IDLE_ATTR, step_is_idle(scheduler_output, meta))
+        if self.lease_config.idle_step_sleep_s > 0:  # read only by the idle pause
+            setattr(meta, LEASE_IDLE_ATTR, step_is_idle(scheduler_output, meta))
         return meta

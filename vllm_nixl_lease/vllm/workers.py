@@ -81,7 +81,8 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         for req_id, meta in self.read_pacer.carried_over():
             self._post_read(req_id, meta)
         super().start_load_kv(metadata)  # reads, grants leases, then _send_heartbeats (done above)
-        self.xfer_stats.add("num_reads_carried", self.read_pacer.newly_carried)
+        if self.read_pacer.newly_carried:
+            self.xfer_stats.add("num_reads_carried", self.read_pacer.newly_carried)
         self.read_fence.drop_views(metadata)
 
     def _read_blocks_for_req(self, req_id: str, meta: Any) -> None:
@@ -99,8 +100,9 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
     def get_transfer_results(self) -> Any:
         # _get_new_notifs, _pop_done_transfers, then _reap_expired_send_leases
         results = super().get_transfer_results()
-        waiting = len(self._recving_transfers) + len(self.read_pacer) + len(self.read_fence.parked)
-        self.idle_pause.end_step(results, waiting)
+        if self.idle_pause.enabled:
+            waiting = len(self._recving_transfers) + len(self.read_pacer) + len(self.read_fence.parked)
+            self.idle_pause.end_step(results, waiting)
         return results
 
     def _get_new_notifs(self) -> set[str]:
@@ -117,7 +119,7 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
 
     def _pop_done_transfers(self, transfers: dict[str, list[int]]) -> tuple[set[str], set[str]]:
         done, failed = super()._pop_done_transfers(transfers)
-        if transfers is self._recving_transfers:
+        if done and transfers is self._recving_transfers:
             self.read_fence.discard_late(done, failed)  # READs that outlived the lease view
         return done, failed
 
@@ -154,7 +156,8 @@ class LeaseNixlPushConnectorWorker(NixlPushConnectorWorker):
 
     def get_transfer_results(self) -> Any:
         results = super().get_transfer_results()
-        self.idle_pause.end_step(results, len(self._recving_transfers))
+        if self.idle_pause.enabled:
+            self.idle_pause.end_step(results, len(self._recving_transfers))
         return results
 
     def _get_new_notifs(self) -> set[str]:

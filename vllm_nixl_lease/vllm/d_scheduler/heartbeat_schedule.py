@@ -21,7 +21,7 @@ message.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Set
 from dataclasses import dataclass
 
 from vllm.logger import init_logger
@@ -33,6 +33,8 @@ from ..metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
 from ..upstream import HeartbeatTarget, UpstreamScheduler
 
 logger = init_logger(__name__)
+
+_NONE: frozenset[str] = frozenset()  # no engine repacked (most steps)
 
 
 @dataclass(slots=True)
@@ -144,8 +146,10 @@ class HeartbeatSchedule:
         group = self.groups.get(key)
         return None if group is None else group.engine_id
 
-    def take_repacked(self) -> set[str]:
+    def take_repacked(self) -> Set[str]:
         """P engines some of whose chunks were repacked since the last call."""
+        if not self._repacked:
+            return _NONE
         out = {self.groups[key].engine_id for key in self._repacked if key in self.groups}
         self._repacked = set()
         return out

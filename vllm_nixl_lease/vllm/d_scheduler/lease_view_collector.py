@@ -103,6 +103,8 @@ class LeaseViewCollector:
                     self._chunks[local_id] = chunk
 
     def attach(self, meta: object) -> None:
+        if not (self._new or self._dropped or self._chunks):
+            return  # the workers read no attribute as no news
         updates = LeaseViewUpdates(self._new, self._dropped, self._chunks)
         for local_id, view in self._new.items():
             self._shipped[local_id] = view.engine_id

@@ -216,6 +216,8 @@ class AckRequester:
     # -- answers -------------------------------------------------------------
     def received(self, messages: Mapping[str, list[bytes]]) -> None:
         """One step's ``LACK:`` answers: record proof, renew the views they prove."""
+        if not (messages or len(self.ledger) or self._proven or self._answered or self._hello_sent):
+            return  # no P agent heard from or asked: nothing to take, prune or forget
         now = time.perf_counter()
         stats = self._upstream.xfer_stats
         answers = renewed = 0

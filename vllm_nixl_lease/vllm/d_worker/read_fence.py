@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 from vllm.logger import init_logger
 
@@ -162,13 +162,13 @@ class ReadFence:
         up._handle_failed_transfer(req_id, None, up._recv_failures, record_failed_transfer=False)
         return True
 
-    def take_parked(self) -> Iterator[tuple[str, ReadMeta]]:
+    def take_parked(self) -> list[tuple[str, ReadMeta]]:
         """READs that waited for proof, to try again; those whose view is gone
         (their request ended meanwhile) are dropped."""
+        if not self.parked:
+            return []
         parked, self.parked = self.parked, {}
-        for req_id, meta in parked.items():
-            if req_id in self.views:
-                yield req_id, meta
+        return [(req_id, meta) for req_id, meta in parked.items() if req_id in self.views]
 
     def _verdict(self, req_id: str, meta: ReadMeta) -> str:
         if req_id not in self.views or meta.remote is None:

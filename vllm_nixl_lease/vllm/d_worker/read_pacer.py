@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -44,8 +44,11 @@ class ReadPacer:
         self.newly_carried = 0
         self._stop_at = time.perf_counter() + self.budget_s if self.budget_s else float("inf")
 
-    def carried_over(self) -> Iterator[tuple[str, ReadMeta]]:
+    def carried_over(self) -> Iterable[tuple[str, ReadMeta]]:
         """Earlier steps' READs, oldest first, while this step's budget lasts."""
+        return self._take_carried() if self.carried else ()
+
+    def _take_carried(self) -> Iterator[tuple[str, ReadMeta]]:
         carried = self.carried
         while carried and self._has_time():
             self._posted += 1

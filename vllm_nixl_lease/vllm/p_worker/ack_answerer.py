@@ -150,6 +150,8 @@ class AckAnswerer:
     def handle(self, messages: Mapping[str, list[bytes]]) -> None:
         """One step's messages behind the ``HB:,`` escape (other prefixes are
         someone else's); then the answers that are due."""
+        if not (messages or self._pending or self._loading or self._agents or self._answered or self._queued):
+            return  # no D agent known: nothing to answer, nothing to forget
         now = time.perf_counter()
         if self._loading:
             self._finish_loads()

@@ -34,9 +34,14 @@ class IdlePause:
         self._idle_step = False
         self._notified = False
 
+    @property
+    def enabled(self) -> bool:
+        return self.sleep_s > 0
+
     def begin_step(self, metadata: object) -> None:
-        self._idle_step = bool(getattr(metadata, LEASE_IDLE_ATTR, False))
-        self._notified = False
+        if self.sleep_s > 0:
+            self._idle_step = bool(getattr(metadata, LEASE_IDLE_ATTR, False))
+            self._notified = False
 
     def saw_notifications(self, notifs: object) -> None:
         """``notifs``: what the step drained (anything non-empty means a peer spoke)."""
