@@ -91,15 +91,19 @@ class Node:
         self.port = eng.spec.side_channel_port
         self._last_stats = (-1, -1)
         self.state = "up"
+        self._record(eng.pid, up=True)
+
+    def _record(self, pid: int, up: bool) -> None:
+        """An engine event in the history: this process generation came up or went down."""
         self.hist.add(
             "engine",
             name=self.name,
             role=self.role,
             host=self.host,
             engine_id=self.engine_id,
-            pid=eng.pid,
+            pid=pid,
             gen=self.gen,
-            up=True,
+            up=up,
         )
 
     def start_thread(self) -> None:
@@ -132,16 +136,7 @@ class Node:
         except ProcessLookupError:
             pass
         eng.proc.join(10)
-        self.hist.add(
-            "engine",
-            name=self.name,
-            role=self.role,
-            host=self.host,
-            engine_id=self.engine_id,
-            pid=eng.pid,
-            gen=self.gen,
-            up=False,
-        )
+        self._record(eng.pid, up=False)
         while not self.jobs.empty():
             try:
                 self.jobs.get_nowait()

@@ -37,6 +37,7 @@ from vllm_nixl_lease._wire import (
 
 from .fleet import Fleet, wait_for
 from .mesh import PROGRESS_DELAY_US
+from .rogue import agent_result
 from .scenarios import LEASE, d_id, data_mismatches, hand_to_d, prefill, wait_freed, wait_loaded
 
 HELLO = EXTENSION_PREFIX + HELLO_KIND
@@ -203,12 +204,7 @@ def collect_flood(proc: Any, conn: Any, timeout: float = 120.0) -> dict[str, Any
     """What the flood sent.  Its agents stay up until ``end_flood``: UCX hands a
     large message over only while its sender lives."""
     try:
-        if not conn.poll(timeout):
-            raise TimeoutError("flooding agent did not finish")
-        status, payload = conn.recv()
-        if status != "ok":
-            raise RuntimeError(payload)
-        return payload
+        return agent_result(conn, timeout, "flooding agent")
     except BaseException:
         end_flood(proc, conn)
         raise

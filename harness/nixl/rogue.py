@@ -82,14 +82,19 @@ def run_rogue(workdir: str, p_agent_metadata: bytes, rounds: int = 5, pause_s: f
     return proc, mine
 
 
+def agent_result(conn: Any, timeout: float, what: str) -> dict[str, Any]:
+    """The ``("ok", payload)`` a child agent sends when it is done; its traceback raised otherwise."""
+    if not conn.poll(timeout):
+        raise TimeoutError(f"{what} did not finish")
+    status, payload = conn.recv()
+    if status != "ok":
+        raise RuntimeError(payload)
+    return payload
+
+
 def finish_rogue(proc: Any, conn: Any, timeout: float = 60.0) -> dict[str, Any]:
     try:
-        if not conn.poll(timeout):
-            raise TimeoutError("rogue agent did not finish")
-        status, payload = conn.recv()
-        if status != "ok":
-            raise RuntimeError(payload)
-        return payload
+        return agent_result(conn, timeout, "rogue agent")
     finally:
         try:
             conn.send("bye")
