@@ -22,13 +22,16 @@ then each is behind the ``HB:,`` escape it parses harmlessly.
   current connection, for sequence numbers D sent that agent, for sends the
   extension has not yet outlived.
 - Another instance.  A connection proven to reach another instance than the
-  one that granted leases D holds is released once per (engine, instance)
-  within ``REHANDSHAKE_ONCE_PER_S`` (``other_instance``), so the next
-  heartbeat or READ handshakes again: P may have restarted under the same
-  engine id while D had nothing queued there, and then nothing ever fails on
-  the connection to the dead process.  Which instance is the live one only a
-  new connection's proof tells; if it proves the other instance again, those
-  leases are the dead ones and their views end.
+  one that granted leases D holds, and of whose instance D holds no lease, is
+  released once per (engine, instance) within ``REHANDSHAKE_ONCE_PER_S``
+  (``other_instance``), so the next heartbeat or READ handshakes again: P may
+  have restarted under the same engine id while D had nothing queued there,
+  and then nothing ever fails on the connection to the dead process.  Which
+  instance is the live one only a new connection's proof tells; if it proves
+  the other instance again, those leases are the dead ones and their views
+  end.  A connection whose instance D holds leases of is kept: it was proven
+  after those leases were granted, so it reaches the live process, and the
+  other instance's views simply end (a restart while D held leases of both).
 Per-agent state is kept only for agents of current connections.
 """
 
@@ -118,7 +121,12 @@ class AckRequester:
         """D holds leases of ``instance`` but the connection to ``engine_id`` is
         proven another: release it (upstream's invalid-engine path, which waits
         for READs in flight) so the next heartbeat or READ handshakes again,
-        once per (engine, instance) within ``REHANDSHAKE_ONCE_PER_S``."""
+        once per (engine, instance) within ``REHANDSHAKE_ONCE_PER_S``.  Kept when
+        D holds leases of the instance the connection reaches."""
+        agents = self._upstream._remote_agents.get(engine_id) or {}
+        reached = {self._proven.get(agent_name(a)) for a in agents.values()} - {None, instance}
+        if any(self._views.any_name(engine_id, other) is not None for other in reached if other):
+            return
         now = time.perf_counter()
         done = self.rehandshaken
         for eid in [e for e, (_, t) in done.items() if now - t > REHANDSHAKE_ONCE_PER_S]:
