@@ -42,14 +42,7 @@ PROGRESS_EVERY_S = 10.0
 # 60 s; D's re-handshake memory, 60 s; swept every 10 s) has ended this long after
 # the final heal: the end sizes are taken no earlier.
 QUIET_AFTER_HEAL_S = 75.0
-BOUNDS = {
-    "recovery_s": 30.0,
-    "step_gain_s": 0.100,
-    "rss_factor": 1.5,
-    "settle_net_s": 3.0,
-    "settle_proc_s": 1.0,
-    "rss_warm_s": 15.0,
-}
+BOUNDS = dict(checker.DEFAULT_BOUNDS)  # the checker's stated bounds, one place
 
 
 @dataclass
