@@ -25,6 +25,18 @@ MEAN_GAP_S = 3.0
 RESTART_ALLOWANCE_S = 25.0
 
 
+@dataclass(frozen=True)
+class Pace:
+    """How dense the plan is, and what a restart costs: the harness lane's by default.
+    ``spare`` engines of each role are kept free of process faults at any time (0 lets
+    a single P be stopped); ``kill_roles`` are the roles whose engines may be killed."""
+
+    mean_gap_s: float = MEAN_GAP_S
+    restart_allowance_s: float = RESTART_ALLOWANCE_S
+    spare: tuple[tuple[str, int], ...] = (("P", 1), ("D", 1))
+    kill_roles: tuple[str, ...] = ("P", "D")
+
+
 @dataclass
 class Planned:
     fid: int
@@ -58,7 +70,9 @@ class Layout:
         return self.engines[name][1]
 
 
-def plan(seed: int, horizon_s: float, layout: Layout, kinds: tuple[str, ...] = KINDS) -> list[Planned]:
+def plan(
+    seed: int, horizon_s: float, layout: Layout, kinds: tuple[str, ...] = KINDS, pace: Pace = Pace()
+) -> list[Planned]:
     """Faults in start order, all ending by ``horizon_s``."""
     rng = random.Random(seed)
     out: list[Planned] = []
@@ -68,20 +82,20 @@ def plan(seed: int, horizon_s: float, layout: Layout, kinds: tuple[str, ...] = K
     fid = 0
     while t < horizon_s - 2.0:
         kind = first.pop() if first else rng.choices(kinds, weights=[WEIGHTS[k] for k in kinds])[0]
-        f = _draw(rng, fid + 1, kind, t, horizon_s, layout, out)
+        f = _draw(rng, fid + 1, kind, t, horizon_s, layout, out, pace)
         if f is not None:
             fid += 1
             out.append(f)
-        t += rng.expovariate(1.0 / MEAN_GAP_S)
+        t += rng.expovariate(1.0 / pace.mean_gap_s)
     return out
 
 
-def _busy(out: list[Planned], resource: str, start: float, end: float) -> bool:
-    return any(_resources(f) & {resource} and f.start < end and start < _held_until(f) for f in out)
+def _busy(out: list[Planned], resource: str, start: float, end: float, pace: Pace) -> bool:
+    return any(_resources(f) & {resource} and f.start < end and start < _held_until(f, pace) for f in out)
 
 
-def _held_until(f: Planned) -> float:
-    return f.end + (RESTART_ALLOWANCE_S if f.kind == "kill" else 0.5)
+def _held_until(f: Planned, pace: Pace) -> float:
+    return f.end + (pace.restart_allowance_s if f.kind == "kill" else 0.5)
 
 
 def _resources(f: Planned) -> set[str]:
@@ -92,7 +106,7 @@ def _resources(f: Planned) -> set[str]:
     return set()
 
 
-def _role_busy(out: list[Planned], layout: Layout, role: str, start: float, end: float) -> int:
+def _role_busy(out: list[Planned], layout: Layout, role: str, start: float, end: float, pace: Pace) -> int:
     names = set(layout.role(role))
     return sum(
         1
@@ -100,12 +114,19 @@ def _role_busy(out: list[Planned], layout: Layout, role: str, start: float, end:
         if f.kind in ("stop", "kill", "starve")
         and set(f.engines) & names
         and f.start < end
-        and start < _held_until(f)
+        and start < _held_until(f, pace)
     )
 
 
 def _draw(
-    rng: random.Random, fid: int, kind: str, t: float, horizon: float, layout: Layout, out: list[Planned]
+    rng: random.Random,
+    fid: int,
+    kind: str,
+    t: float,
+    horizon: float,
+    layout: Layout,
+    out: list[Planned],
+    pace: Pace,
 ) -> Planned | None:
     hosts = layout.hosts
 
@@ -113,7 +134,7 @@ def _draw(
         return min(horizon, t + rng.uniform(lo, hi))
 
     if kind in ("partition", "flap"):
-        free = [h for h in hosts if not _busy(out, f"link:{h}", t, t + 20.0)]
+        free = [h for h in hosts if not _busy(out, f"link:{h}", t, t + 20.0, pace)]
         if not free:
             return None
         h = rng.choice(free)
@@ -130,12 +151,12 @@ def _draw(
         return Planned(
             fid, kind, t, until(2.0, 12.0), hosts=(h,), detail={"direction": rng.choice(["in", "out"])}
         )
-    # Process faults: P or D (alternating by draw), never the role's last free engine.
-    role = rng.choice(["P", "D"])
+    # Process faults: P or D (alternating by draw), never a role's spare engines.
+    role = rng.choice(list(pace.kill_roles) if kind == "kill" else ["P", "D"])
     names = layout.role(role)
-    if _role_busy(out, layout, role, t, t + 12.0) >= len(names) - 1:
+    if _role_busy(out, layout, role, t, t + 12.0, pace) >= len(names) - dict(pace.spare).get(role, 1):
         return None
-    free = [n for n in names if not _busy(out, f"proc:{n}", t, t + 12.0)]
+    free = [n for n in names if not _busy(out, f"proc:{n}", t, t + 12.0, pace)]
     if not free:
         return None
     name = rng.choice(free)
@@ -144,6 +165,6 @@ def _draw(
     if kind == "starve":
         return Planned(fid, kind, t, until(3.0, 12.0), engines=(name,), detail={"share": 0.03})
     end = until(1.0, 6.0)
-    if end + RESTART_ALLOWANCE_S > horizon + RESTART_ALLOWANCE_S / 2:
+    if end + pace.restart_allowance_s > horizon + pace.restart_allowance_s / 2:
         return None  # a restart must finish near the horizon, not long after it
     return Planned(fid, kind, t, end, engines=(name,), detail={"same_id": int(rng.random() < 0.5)})
