@@ -19,6 +19,10 @@ SHOWN = (
     "premature_expiries", "leaks", "recovery_s", "worst_p_step_gain_s", "max_rss_growth", "crashes",
     "faults_by_kind",
 )  # fmt: skip
+SHOWN_SERVE = (
+    "requests", "answers_ok", "stale", "timeouts", "errors", "unanswered", "expiries", "leaks",
+    "recovery_s", "max_rss_growth", "crashes", "faults_by_kind",
+)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -35,34 +39,49 @@ def main(argv: list[str] | None = None) -> int:
     def say(msg: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
 
-    if args.lane == "serve":
-        say("chaos: LANE=serve (1 P + 2 D `vllm serve` behind vllm-router) is not built yet")
-        return 2
     from harness import netns
 
     reason = netns.unavailable_reason()
     if reason:
         say(f"chaos: cannot run here: {reason}")
         return 2
-    from harness.chaos import harness_lane
+    from harness.chaos import nemesis
 
-    kinds, why = harness_lane.available_kinds()
+    kinds, why = nemesis.available_kinds()
     for line in why:
         say(line)
-    summary = harness_lane.run(
-        harness_lane.Options(
-            seed=args.seed,
-            minutes=args.minutes,
-            impl=args.impl,
-            workdir=args.out,
-            rate=args.rate,
-            burst_size=args.burst,
-            say=say,
-            kinds=kinds,
+    if args.lane == "serve":
+        from harness.chaos import serve_lane
+
+        reason = serve_lane.unavailable_reason()
+        if reason:
+            say(f"chaos: cannot run the serve lane here: {reason}")
+            return 2
+        summary = serve_lane.run(
+            serve_lane.Options(
+                seed=args.seed, minutes=args.minutes, impl=args.impl, workdir=args.out, say=say, kinds=kinds
+            )
         )
-    )
+    else:
+        from harness.chaos import harness_lane
+
+        summary = harness_lane.run(
+            harness_lane.Options(
+                seed=args.seed,
+                minutes=args.minutes,
+                impl=args.impl,
+                workdir=args.out,
+                rate=args.rate,
+                burst_size=args.burst,
+                say=say,
+                kinds=kinds,
+            )
+        )
     fig = summary["figures"]
-    say(f"chaos {args.lane} {args.impl} seed {args.seed}: " + json.dumps({k: fig.get(k) for k in SHOWN}))
+    say(
+        f"chaos {args.lane} {args.impl} seed {args.seed}: "
+        + json.dumps({k: fig.get(k) for k in (SHOWN_SERVE if args.lane == "serve" else SHOWN)})
+    )
     verdict = "OK" if summary["ok"] else f"VIOLATIONS: {len(summary['violations'])}"
     say(f"{verdict}; history, summary.json and timeline.png in {args.out}")
     return 0 if summary["ok"] else 1

@@ -22,9 +22,9 @@ from harness import netns
 from harness.nixl.fleet import Fleet
 from vllm_nixl_lease._wire import default_heartbeat_interval, default_lease_extension
 
-from . import checker, nft, schedule, starve
+from . import checker, report, schedule
 from .history import History
-from .nemesis import Nemesis
+from .nemesis import Nemesis, available_kinds  # noqa: F401 - the lane's entry point
 from .nodes import Node
 from .progress import Reads, Tally
 from .workload import Workload
@@ -62,20 +62,6 @@ def layout() -> schedule.Layout:
     return schedule.Layout(
         {**{n: ("P", h) for n, h in P_HOSTS.items()}, **{n: ("D", h) for n, h in D_HOSTS.items()}}
     )
-
-
-def available_kinds() -> tuple[tuple[str, ...], list[str]]:
-    """The fault kinds this machine can make, and why any are left out."""
-    kinds = list(schedule.KINDS)
-    why = []
-    for reason, needs in (
-        (nft.unavailable_reason(), ("asym", "partition_group")),
-        (starve.unavailable_reason(), ("starve",)),
-    ):
-        if reason:
-            kinds = [k for k in kinds if k not in needs]
-            why.append(f"{', '.join(needs)} left out: {reason}")
-    return tuple(kinds), why
 
 
 def _on_node_thread(nodes: list[Node], phase: str, timeout: float) -> None:
@@ -212,10 +198,7 @@ def run(opts: Options) -> dict[str, Any]:
             t_faults = time.monotonic()
             while time.monotonic() - t_faults < horizon:
                 time.sleep(min(PROGRESS_EVERY_S, max(0.1, horizon - (time.monotonic() - t_faults))))
-                running = ", ".join(
-                    f"#{f.fid} {f.kind} {','.join(f.engines or f.hosts)}" for f in nem.running()
-                )
-                say(f"[{hist.now():7.1f}s] now: {running or 'no fault'} | {tally.line()}")
+                say(f"[{hist.now():7.1f}s] now: {nem.running_line()} | {tally.line()}")
             wl.stop()
             nem.join()
             nem.heal_all()
@@ -244,7 +227,16 @@ def run(opts: Options) -> dict[str, Any]:
                 n.stop_thread()
     nem_failed = list(nem.failed) if nem is not None else []
     hist.close()
-    return finish(opts, workdir, tally, nem_failed, time.monotonic() - started)
+    head = {
+        "seed": opts.seed,
+        "impl": opts.impl,
+        "lane": "harness",
+        "minutes": opts.minutes,
+        "bounds": BOUNDS,
+        "lease": LEASE,
+        "extension": EXTENSION,
+    }
+    return report.finish(say, workdir, head, checker.check, nem_failed, time.monotonic() - started)
 
 
 def _probe(
@@ -273,39 +265,3 @@ def _probe(
                 sent[key] = time.monotonic()
                 wl.one(probe=True, p=p, d=d, wait=0.0)
         time.sleep(0.5)
-
-
-def finish(
-    opts: Options, workdir: Path, tally: Tally, nem_failed: list[str], wall_s: float
-) -> dict[str, Any]:
-    """Check the history, write summary.json and the timeline, print the verdict."""
-    import json
-
-    from . import history, timeline
-
-    events = history.read(workdir / "history.jsonl")
-    res = checker.check(events)
-    for v in res.violations[:10]:
-        opts.say(checker.explain(v, events, res.faults, opts.seed))
-    if len(res.violations) > 10:
-        opts.say(f"... and {len(res.violations) - 10} more violations (summary.json lists them)")
-    summary = {
-        "seed": opts.seed,
-        "impl": opts.impl,
-        "lane": "harness",
-        "minutes": opts.minutes,
-        "wall_s": round(wall_s, 1),
-        "ok": res.ok,
-        "figures": res.figures,
-        "violations": [{"rule": v.rule, "t": v.t, "what": v.what} for v in res.violations],
-        "nemesis_errors": nem_failed,
-        "bounds": BOUNDS,
-        "lease": LEASE,
-        "extension": EXTENSION,
-    }
-    (workdir / "summary.json").write_text(json.dumps(summary, indent=1, default=str))
-    try:
-        timeline.draw(events, res, workdir / "timeline.png")
-    except ImportError as exc:
-        opts.say(f"timeline not drawn: {exc}")
-    return summary

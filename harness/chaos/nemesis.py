@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from . import nft
+from . import nft, schedule, starve
 from .history import History
 from .nodes import Node
 from .schedule import Planned
@@ -91,6 +91,13 @@ class Nemesis:
     def running(self) -> list[Planned]:
         with self._lock:
             return list(self.active.values())
+
+    def running_line(self) -> str:
+        """The faults in force now, for a progress line."""
+        return (
+            ", ".join(f"#{f.fid} {f.kind} {','.join(f.engines or f.hosts)}" for f in self.running())
+            or "no fault"
+        )
 
     # -- one fault --------------------------------------------------------------
     def _ips_outside(self, group: set[str]) -> list[str]:
@@ -214,3 +221,17 @@ class Nemesis:
         for node in self.nodes.values():
             node.thaw()
         self.hist.add("heal_all")
+
+
+def available_kinds() -> tuple[tuple[str, ...], list[str]]:
+    """The fault kinds this machine can make, and why any are left out."""
+    kinds = list(schedule.KINDS)
+    why = []
+    for reason, needs in (
+        (nft.unavailable_reason(), ("asym", "partition_group")),
+        (starve.unavailable_reason(), ("starve",)),
+    ):
+        if reason:
+            kinds = [k for k in kinds if k not in needs]
+            why.append(f"{', '.join(needs)} left out: {reason}")
+    return tuple(kinds), why

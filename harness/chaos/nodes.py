@@ -32,7 +32,7 @@ JOBS_PER_TURN = 8
 CRASH_FID_BASE = 10_000  # crash "faults" get ids above the nemesis's
 
 
-def _last_fatal(log_path: str) -> str:
+def last_fatal(log_path: str) -> str:
     """The engine log's last line that says why the process died (UCX's Fatal, a traceback's end)."""
     try:
         with open(log_path, errors="replace") as fh:
@@ -206,7 +206,7 @@ class Node:
         restarts a crashed pod (the crash shows as a fault that heals once it runs)."""
         self.crashes += 1
         fid = CRASH_FID_BASE + self.crash_seq()
-        why = _last_fatal(eng.log)
+        why = last_fatal(eng.log)
         self.hist.add("crash", engine=self.name, engine_id=self.engine_id, pid=eng.pid, why=why)
         self.hist.add(
             "fault", fid=fid, kind="crash", hosts=[], engines=[self.name], until=None, detail={"why": why}

@@ -78,3 +78,28 @@ class Tally:
             f"(fenced or discarded {n['fenced']}) stale {n['stale']}, expiries {n['expiries']}, "
             f"faults {n['faults']}, errors {n['errors']}"
         )
+
+
+class ServeTally:
+    """Running counts of the serve lane's routed answers (``answer`` events)."""
+
+    def __init__(self) -> None:
+        self.n = {"requests": 0, "ok": 0, "stale": 0, "failed": 0, "faults": 0, "expiries": 0}
+
+    def __call__(self, e: dict[str, Any]) -> None:
+        ev, n = e["ev"], self.n
+        if ev == "routed":
+            n["requests"] += 1
+        elif ev == "answer":
+            n["ok" if e["equal"] else "stale" if e["status"] == 200 else "failed"] += 1
+        elif ev == "fault":
+            n["faults"] += 1
+        elif ev == "freed" and e["reason"] == "expiry":
+            n["expiries"] += 1
+
+    def line(self) -> str:
+        n = self.n
+        return (
+            f"routed {n['requests']}, answers as P alone {n['ok']}, stale {n['stale']}, "
+            f"failed or timed out {n['failed']}, faults {n['faults']}"
+        )

@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from harness.serve.launcher import BUILD, LOGGING_CONFIG, VENV_CPU, PDConfig, ro
 from harness.serve.procs import Managed, descendants, free_ports, signal_tree
 
 from .history import History
-from .nodes import rss_kb
+from .nodes import CRASH_FID_BASE, Node, last_fatal, rss_kb
 
 ROLES = {"prefill": "P", "decode": "D"}
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # vLLM's name, then its old one
@@ -149,3 +150,48 @@ class Router:
                 return
             time.sleep(0.5)
         raise TimeoutError(f"router not healthy after {timeout:.0f}s")
+
+
+class CrashWatch:
+    """Servers that died with no fault killing them: each is a ``crash`` (its log's
+    last fatal line) and a crash fault that heals once a restart under its engine
+    id is up, as an orchestrator restarts a crashed pod."""
+
+    def __init__(self, nodes: dict[str, ServeNode], hist: History) -> None:
+        self.nodes, self.hist = nodes, hist
+        self.threads: list[threading.Thread] = []
+
+    def check(self) -> None:
+        for n in self.nodes.values():
+            eng = n.eng
+            if n.state != "up" or eng is None or eng.alive():
+                continue
+            n.state = "down"
+            fid = CRASH_FID_BASE + Node.crash_seq()
+            why = last_fatal(str(eng.log_path))
+            self.hist.add("crash", engine=n.name, engine_id=n.engine_id, pid=eng.pid, why=why)
+            self.hist.add(
+                "fault", fid=fid, kind="crash", hosts=[], engines=[n.name], until=None, detail={"why": why}
+            )
+            n._record(up=False)
+            t = threading.Thread(target=self._restart, args=(n, fid), name=f"restart-{n.name}", daemon=True)
+            self.threads.append(t)
+            t.start()
+
+    def _restart(self, n: ServeNode, fid: int) -> None:
+        try:
+            for _ in range(3):
+                try:
+                    n.restart(same_id=True)
+                    return
+                except Exception as exc:  # noqa: BLE001 - tried again, as a restart loop would
+                    self.hist.add(
+                        "error", engine=n.name, text=f"restart after crash failed: {str(exc)[-300:]}"
+                    )
+        finally:
+            self.hist.add("heal", fid=fid)
+
+    def join(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(max(0.1, deadline - time.monotonic()))
