@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from harness.chaos import serve_checker
 from harness.chaos.progress import ServeTally
 
@@ -116,3 +118,13 @@ def test_serve_tally_counts_answers() -> None:
         tally.n["requests"] == 4 and tally.n["ok"] == 3 and tally.n["failed"] == 1 and tally.n["stale"] == 0
     )
     assert "stale 0" in tally.line()
+
+
+def test_timeline_draws_a_serve_history(tmp_path) -> None:
+    pytest.importorskip("matplotlib")
+    from harness.chaos import timeline
+
+    events = base()
+    events[0]["engines"] = {"p0": {"role": "P", "host": "p"}, "d0": {"role": "D", "host": "d"}}
+    timeline.draw(events, serve_checker.check(events), tmp_path / "t.png")
+    assert (tmp_path / "t.png").stat().st_size > 10_000

@@ -62,7 +62,25 @@ def draw(events: list[dict[str, Any]], res: Result, path: Path) -> None:
     written = {e["id"]: e["digest"] for e in events if e["ev"] == "written"}
     nbins = int(end_t // BIN_S) + 1
     xs = [i * BIN_S for i in range(nbins)]
-    ax = axes[1]
+    if run.get("lane") == "serve":
+        _answers(axes[1], events, xs, nbins)
+        _p_sizes(axes[2], events, ps)
+    else:
+        _reads(axes[1], events, ds, written, xs, nbins)
+        _leases(axes[2], events, ps)
+    for a in axes:
+        if heal is not None:
+            a.axvline(heal, color="tab:blue", linestyle="--", linewidth=1)
+    axes[-1].set_xlabel("seconds since the run began (dashed: final heal)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+
+
+def _reads(
+    ax: Any, events: list[dict[str, Any]], ds: list[str], written: dict[str, str], xs: list[float], nbins: int
+) -> None:
     for j, d in enumerate(ds):
         ok = [0] * nbins
         failed = [0] * nbins
@@ -104,7 +122,9 @@ def draw(events: list[dict[str, Any]], res: Result, path: Path) -> None:
     ax.set_yticklabels(ds)
     ax.set_title("reads per D")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    ax = axes[2]
+
+
+def _leases(ax: Any, events: list[dict[str, Any]], ps: list[str]) -> None:
     for p in ps:
         delta: dict[float, int] = {}
         ids = {e["id"] for e in events if e["ev"] == "request" and e["p"] == p}
@@ -122,11 +142,31 @@ def draw(events: list[dict[str, Any]], res: Result, path: Path) -> None:
         ax.set_yscale("symlog")
     ax.set_title("leases held per P (kill: the process's leases vanish with it)")
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
-    for a in axes:
-        if heal is not None:
-            a.axvline(heal, color="tab:blue", linestyle="--", linewidth=1)
-    axes[-1].set_xlabel("seconds since the run began (dashed: final heal)")
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
+
+
+def _answers(ax: Any, events: list[dict[str, Any]], xs: list[float], nbins: int) -> None:
+    """Serve lane: routed answers per bin, as P alone / failed or timed out / stale (HTTP 200, other text)."""
+    rows = {"as P alone": [0] * nbins, "failed or timed out": [0] * nbins, "stale": [0] * nbins}
+    for e in events:
+        if e["ev"] == "answer":
+            key = "as P alone" if e["equal"] else "stale" if e["status"] == 200 else "failed or timed out"
+            rows[key][int(e["t"] // BIN_S)] += 1
+    for (label, counts), color in zip(rows.items(), ("tab:green", "tab:orange", "red"), strict=True):
+        ax.step(xs, counts, where="post", color=color, label=label)
+    ax.set_title(f"routed answers per {BIN_S:.0f} s")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
+
+
+def _p_sizes(ax: Any, events: list[dict[str, Any]], ps: list[str]) -> None:
+    """Serve lane: P's active leases (ours) and KV blocks in use, as sampled."""
+    for p in ps:
+        for key in ("leases_active", "kv_blocks_used"):
+            pts = [
+                (e["t"], e["sizes"][key])
+                for e in events
+                if e["ev"] == "sizes" and e["engine"] == p and key in e["sizes"]
+            ]
+            if pts:
+                ax.plot([t for t, _ in pts], [v for _, v in pts], marker=".", label=f"{p} {key}")
+    ax.set_title("P's leases held and KV blocks in use (sampled)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0))
