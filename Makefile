@@ -216,7 +216,7 @@ clean:
 # Randomized faults over a multi-host fleet, checked: SEED=, MINUTES= (the fault phase,
 # default 10), LANE=harness|serve, IMPL=ours|stock.  Writes .build/chaos/ (history.jsonl,
 # summary.json, timeline.png); exits non-zero on any violation.  Needs root (namespaces).
-# LANE=serve is not built yet (exits 2).
+# LANE=serve runs 1 P + 2 D `vllm serve` behind vllm-router (needs .venv-cpu and .venv-router).
 SEED ?= 1
 MINUTES ?= 10
 LANE ?= harness

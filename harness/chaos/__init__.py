@@ -6,5 +6,9 @@ One concept per module: ``history`` (the JSON-lines record), ``schedule``
 ``nft`` and ``starve`` (the mechanisms), ``nemesis`` (runs the plan),
 ``nodes`` (engine handles that survive kills and restarts), ``workload``
 (requests, waits and bursts), ``checker`` (the rules), ``timeline`` (the
-figure), ``harness_lane`` (the NIXL fleet run end to end).
+figure), ``report`` (check, summary and figure at the end of a run),
+``harness_lane`` (the NIXL fleet run end to end); the `vllm serve` lane:
+``serve_nodes`` (servers and router on namespace hosts), ``serve_workload``
+(routed requests judged against P alone), ``serve_checker`` (its rules) and
+``serve_lane`` (the run end to end).
 """

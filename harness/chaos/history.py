@@ -13,6 +13,8 @@ Kinds of line (``ev``) and their fields:
 - ``steps``: engine, start, conn, pre (P's steps: start, connector s, preemptions)
 - ``phase``: name ("warm", "faults", "recovery", "quiet", "end")
 - ``error``: engine, text
+- ``routed``: id, prompt, burst, probe / ``answer``: id, status, equal (to P alone), error,
+  elapsed_s, d (serve lane: a request through vllm-router and what came back)
 """
 
 from __future__ import annotations
