@@ -43,7 +43,7 @@ LONG_MINUTES = 10.0
 RATE = 0.7  # routed requests per second, besides bursts
 BURST = 12
 PROGRESS_EVERY_S = 10.0
-SIZES_EVERY_S = 20.0
+SIZES_EVERY_S = 10.0
 START_TIMEOUT_S = 900.0  # three servers starting at once on a busy 2-core machine
 
 
