@@ -148,6 +148,7 @@ def run(opts: Options) -> dict[str, Any]:
             say(f"warm-up: {len(served)}/{len(ds)} Ds served a routed request as P alone")
             time.sleep(LEASE + EXTENSION)
             _quiet_sizes(list(nodes.values()), "warm")
+            # A ServeNode offers the nemesis what a harness Node does (serve_nodes).
             nem = Nemesis(hosts, nodes, hist, plan, lambda m: say(f"[{hist.now():7.1f}s] {m}"))  # type: ignore[arg-type]
             hist.add("phase", name="faults")
             bursts = [horizon * x for x in (0.25, 0.6, 0.85)]
@@ -180,12 +181,14 @@ def run(opts: Options) -> dict[str, Any]:
             hist.add("phase", name="end")
             _p_expiries(hist, p)
         finally:
+            if wl is not None:
+                wl.stop(wait_s=0.0)
             if nem is not None:
                 nem.stop()
                 for n in nodes.values():
                     n.thaw()
-            for proc in [router.proc] if router else []:
-                proc.stop(grace=3.0)
+            if router is not None:
+                router.proc.stop(grace=3.0)
             for n in nodes.values():
                 if n.eng is not None:
                     n.eng.stop(grace=5.0)
