@@ -61,6 +61,7 @@ def test_http_200_that_differs_from_p_alone_is_stale() -> None:
     res = serve_checker.check(ev)
     assert [v.rule for v in res.violations] == ["stale"]
     assert "s9" in res.violations[0].what and res.figures["stale"] == 1
+    assert "faults while in flight: #1 partition d" in res.violations[0].what
 
 
 def test_an_error_is_not_stale() -> None:

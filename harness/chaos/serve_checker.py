@@ -21,7 +21,7 @@ from __future__ import annotations
 from typing import Any
 
 from . import checker
-from .checker import Result, Violation
+from .checker import Fault, Result, Violation
 
 SERVE_BOUNDS = {**checker.DEFAULT_BOUNDS, "recovery_s": 90.0, "rss_factor": 1.5, "rss_warm_s": 30.0}
 
@@ -33,7 +33,7 @@ def check(events: list[dict[str, Any]], bounds: dict[str, float] | None = None) 
     faults = checker.faults_of(events)
     violations: list[Violation] = []
     figures: dict[str, Any] = {"faults_by_kind": checker.by_kind(faults)}
-    check_answers(events, violations, figures)
+    check_answers(events, faults, violations, figures)
     check_recovery(events, fleet, b, violations, figures)
     checker.check_leaks(events, {}, fleet, violations, figures)
     checker.check_memory(events, fleet, b, violations, figures)
@@ -43,7 +43,11 @@ def check(events: list[dict[str, Any]], bounds: dict[str, float] | None = None) 
     return Result(violations=sorted(violations, key=lambda v: v.t), figures=figures, faults=faults)
 
 
-def check_answers(events: list[dict[str, Any]], violations: list[Violation], figures: dict[str, Any]) -> None:
+def check_answers(
+    events: list[dict[str, Any]], faults: list[Fault], violations: list[Violation], figures: dict[str, Any]
+) -> None:
+    """Stale answers, each with the faults in force while it was in flight (the
+    moment it was answered may be after they healed)."""
     sent = {e["id"]: e for e in events if e["ev"] == "routed"}
     ok = stale = timeouts = 0
     errors: dict[str, int] = {}
@@ -55,9 +59,14 @@ def check_answers(events: list[dict[str, Any]], violations: list[Violation], fig
         elif e["status"] == 200:
             stale += 1
             req = sent.get(e["id"], {})
+            t0 = req.get("t", e["t"])
+            during = [f.label() for f in faults if f.start <= e["t"] and f.end >= t0]
             violations.append(
                 Violation(
-                    "stale", e["t"], f"{e['id']} (prompt {req.get('prompt')}) answered 200, not as P alone"
+                    "stale",
+                    e["t"],
+                    f"{e['id']} (prompt {req.get('prompt')}, sent at {t0:.1f}s) answered 200, not as P alone;"
+                    f" faults while in flight: {', '.join(during) or 'none'}",
                 )
             )
         elif e["status"] == 0 and "timed out" in e.get("error", ""):
