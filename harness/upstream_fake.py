@@ -143,6 +143,7 @@ def make_upstream_worker(
     w._failed_remote_engines = set()
     w._invalid_remote_engines = set()
     w._invalid_engine_backoff = {}
+    w._remote_registration_generations = {}
     for per_engine in (
         "kv_caches_base_addr",
         "dst_num_blocks",
@@ -178,6 +179,11 @@ class FakeUpstreamWorker:
         self._recv_failures: set[str] = set()
         self._hb_handshake_notif_only = False
         self._invalid_remote_engines: set[str] = set()
+        self._invalid_engine_backoff: dict[str, tuple[float, float]] = {}
+        self._recving_metadata: dict[str, Any] = {}
+        self._handshake_futures: dict[str, Any] = {}
+        self._handshake_lock = threading.RLock()
+        self.evictions = 0
         self._pending_completion_notifs: queue.Queue[bytes] = queue.Queue()
         # engine id -> future returned by _ensure_handshake (None: connected)
         self.handshakes: dict[str, Future[Any] | None] = {}
@@ -192,6 +198,9 @@ class FakeUpstreamWorker:
 
     def _mark_remote_engine_invalid(self, engine_id: str, now: float) -> None:
         self._invalid_remote_engines.add(engine_id)
+
+    def _evict_stale_engines(self) -> None:
+        self.evictions += 1
 
     def _handle_failed_transfer(
         self, req_id: str, handle: Any, failures: Any, record_failed_transfer: bool = True

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 import time
 from pathlib import Path
@@ -35,6 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rate", type=float, default=4.0, help="requests per second (harness lane)")
     ap.add_argument("--burst", type=int, default=1000, help="requests per burst (harness lane)")
     args = ap.parse_args(argv)
+    signal.signal(signal.SIGTERM, _interrupt)  # tear the hosts and engines down as Ctrl-C does
 
     def say(msg: str) -> None:
         print(f"{time.strftime('%H:%M:%S')} {msg}", flush=True)
@@ -85,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
     verdict = "OK" if summary["ok"] else f"VIOLATIONS: {len(summary['violations'])}"
     say(f"{verdict}; history, summary.json and timeline.png in {args.out}")
     return 0 if summary["ok"] else 1
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 if __name__ == "__main__":

@@ -39,9 +39,12 @@ P_BLOCKS = 2048
 D_BLOCKS = 2048
 PROGRESS_EVERY_S = 10.0
 # State that is time-bounded by design (upstream's invalid-engine backoff memory,
-# 60 s; D's re-handshake memory, 60 s; swept every 10 s) has ended this long after
-# the final heal: the end sizes are taken no earlier.
+# 60 s; D's re-handshake memory, 60 s; a dead engine's state, ENGINE_TTL_S; swept
+# every 10 s) has ended this long after the final heal: the end sizes are taken no earlier.
 QUIET_AFTER_HEAL_S = 75.0
+# Upstream's idle-engine eviction (3600 s by default), scaled down with the lease so
+# that a dead engine's state on D must be gone by the end (ours and stock alike).
+ENGINE_TTL_S = 30.0
 BOUNDS = dict(checker.DEFAULT_BOUNDS)  # the checker's stated bounds, one place
 
 
@@ -152,7 +155,7 @@ def run(opts: Options) -> dict[str, Any]:
         "sampled_digest": True,
         "block_reuse": "lifo",
         "max_lifetime_s": horizon + 1200.0,
-        "extra": dict(opts.extra),
+        "extra": {"engine_ttl": ENGINE_TTL_S, **opts.extra},
     }
     nodes: dict[str, Node] = {}
     with (

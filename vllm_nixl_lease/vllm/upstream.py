@@ -54,6 +54,11 @@ class UpstreamWorker(Protocol):
     _engine_last_active: dict[str, float]
     # request id -> NIXL handles of reads in flight
     _recving_transfers: Mapping[str, Any]
+    # request id -> upstream's ReqMeta of a read not yet done (``.remote.engine_id``)
+    _recving_metadata: Mapping[str, Any]
+    # engine id -> handshake in progress, under the lock
+    _handshake_futures: Mapping[str, Any]
+    _handshake_lock: Any
     _recv_failures: Any
     _hb_handshake_notif_only: bool
     # engines whose connection is gone, released after their reads drain
@@ -63,6 +68,9 @@ class UpstreamWorker(Protocol):
     _invalid_engine_backoff: dict[str, tuple[float, float]]
 
     def _mark_remote_engine_invalid(self, engine_id: str, now: float) -> None: ...
+
+    # Releases engines idle past ``engine_ttl`` (upstream calls it only on a new handshake).
+    def _evict_stale_engines(self) -> None: ...
 
     def _ensure_handshake(
         self,

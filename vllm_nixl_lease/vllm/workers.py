@@ -10,6 +10,8 @@ Components (one set per worker; a worker is P, D or both with ``kv_both``):
 - ``ack_requester``: ``AckRequester`` (D, pull) -- hellos, proof of which P
   process a connection reaches, acknowledged heartbeats; only answers renew
   the fence's views;
+- ``engine_reaper``: ``EngineReaper`` (D, pull) -- releases upstream's state of
+  P engines gone idle past ``engine_ttl``, which upstream checks only on a new handshake;
 - ``ack_answerer``: ``AckAnswerer`` (P, pull) -- admits hellos, answers them;
 - ``idle_pause``: ``IdlePause`` (P) -- pauses an empty step while leases are held.
 They reach upstream only through ``upstream.UpstreamWorker``.
@@ -27,6 +29,7 @@ from .._wire import heartbeat_payload, is_heartbeat
 from ..decode.lease_views import LeaseViews
 from .config import LeaseConfig
 from .d_worker.ack_requester import AckRequester
+from .d_worker.engine_reaper import EngineReaper
 from .d_worker.heartbeat_sender import HeartbeatSender
 from .d_worker.read_fence import ReadFence
 from .d_worker.read_pacer import ReadPacer
@@ -63,6 +66,7 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
             self, lease_config.max_heartbeat_bytes, self.read_fence.heartbeat_delivered, self.ack_requester
         )
         self.read_pacer = ReadPacer(lease_config.read_post_budget_s)
+        self.engine_reaper = EngineReaper(self, lease_config.forget_sweep_s)
         self.idle_pause = IdlePause(lease_config.idle_step_sleep_s, self.lease_keeper.table)
 
     # -- one step, in the order upstream calls these --------------------------
@@ -100,6 +104,7 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
     def get_transfer_results(self) -> Any:
         # _get_new_notifs, _pop_done_transfers, then _reap_expired_send_leases
         results = super().get_transfer_results()
+        self.engine_reaper.step()  # D: P engines gone idle past engine_ttl
         if self.idle_pause.enabled:
             waiting = len(self._recving_transfers) + len(self.read_pacer) + len(self.read_fence.parked)
             self.idle_pause.end_step(results, waiting)

@@ -60,9 +60,6 @@ logger = init_logger(__name__)
 
 PROVEN, PENDING, OTHER = "proven", "pending", "other"
 REHANDSHAKE_ONCE_PER_S = 60.0
-# Upstream's _INVALID_PEER_MAX_BACKOFF_S: an invalid-engine backoff entry released
-# longer ago than this is forgotten (upstream does it only on the next invalidation).
-INVALID_BACKOFF_MEMORY_S = 60.0
 
 
 def connection_metadata(wrapper: NixlWrapper) -> bytes:
@@ -300,9 +297,7 @@ class AckRequester:
 
     def _forget_gone(self) -> None:
         """Keep per-agent state only for agents of current connections; forget
-        re-handshakes and upstream's invalid-engine backoffs that are over (a
-        fleet whose P engines restart under new ids would otherwise keep one
-        entry per engine id ever invalidated)."""
+        re-handshakes that are over."""
         current = self._engines_by_agent()
         for table in (self._proven, self._answered):
             for agent in [a for a in table if a not in current]:
@@ -313,12 +308,6 @@ class AckRequester:
         done = self.rehandshaken
         for engine_id in [e for e, (_, t) in done.items() if now - t > REHANDSHAKE_ONCE_PER_S]:
             del done[engine_id]
-        backoff = getattr(self._upstream, "_invalid_engine_backoff", None)
-        if backoff:
-            for engine_id in [
-                e for e, (_, release) in backoff.items() if now - release > INVALID_BACKOFF_MEMORY_S
-            ]:
-                del backoff[engine_id]
 
     def agents_known(self) -> int:
         """Agents this worker keeps state for (for bounds tests)."""
