@@ -146,7 +146,9 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
 
     def _get_new_notifs(self) -> set[str]:
         notifs = self.nixl_wrapper.get_new_notifs()
-        if not notifs and self.ack_answerer.idle() and self.ack_requester.idle():
+        if not notifs:  # nothing to route; the ack components may still have answers due, state to age
+            self.ack_answerer.handle(notifs)
+            self.ack_requester.received(notifs)
             return set()
         self.idle_pause.saw_notifications(notifs)
         done, ack_messages = self.lease_keeper.route(notifs)  # HB: extended, completions released
