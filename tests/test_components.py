@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from concurrent.futures import Future
 from types import SimpleNamespace
 
@@ -17,8 +18,10 @@ from vllm_nixl_lease.vllm.d_worker.heartbeat_sender import HeartbeatSender
 from vllm_nixl_lease.vllm.d_worker.read_fence import ReadFence
 from vllm_nixl_lease.vllm.metadata import (
     LEASE_HEARTBEATS_ATTR,
+    LEASE_INSTANCE_ATTR,
     LEASE_VIEWS_ATTR,
     EngineHeartbeats,
+    LeaseConnectorMetadata,
     LeaseViewUpdates,
     NewView,
 )
@@ -216,3 +219,23 @@ def test_sender_keeps_other_chunks_of_a_paced_engine(clock: Clock) -> None:
     sender.send(tick(m3, 3))  # a fresh tick of chunk 3 does not drop chunk 1's and 2's retry
     assert sorted(m for _, m in up.nixl_wrapper.sent) == sorted([m3, m3, m1, m2])
     assert not sender.retry and not sender.waiting
+
+
+def test_metadata_pickles_what_it_holds_and_restores_the_empty_fields() -> None:
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlConnectorMetadata
+
+    meta = LeaseConnectorMetadata.adopt(NixlConnectorMetadata())
+    assert type(meta) is LeaseConnectorMetadata
+    meta.scheduler_clock = 12.5
+    meta.reqs_to_send = {"a": 3.0}
+    meta.reqs_in_batch = {"a"}
+    setattr(meta, LEASE_INSTANCE_ATTR, ("0123456789abcdef", b"k" * 16))
+    back = pickle.loads(pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL))
+    assert isinstance(back, NixlConnectorMetadata) and vars(back) == vars(meta)
+    idle = LeaseConnectorMetadata.adopt(NixlConnectorMetadata())
+    blob = pickle.dumps(idle, protocol=pickle.HIGHEST_PROTOCOL)
+    assert len(blob) < len(pickle.dumps(NixlConnectorMetadata(), protocol=pickle.HIGHEST_PROTOCOL))
+    restored = pickle.loads(blob)
+    assert vars(restored) == vars(NixlConnectorMetadata())
+    restored.reqs_to_send["b"] = 1.0  # fresh containers, not shared ones
+    assert pickle.loads(blob).reqs_to_send == {}

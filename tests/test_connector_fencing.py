@@ -214,7 +214,11 @@ def test_start_load_kv_adds_views_before_reads_and_drops_after(d_worker, clock: 
     d_worker.start_load_kv(WorkerMeta(LeaseViewUpdates(new, [])))
     d_worker.start_load_kv(WorkerMeta(LeaseViewUpdates({}, ["d1"])))
     assert seen == [True, True] and "d1" not in d_worker.read_fence.views
-    d_worker.start_load_kv(WorkerMeta(None))  # metadata from a stock scheduler
+    d_worker.start_load_kv(WorkerMeta(None))  # an empty step: upstream would find nothing to do
+    assert seen == [True, True]
+    stock_meta = WorkerMeta(None)  # metadata from a stock scheduler
+    stock_meta.reqs_in_batch = {"p9"}
+    d_worker.start_load_kv(stock_meta)
     assert seen == [True, True, False]
 
 

@@ -109,11 +109,11 @@ def new_instance() -> str:
 
 
 def is_instance(value: object) -> TypeGuard[str]:
-    return (
-        isinstance(value, str)
-        and len(value) == INSTANCE_HEX_DIGITS
-        and all(c in "0123456789abcdef" for c in value)
-    )
+    # One C-level pass (a request's params are checked on D's hot path, per request).
+    return isinstance(value, str) and len(value) == INSTANCE_HEX_DIGITS and _LOWER_HEX.issuperset(value)
+
+
+_LOWER_HEX = frozenset("0123456789abcdef")
 
 
 def is_extension(msg: bytes) -> bool:
@@ -296,7 +296,7 @@ def lease_terms(params: Mapping[str, Any] | None) -> LeaseTerms | None:
 
 def is_tag(value: object) -> TypeGuard[str]:
     """Exactly 11 characters of unpadded base64url (``lease_tags.TAG_LENGTH``)."""
-    return isinstance(value, str) and len(value) == 11 and all(c in _B64URL for c in value)
+    return isinstance(value, str) and len(value) == 11 and _B64URL.issuperset(value)
 
 
 _B64URL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_")

@@ -1,10 +1,14 @@
-"""What the schedulers hand their workers: D's heartbeats and lease views,
-P's instance, the idle-step flag."""
+"""What the schedulers hand their workers: upstream's metadata
+(``LeaseConnectorMetadata``, pickled compactly), D's heartbeats and lease
+views, P's instance, the idle-step flag."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from operator import itemgetter
+from typing import Any, NamedTuple
+
+from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlConnectorMetadata
 
 # Attribute set on upstream's NixlConnectorMetadata: engine id -> EngineHeartbeats.
 LEASE_HEARTBEATS_ATTR = "lease_heartbeats"
@@ -86,3 +90,26 @@ class LeaseViewUpdates:
 
 # Attribute set on upstream's NixlConnectorMetadata: the step is idle (idle_pause.py).
 LEASE_IDLE_ATTR = "lease_idle_step"
+
+
+_VALUE = itemgetter(1)
+
+
+class LeaseConnectorMetadata(NixlConnectorMetadata):
+    """Upstream's metadata as our schedulers hand it on (``schedulers.py``).
+
+    Pickled every step for every worker (the multiprocess executor), and most
+    steps carry nothing: only the fields that hold something are pickled, and
+    unpickling builds the rest afresh through upstream's ``__init__`` (every
+    field it leaves out is one of its empty defaults; ours read no attribute
+    as nothing)."""
+
+    def __reduce__(self) -> tuple[type, tuple[()], dict[str, Any]]:
+        return LeaseConnectorMetadata, (), dict(filter(_VALUE, self.__dict__.items()))
+
+    @classmethod
+    def adopt(cls, meta: object) -> object:
+        """Upstream's freshly built metadata, as this class (the same object)."""
+        if type(meta) is NixlConnectorMetadata:
+            meta.__class__ = cls
+        return meta

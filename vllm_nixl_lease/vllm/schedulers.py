@@ -17,7 +17,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_scheduler import Nix
 from .config import LeaseConfig
 from .d_scheduler.heartbeat_schedule import HeartbeatSchedule
 from .d_scheduler.lease_view_collector import LeaseViewCollector
-from .metadata import LEASE_IDLE_ATTR
+from .metadata import LEASE_IDLE_ATTR, LeaseConnectorMetadata
 from .p_scheduler.idle_step import step_is_idle
 from .p_scheduler.lease_params import LeaseParams
 
@@ -56,7 +56,7 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
         super()._stop_heartbeat(req_id)
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
-        meta = super().build_connector_meta(scheduler_output)
+        meta = LeaseConnectorMetadata.adopt(super().build_connector_meta(scheduler_output))
         self.heartbeats.attach(meta)
         self.lease_views.rechunk(self.heartbeats.take_repacked(), self.heartbeats.chunk_of)
         self.lease_views.attach(meta)
@@ -92,7 +92,7 @@ class LeaseNixlPushConnectorScheduler(NixlPushConnectorScheduler):
         super()._stop_heartbeat(req_id)
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
-        meta = super().build_connector_meta(scheduler_output)
+        meta = LeaseConnectorMetadata.adopt(super().build_connector_meta(scheduler_output))
         self.heartbeats.attach(meta)
         self.lease_views.attach(meta)
         if self.lease_config.idle_step_sleep_s > 0:  # read only by the idle pause

@@ -131,7 +131,7 @@ LEASE_HISTOGRAMS: dict[str, tuple[str, str]] = {
     ),
     "lease_sweep_time": (
         "vllm:nixl_lease_sweep_time_seconds",
-        "Time P spent sweeping expired leases per step.",
+        "Time P spent sweeping expired leases, per step that freed some.",
     ),
 }
 # Counters shown in the periodic "KV Transfer metrics" log line.

@@ -22,6 +22,7 @@ from __future__ import annotations
 import queue
 from typing import Any
 
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPushConnectorWorker
 
@@ -33,6 +34,7 @@ from .d_worker.engine_reaper import EngineReaper
 from .d_worker.heartbeat_sender import HeartbeatSender
 from .d_worker.read_fence import ReadFence
 from .d_worker.read_pacer import ReadPacer
+from .metadata import LEASE_HEARTBEATS_ATTR, LEASE_INSTANCE_ATTR, LEASE_VIEWS_ATTR
 from .p_worker.ack_answerer import AckAnswerer
 from .p_worker.idle_pause import IdlePause
 from .p_worker.lease_keeper import HeartbeatForm, LeaseKeeper
@@ -71,6 +73,8 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
 
     # -- one step, in the order upstream calls these --------------------------
     def start_load_kv(self, metadata: Any) -> None:
+        if self._nothing_to_start(metadata):
+            return
         self.idle_pause.begin_step(metadata)
         self.lease_keeper.adopt_instance(metadata)  # P: this P process, before any grant
         self.read_fence.add_views(metadata)
@@ -89,6 +93,26 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
             self.xfer_stats.add("num_reads_carried", self.read_pacer.newly_carried)
         self.read_fence.drop_views(metadata)
 
+    def _nothing_to_start(self, metadata: Any) -> bool:
+        """Most steps: the metadata carries nothing and nothing waits from an
+        earlier step, so upstream's ``start_load_kv`` and every component
+        would find nothing to do (one check instead of a dozen calls)."""
+        return not (
+            metadata.reqs_to_recv
+            or metadata.reqs_to_send
+            or metadata.reqs_in_batch
+            or metadata.reqs_not_processed
+            or metadata.heartbeat_by_engine
+            or getattr(metadata, LEASE_HEARTBEATS_ATTR, None)
+            or getattr(metadata, LEASE_VIEWS_ATTR, None)
+            or getattr(metadata, LEASE_INSTANCE_ATTR, None)
+            or self._ready_requests.queue  # a peek: a handshake finishing now is read next step
+            or self.heartbeat_sender.has_pending()
+            or self.read_fence.parked
+            or self.read_pacer.carried
+            or self.idle_pause.enabled
+        )
+
     def _read_blocks_for_req(self, req_id: str, meta: Any) -> None:
         # Past this step's read_post_budget_ms the READ waits for the next step.
         if not self.read_pacer.defer(req_id, meta):
@@ -102,6 +126,21 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         self.heartbeat_sender.send(metadata)
 
     def get_transfer_results(self) -> Any:
+        if not (
+            self._recving_transfers
+            or self._recv_failures
+            or self._replicated_pcp_done_sending
+            or self._failed_recv_reqs.queue  # a peek, as in _nothing_to_start
+            or self.idle_pause.enabled
+        ):
+            # No READ in flight or failed: upstream's method comes down to these
+            # three calls (the rest of it walks what was received).
+            done_sending = self._get_new_notifs()
+            self._reap_expired_send_leases(done_sending)
+            self._cleanup_remote_engines()
+            return KVConnectorTransferResults(
+                finished_sending=done_sending, finished_recving=set(), failed_recving=set()
+            )
         # _get_new_notifs, _pop_done_transfers, then _reap_expired_send_leases
         results = super().get_transfer_results()
         self.engine_reaper.step()  # D: P engines gone idle past engine_ttl
@@ -112,6 +151,10 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
 
     def _get_new_notifs(self) -> set[str]:
         notifs = self.nixl_wrapper.get_new_notifs()
+        if not notifs:  # nothing to route; the ack components may still have answers due, state to age
+            self.ack_answerer.handle(notifs)
+            self.ack_requester.received(notifs)
+            return set()
         self.idle_pause.saw_notifications(notifs)
         done, ack_messages = self.lease_keeper.route(notifs)  # HB: extended, completions released
         self.ack_answerer.handle(ack_messages)  # P: LHB:/LHBT: extended and answered (before the sweep)

@@ -172,4 +172,5 @@ class HeartbeatSchedule:
                         instance=group.instance,
                         tagged=group.tagged,
                     )
-        setattr(meta, LEASE_HEARTBEATS_ATTR, out)
+        if out:  # the workers read no attribute as nothing due
+            setattr(meta, LEASE_HEARTBEATS_ATTR, out)

@@ -219,10 +219,15 @@ class AckRequester:
         return hello_message(self._interval, self._metadata, key)
 
     # -- answers -------------------------------------------------------------
+    def idle(self) -> bool:
+        """No P agent heard from or asked: with no message, a step has nothing
+        to take, prune or forget."""
+        return not (len(self.ledger) or self._proven or self._answered or self._hello_sent)
+
     def received(self, messages: Mapping[str, list[bytes]]) -> None:
         """One step's ``LACK:`` answers: record proof, renew the views they prove."""
-        if not (messages or len(self.ledger) or self._proven or self._answered or self._hello_sent):
-            return  # no P agent heard from or asked: nothing to take, prune or forget
+        if not messages and self.idle():
+            return
         now = time.perf_counter()
         stats = self._upstream.xfer_stats
         answers = renewed = 0

@@ -76,6 +76,10 @@ class HeartbeatSender:
         # (heartbeats, [(agent, message), ...]) whose send failed
         self.retry: dict[str, tuple[EngineHeartbeats, list[tuple[AgentName, bytes]]]] = {}
 
+    def has_pending(self) -> bool:
+        """Heartbeats from an earlier step wait: for a handshake, a proof or a retry."""
+        return bool(self.waiting or self.awaiting_proof or self.retry)
+
     def send(self, metadata: object) -> None:
         """One step: this step's ticks, then what waited on a handshake, then
         retries.  A second call with the same metadata does nothing (the pull

@@ -49,6 +49,7 @@ class LeaseParams:
         self.instance = PInstance.new()
         self._extension = lease_config.lease_extension
         self._interval = lease_config.heartbeat_interval
+        self._shipped = False  # the instance went out on some step's metadata
 
     def add(self, params: dict[str, Any], req_id: str, deadline: float | None) -> None:
         """The lease deadline (this scheduler's ``perf_counter``, the clock the
@@ -67,6 +68,10 @@ class LeaseParams:
             pass  # an id no tag can name (not UTF-8): D heartbeats it by id
 
     def attach(self, meta: object) -> None:
-        """Ship the instance to the workers (every step: a few bytes, and a worker
-        needs it before the first lease it grants)."""
+        """Ship the instance to the workers: on the first step (a worker answers
+        D's hellos with it) and on every step that grants leases (a worker keys
+        their tags with it), not on the idle steps between."""
+        if self._shipped and not getattr(meta, "reqs_to_send", None):
+            return
+        self._shipped = True
         setattr(meta, LEASE_INSTANCE_ATTR, (self.instance.instance, self.instance.tag_key))

@@ -147,11 +147,15 @@ class AckAnswerer:
         self._log = RateLimitedLog(logger)
         self._refused_log = RateLimitedLog(logger)
 
+    def idle(self) -> bool:
+        """No D agent known: with no message, a step has nothing to answer or forget."""
+        return not (self._pending or self._loading or self._agents or self._answered or self._queued)
+
     def handle(self, messages: Mapping[str, list[bytes]]) -> None:
         """One step's messages behind the ``HB:,`` escape (other prefixes are
         someone else's); then the answers that are due."""
-        if not (messages or self._pending or self._loading or self._agents or self._answered or self._queued):
-            return  # no D agent known: nothing to answer, nothing to forget
+        if not messages and self.idle():
+            return
         now = time.perf_counter()
         if self._loading:
             self._finish_loads()

@@ -253,34 +253,40 @@ class LeaseKeeper:
         """Free leases past their deadline into ``done_sending`` (at most
         ``max_expiries_per_step``, earliest first: a dead D's thousands are
         spread over steps); report the count held."""
-        router = self.router
-        stats = self._upstream.xfer_stats
+        table = self.router.table
         now = time.perf_counter()
-        last = self._last_sweep
-        if len(router.table):
-            start = time.perf_counter_ns()
+        if len(table):
+            last = self._last_sweep
             if last is not None and now - last > self.stall_s:
                 # P stalled (not D): what fell due meanwhile waits for D's heartbeats.
                 self._grace_until, self._stall_began = now + self.grace_s, last
-                stats.add("num_stalls_graced", 1)
+                self._upstream.xfer_stats.add("num_stalls_graced", 1)
             sweep_at = now if now >= self._grace_until else min(now, self._stall_began)
-            expired = router.expire(sweep_at, self.max_expiries_per_step)
-            ids = expired.ids
-            if ids:
-                stats.record_kv_expired_reqs(len(ids))
-                if self.aliases is not None:  # push mode: the only per-id release work
-                    for req_id in ids:
-                        self._released(req_id)
-                done_sending.update(ids)
-                log_expired(logger, expired)
-            stats.observe_time("lease_sweep_time", (time.perf_counter_ns() - start) / 1e9)
+            self._sweep(sweep_at, done_sending)
         else:
             # Keep the table's clock current while it is empty: it dates the
             # tombstones of what the next steps free with it.
-            router.table.pop_expired(now, 0)
-        active = len(router.table)
+            table.pop_expired(now, 0)
+        active = len(table)
         # A gap counts as P's stall only while P held leases across it.
         self._last_sweep = now if active else None
         if active != self._active_reported:
             self._active_reported = active
-            stats.set_active_leases(getattr(self._upstream, "tp_rank", 0), active)
+            self._upstream.xfer_stats.set_active_leases(getattr(self._upstream, "tp_rank", 0), active)
+
+    def _sweep(self, sweep_at: float, done_sending: set[str]) -> None:
+        """Free what is due at ``sweep_at``; a sweep that frees something is timed
+        as ``lease_sweep_time`` (finding nothing due is a bound check in the core)."""
+        start = time.perf_counter_ns()
+        expired = self.router.expire(sweep_at, self.max_expiries_per_step)
+        ids = expired.ids
+        if not ids:
+            return
+        stats = self._upstream.xfer_stats
+        stats.record_kv_expired_reqs(len(ids))
+        if self.aliases is not None:  # push mode: the only per-id release work
+            for req_id in ids:
+                self._released(req_id)
+        done_sending.update(ids)
+        log_expired(logger, expired)
+        stats.observe_time("lease_sweep_time", (time.perf_counter_ns() - start) / 1e9)
