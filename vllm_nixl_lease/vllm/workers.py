@@ -138,6 +138,7 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
             done_sending = self._get_new_notifs()
             self._reap_expired_send_leases(done_sending)
             self._cleanup_remote_engines()
+            self.engine_reaper.step()  # an idle D is where gone engines' state is left
             return KVConnectorTransferResults(
                 finished_sending=done_sending, finished_recving=set(), failed_recving=set()
             )
