@@ -121,6 +121,30 @@ def test_expiry_without_a_fault_is_premature() -> None:
     assert rules(res) == {"premature_expiry"}
 
 
+def test_expiry_after_d_gave_the_request_up_is_not_premature() -> None:
+    ev = base() + [
+        request("r1", 10.0),
+        {"t": 10.0, "ev": "written", "id": "r1", "digest": "aaa"},
+        {"t": 12.0, "ev": "read", "id": "r1", "d": "d0", "failed": True, "digest": ""},
+        {"t": 16.0, "ev": "freed", "id": "r1", "p": "p0", "reason": "expiry"},
+    ]
+    res = run(ev)
+    assert res.ok, res.violations
+    assert res.figures["expiries_allowed_by"] == {checker.GAVE_UP: 1}
+
+
+def test_expiry_before_d_gave_the_request_up_is_premature() -> None:
+    # P let it lapse first; D's load failed because of that: no excuse.
+    ev = base() + [
+        request("r1", 10.0),
+        {"t": 10.0, "ev": "written", "id": "r1", "digest": "aaa"},
+        {"t": 16.0, "ev": "freed", "id": "r1", "p": "p0", "reason": "expiry"},
+        {"t": 17.0, "ev": "read", "id": "r1", "d": "d0", "failed": True, "digest": ""},
+    ]
+    res = run(ev)
+    assert rules(res) == {"premature_expiry"}
+
+
 def test_expiry_allowed_by_a_partition_names_it() -> None:
     ev = base() + [
         request("r1", 10.0),

@@ -6,8 +6,10 @@
 - **premature expiry**: P let a lease lapse although no fault cut that lease's
   P-D pair off (or stopped, killed or starved either engine) during the
   extension before the expiry, plus a settle time after each fault (TCP's
-  retransmission backoff after a heal, one step after a resume).  A legitimate
-  expiry names the fault(s) that allowed it.
+  retransmission backoff after a heal, one step after a resume), and D had
+  not given the request up (its load failed before the expiry: D no longer
+  heartbeats it and tells P nothing).  A legitimate expiry names the fault(s)
+  that allowed it, or ``GAVE_UP``.
 - **leak**: at the end, a lease on a live P never ended; a D still holds
   per-engine state for an engine id that is not live; a connector structure is
   larger than in the quiet after warm-up.
@@ -44,6 +46,9 @@ DEFAULT_BOUNDS = {
     "settle_proc_s": 1.0,
     "rss_warm_s": 15.0,
 }
+
+# Why an expiry with no fault on its pair is legitimate: D's load of it had failed first.
+GAVE_UP = "load failed on D"
 
 # Noise a P step's time may carry without being "waiting on a peer": the p99 of quiet steps.
 QUIET_PERCENTILE = 0.99
@@ -271,6 +276,13 @@ def _check_expiries(
 ) -> None:
     expiries = premature = 0
     allowed_by: dict[str, int] = {}
+    # When D gave each request up: its load failed (fenced, discarded, or the READ
+    # failed).  D heartbeats only what it still waits for, and a failed load tells
+    # P nothing, so P can only let that lease lapse.
+    gave_up: dict[str, float] = {}
+    for e in events:
+        if e["ev"] == "read" and e["failed"] and e["id"] not in gave_up:
+            gave_up[e["id"]] = e["t"]
     for e in events:
         if e["ev"] != "freed" or e["reason"] != "expiry":
             continue
@@ -292,6 +304,9 @@ def _check_expiries(
         if why:
             for f in why:
                 allowed_by[f.kind] = allowed_by.get(f.kind, 0) + 1
+            continue
+        if gave_up.get(e["id"], float("inf")) <= e["t"]:
+            allowed_by[GAVE_UP] = allowed_by.get(GAVE_UP, 0) + 1
             continue
         premature += 1
         violations.append(

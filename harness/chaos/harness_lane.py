@@ -153,6 +153,7 @@ def run(opts: Options) -> dict[str, Any]:
     common = {
         "progress_delay_us": PROGRESS_DELAY_US,
         "sampled_digest": True,
+        "written_log": True,
         "block_reuse": "lifo",
         "max_lifetime_s": horizon + 1200.0,
         "extra": {"engine_ttl": ENGINE_TTL_S, **opts.extra},

@@ -12,6 +12,7 @@ nobody else.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import queue
 import threading
@@ -21,6 +22,7 @@ from typing import Any
 
 from harness.nixl.fleet import Engine, Fleet
 from harness.nixl.scenarios import d_id
+from harness.nixl.spec import written_log_path
 
 from .history import History
 
@@ -141,6 +143,7 @@ class Node:
             pass
         eng.proc.join(10)
         self._record(eng.pid, up=False)
+        self._replay_written(eng)
         while not self.jobs.empty():
             try:
                 self.jobs.get_nowait()
@@ -149,6 +152,24 @@ class Node:
         with self._holds_lock:
             self.holds.clear()
         self.live = self.pending = 0
+
+    def _replay_written(self, eng: Engine) -> None:
+        """A dead P's writes the harness had not drained yet, from its written log
+        (a ``written`` event twice is harmless: the checker keeps one digest per id)."""
+        path = written_log_path(eng.spec.workdir, eng.spec.name or eng.spec.role, eng.pid)
+        try:
+            with open(path, encoding="utf-8") as f:
+                lines = f.read().splitlines()
+        except FileNotFoundError:
+            return
+        h = self.hist
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except ValueError:
+                continue  # the last line, cut by the kill
+            h.add("written", t=h.rel(rec["t"]), id=rec["id"], digest=rec["digest"])
+        os.unlink(path)
 
     def restart(self, same_id: bool) -> None:
         """Start the engine again on its host: under its engine id and side-channel

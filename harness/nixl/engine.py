@@ -13,6 +13,7 @@ named it (P), read done, freed and why, and per-head digests of the KV data.
 from __future__ import annotations
 
 import faulthandler
+import json
 import multiprocessing as mp
 import os
 import signal
@@ -35,7 +36,7 @@ from vllm_nixl_lease._wire import (
 from . import model
 from .fleet import PORT_TAKEN
 from .ranks import Rank, heartbeat_ids_of, is_any_heartbeat, preemptions, rank_main
-from .spec import EngineSpec
+from .spec import EngineSpec, written_log_path
 
 EXIT_DUMP_S = 1.5  # dump every thread's stack if the process has not exited this long after "stop"
 SLOW_S = 0.1  # steps (and gaps between step starts) longer than this are logged
@@ -107,6 +108,10 @@ class Engine:
         self.spec = spec
         self.status = RequestStatus
         self.engine_id = spec.engine_id or f"{spec.name or spec.role}-{os.getpid()}"
+        self._written_log = None
+        if spec.role == "P" and spec.written_log:
+            path = written_log_path(spec.workdir, spec.name or spec.role, os.getpid())
+            self._written_log = open(path, "a", encoding="utf-8")  # noqa: SIM115 - the process's life
         os.environ["VLLM_NIXL_SIDE_CHANNEL_HOST"] = spec.host_ip or "127.0.0.1"
         os.environ["VLLM_NIXL_SIDE_CHANNEL_PORT"] = str(spec.side_channel_port)
         # A file store, not TCP: no port to race for on a shared machine.
@@ -384,6 +389,7 @@ class Engine:
 
         now = time.monotonic()
         world = len(results)
+        wrote: set[str] = set()  # P: requests whose digests arrived this step
         sending: set[str] = set()
         recving: set[str] = set()
         for res in results:
@@ -432,6 +438,13 @@ class Engine:
             for req_id, heads in res["digests"].items():
                 if req_id in self.reqs:
                     self.reqs[req_id].setdefault("digest", {}).update(heads)
+                    wrote.add(req_id)
+        if wrote and self._written_log is not None:
+            for req_id in wrote:
+                rec = self.reqs[req_id]
+                line = {"id": req_id, "digest": _short(rec["digest"]), "t": rec["submitted_t"]}
+                self._written_log.write(json.dumps(line) + "\n")
+            self._written_log.flush()
         if sending or recving:
             self.sched.update_connector_output(
                 KVConnectorOutput(finished_sending=sending, finished_recving=recving)
@@ -590,8 +603,13 @@ class Engine:
                 if "read_t" not in rec:
                     continue
                 loaded.append(
-                    (req_id, bool(rec.get("failed")), _short(rec.get("digest", {})), rec["read_t"],
-                     rec.get("admitted_t"))
+                    (
+                        req_id,
+                        bool(rec.get("failed")),
+                        _short(rec.get("digest", {})),
+                        rec["read_t"],
+                        rec.get("admitted_t"),
+                    )
                 )
             del self.reqs[req_id]
         if self.spec.role == "P":

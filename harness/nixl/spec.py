@@ -55,5 +55,16 @@ class EngineSpec:
     # default) or "lifo" (the one freed last: a lapsed lease's blocks go to
     # the very next request, the harshest case for a late read).
     block_reuse: str = "fifo"
+    # P appends each request's digest to ``written_log_path`` as the step that
+    # wrote it ends (flushed), so a P killed or crashed before the harness
+    # drained it still tells what it wrote: a read of it can then be judged.
+    written_log: bool = False
     # Orphan guard: the engine exits this long after it started.
     max_lifetime_s: float = 600.0
+
+
+def written_log_path(workdir: str, name: str, pid: int) -> str:
+    """Where a P process (``EngineSpec.written_log``) appends ``{"id", "digest", "t"}`` lines."""
+    import os
+
+    return os.path.join(workdir, f"{name}-written-{pid}.jsonl")
