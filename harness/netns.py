@@ -347,6 +347,22 @@ class TwoHosts:
         assert self.subnet is not None
         return str(self.subnet[1])
 
+    def tcp_backoff(self, name: str, peer: str) -> tuple[int, float]:
+        """The most backed-off TCP connection from host ``name`` to host ``peer``:
+        (its retransmission backoff count, its retransmission timeout in s);
+        (0, 0.0) when no connection waits for a retransmission."""
+        out = subprocess.run(
+            [*self.exec_prefix(name), "ss", "-tinH", "dst", self.ip(peer)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+        worst = (0, 0.0)
+        for m in re.finditer(r"\brto:(\d+(?:\.\d+)?) backoff:(\d+)", out):
+            worst = max(worst, (int(m.group(2)), float(m.group(1)) / 1000))
+        return worst
+
     def exec_prefix(self, name: str) -> list[str]:
         """Prefix a command line with this to run it on host ``name``."""
         return ["ip", "netns", "exec", self.netns(name)]
