@@ -190,6 +190,46 @@ def test_fault_healed_long_before_the_extension_does_not_excuse() -> None:
     assert rules(run(ev)) == {"premature_expiry"}
 
 
+def test_long_cut_excuses_for_as_long_as_it_lasted_after_the_heal() -> None:
+    # A 12 s one-way cut: TCP's retransmission timer has backed off about that long,
+    # so what D sends after the heal may wait ~12 s more (chaos regression 3).
+    cut = [
+        {"t": 10.0, "ev": "fault", "fid": 7, "kind": "asym", "hosts": ["d"], "engines": []},
+        {"t": 22.0, "ev": "heal", "fid": 7},
+    ]
+    excused = (
+        base()
+        + cut
+        + [request("r1", 27.0), {"t": 33.0, "ev": "freed", "id": "r1", "p": "p0", "reason": "expiry"}]
+    )
+    res = run(excused)
+    assert res.ok, res.violations
+    assert res.figures["expiries_allowed_by"] == {"asym": 1}
+    too_late = (
+        base()
+        + cut
+        + [request("r2", 36.0), {"t": 42.0, "ev": "freed", "id": "r2", "p": "p0", "reason": "expiry"}]
+    )
+    assert rules(run(too_late)) == {"premature_expiry"}
+
+
+def test_faults_in_a_row_settle_as_one_chain() -> None:
+    # Two 4 s cuts 1 s apart and a stop right after: TCP never caught up, the chain
+    # (10-21 s) settles for 11 s, although each fault alone settles for 3 s or 1 s.
+    ev = base() + [
+        {"t": 10.0, "ev": "fault", "fid": 8, "kind": "partition", "hosts": ["d"], "engines": []},
+        {"t": 14.0, "ev": "heal", "fid": 8},
+        {"t": 15.0, "ev": "fault", "fid": 9, "kind": "flap", "hosts": ["d"], "engines": []},
+        {"t": 19.0, "ev": "heal", "fid": 9},
+        {"t": 19.5, "ev": "fault", "fid": 10, "kind": "stop", "hosts": [], "engines": ["p0"]},
+        {"t": 21.0, "ev": "heal", "fid": 10},
+        request("r1", 22.0),
+        {"t": 30.0, "ev": "freed", "id": "r1", "p": "p0", "reason": "expiry"},
+    ]
+    res = run(ev)
+    assert res.ok, res.violations
+
+
 def test_killed_d_excuses_its_leases_expiring_later() -> None:
     ev = base() + [
         request("r1", 10.0),

@@ -5,8 +5,9 @@
   request P never wrote.
 - **premature expiry**: P let a lease lapse although no fault cut that lease's
   P-D pair off (or stopped, killed or starved either engine) during the
-  extension before the expiry, plus a settle time after each fault (TCP's
-  retransmission backoff after a heal, one step after a resume), and D had
+  extension before the expiry, plus a settle time after each fault (one step
+  after a resume; after network faults, as long as the chain of faults on the
+  pair lasted: TCP's retransmission backoff, ``pair_fault_ends``), and D had
   not given the request up (its load failed before the expiry: D no longer
   heartbeats it and tells P nothing).  A legitimate expiry names the fault(s)
   that allowed it, or ``GAVE_UP``.
@@ -171,6 +172,46 @@ def _settle(f: Fault, bounds: dict[str, float]) -> float:
     return bounds["settle_net_s"] if f.kind in NETWORK_FAULTS else bounds["settle_proc_s"]
 
 
+# Linux's TCP_RTO_MAX: the longest TCP waits between two retransmissions.
+TCP_RTO_MAX_S = 120.0
+
+
+def pair_fault_ends(
+    faults: list[Fault], fleet: Fleet, p: str, d: str, b: dict[str, float]
+) -> dict[int, float]:
+    """Until when each fault impairing the pair ``p``-``d`` may excuse its expiries
+    (fid -> time).  Faults that overlap, or follow within the settle time, chain.
+    After a chain with a network fault, TCP's retransmission timer has backed off
+    for as long as the chain kept segments unacknowledged (each wait doubles the
+    one before, so the next retry comes up to about the time lost so far after
+    the heal): whatever either side queued waits for it, so the chain settles for
+    its own length (at least ``settle_net_s``, at most TCP_RTO_MAX_S).  A chain of
+    process faults alone settles for ``settle_proc_s``."""
+    mine = sorted((f for f in faults if impairs(f, fleet, p, d)), key=lambda f: f.start)
+    out: dict[int, float] = {}
+    chain: list[Fault] = []
+
+    def close() -> None:
+        if not chain:
+            return
+        start, end = chain[0].start, max(f.end for f in chain)
+        if any(f.kind in NETWORK_FAULTS for f in chain):
+            settled = end + max(b["settle_net_s"], min(TCP_RTO_MAX_S, end - start))
+            for f in chain:
+                out[f.fid] = settled
+        else:
+            for f in chain:
+                out[f.fid] = f.end + _settle(f, b)
+
+    for f in mine:
+        if chain and f.start > max(g.end + _settle(g, b) for g in chain):
+            close()
+            chain = []
+        chain.append(f)
+    close()
+    return out
+
+
 def active_at(faults: Iterable[Fault], t: float) -> list[Fault]:
     return [f for f in faults if f.start <= t <= f.end]
 
@@ -280,6 +321,7 @@ def _check_expiries(
     # failed).  D heartbeats only what it still waits for, and a failed load tells
     # P nothing, so P can only let that lease lapse.
     gave_up: dict[str, float] = {}
+    ends: dict[tuple[str, str], dict[int, float]] = {}  # per pair: fid -> until when it excuses
     for e in events:
         if e["ev"] == "read" and e["failed"] and e["id"] not in gave_up:
             gave_up[e["id"]] = e["t"]
@@ -292,11 +334,13 @@ def _check_expiries(
             continue  # warm-up traffic is not in the history's requests
         p, d = req["p"], req["d"]
         lo, hi = e["t"] - extension - b["settle_net_s"], e["t"]
+        if (p, d) not in ends:
+            ends[p, d] = pair_fault_ends(faults, fleet, p, d, b)
         why = []
         for f in faults:
-            if not impairs(f, fleet, p, d):
+            if f.fid not in ends[p, d]:
                 continue
-            f_end = f.end + _settle(f, b)
+            f_end = ends[p, d][f.fid]
             if f.kind in ("kill", "crash") and d in f.engines and req["t"] <= f.start:
                 f_end = float("inf")  # the D that held it died: its lease can only lapse
             if f.start <= hi and f_end >= lo:
