@@ -31,11 +31,16 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
         self.heartbeats = HeartbeatSchedule(lease_config)
         self.lease_views = LeaseViewCollector(lease_config, self._TRANSFER_MODE)
         self.lease_params = LeaseParams(lease_config)
+        # No component has anything to ship (no request heartbeated, no view news,
+        # P's instance shipped) until a hook below says otherwise: most idle steps
+        # then touch none of them (the step runs with caches others have evicted).
+        self._quiet = False
 
     # D: upstream validates and records the request in its own heartbeat
     # dicts; our components take it over from there.
     def on_new_request(self, request: Any) -> None:
         super().on_new_request(request)
+        self._quiet = False
         req_id = request.request_id
         entry = self._heartbeat_req_engine.get(req_id)
         if entry is None:
@@ -51,22 +56,28 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
             self.lease_views.add(req_id, engine_id, instance, name, terms, self.heartbeats.chunk_of(req_id))
 
     def _stop_heartbeat(self, req_id: str) -> None:
+        self._quiet = False
         self.lease_views.drop(req_id)
         self.heartbeats.untrack(req_id)
         super()._stop_heartbeat(req_id)
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         meta = LeaseConnectorMetadata.adopt(super().build_connector_meta(scheduler_output))
+        if self._quiet and not meta.reqs_to_send:  # type: ignore[attr-defined]
+            return meta
         self.heartbeats.attach(meta)
         self.lease_views.rechunk(self.heartbeats.take_repacked(), self.heartbeats.chunk_of)
         self.lease_views.attach(meta)
         self.lease_params.attach(meta)
         if self.lease_config.idle_step_sleep_s > 0:  # read only by the idle pause
             setattr(meta, LEASE_IDLE_ATTR, step_is_idle(scheduler_output, meta))
+        else:
+            self._quiet = not (self.heartbeats.groups or self.lease_views.pending)
         return meta
 
     # P: tell D when its lease ends (read fencing).
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
+        self._quiet = False
         delay_free, params = super().request_finished(request, block_ids)
         if delay_free and params and params.get("do_remote_prefill"):
             self.lease_params.add(params, request.request_id, self._reqs_need_send.get(request.request_id))

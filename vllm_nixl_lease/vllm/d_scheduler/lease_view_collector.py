@@ -102,6 +102,11 @@ class LeaseViewCollector:
                 if chunk is not None:
                     self._chunks[local_id] = chunk
 
+    @property
+    def pending(self) -> bool:
+        """News for the workers that the next ``attach`` ships."""
+        return bool(self._new or self._dropped or self._chunks)
+
     def attach(self, meta: object) -> None:
         if not (self._new or self._dropped or self._chunks):
             return  # the workers read no attribute as no news
