@@ -133,7 +133,10 @@ class HeartbeatSender:
     ) -> None:
         up = self._upstream
         engine_id = hb.engine_id
-        if pairs is None:
+        if pairs is None and engine_id not in up._remote_agents:
+            # Only an engine not connected yet needs upstream's call: it first scans
+            # every engine for TTL eviction (engine_reaper.py does that every few
+            # seconds), which a step sending to a connected engine need not pay.
             fut = up._ensure_handshake(
                 engine_id,
                 hb.host,
@@ -146,7 +149,7 @@ class HeartbeatSender:
             if fut is not None:
                 self.waiting[key] = (hb, fut)
                 return
-        elif engine_id not in up._remote_agents:
+        elif pairs is not None and engine_id not in up._remote_agents:
             return  # engine evicted since the failure
         # A heartbeat means the router still pairs this P with us (upstream).
         up._engine_last_active[engine_id] = time.perf_counter()
