@@ -78,8 +78,9 @@ def _serve_p(meta: Path, size_mb: int, notify: bool, threads: int, error_mode: s
         time.sleep(P_NOTIFY_PERIOD_S)
 
 
-def _read_d(meta: Path, name: str, block_kb: int, blocks: int, in_flight: int, threads: int,
-            error_mode: str | None) -> None:
+def _read_d(
+    meta: Path, name: str, block_kb: int, blocks: int, in_flight: int, threads: int, error_mode: str | None
+) -> None:
     """D: READ ``blocks`` blocks of P's buffer per transfer, ``in_flight`` transfers
     at a time, for ever; prints READING once the first transfer ended."""
     import numpy as np
@@ -132,17 +133,40 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path.cwd()), env.get("PYTHONPATH", "")]))
     meta, p_log, d_log = workdir / "p.meta", workdir / "p.log", workdir / "d.log"
     common = [str(args.threads), args.error_mode or ""]
-    p_cmd = [sys.executable, "-m", "tools.ucx_get_abort", "--role", "p", str(meta), str(args.size_mb),
-             "1" if args.p_notifies else "0", *common]
+    p_cmd = [
+        sys.executable,
+        "-m",
+        "tools.ucx_get_abort",
+        "--role",
+        "p",
+        str(meta),
+        str(args.size_mb),
+        "1" if args.p_notifies else "0",
+        *common,
+    ]
     p = _P(p_cmd, env, meta, p_log)
     deaths: list[dict[str, Any]] = []
     t0 = time.monotonic()
     try:
         for i in range(args.rounds):
             d = subprocess.Popen(
-                [sys.executable, "-m", "tools.ucx_get_abort", "--role", "d", str(meta), f"D{i}",
-                 str(args.block_kb), str(args.blocks), str(args.in_flight), *common],
-                env=env, stdout=subprocess.PIPE, stderr=d_log.open("ab"))
+                [
+                    sys.executable,
+                    "-m",
+                    "tools.ucx_get_abort",
+                    "--role",
+                    "d",
+                    str(meta),
+                    f"D{i}",
+                    str(args.block_kb),
+                    str(args.blocks),
+                    str(args.in_flight),
+                    *common,
+                ],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=d_log.open("ab"),
+            )
             assert d.stdout is not None
             reading = False
             while not reading and d.poll() is None:
@@ -178,13 +202,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--block-kb", type=int, default=16, help="bytes per READ descriptor")
     ap.add_argument("--blocks", type=int, default=4096, help="descriptors per transfer")
     ap.add_argument("--in-flight", type=int, default=4, help="transfers D keeps posted")
-    ap.add_argument("--kill-within-s", type=float, default=0.3,
-                    help="kill D within this long (uniform) after its first READ ended")
+    ap.add_argument(
+        "--kill-within-s",
+        type=float,
+        default=0.3,
+        help="kill D within this long (uniform) after its first READ ended",
+    )
     ap.add_argument("--stop-first", action="store_true", help="SIGSTOP D for 2 s before the SIGKILL")
     ap.add_argument("--p-notifies", action="store_true", help="P sends a notification to each D every 20 ms")
     ap.add_argument("--threads", type=int, default=4, help="NIXL UCX backend num_threads (vLLM: 4)")
-    ap.add_argument("--error-mode", choices=["none", "peer"], default=None,
-                    help="NIXL's ucx_error_handling_mode, both agents (NIXL's default: peer)")
+    ap.add_argument(
+        "--error-mode",
+        choices=["none", "peer"],
+        default=None,
+        help="NIXL's ucx_error_handling_mode, both agents (NIXL's default: peer)",
+    )
     ap.add_argument("--json", type=Path)
     ap.add_argument("--role", choices=["p", "d"], help=argparse.SUPPRESS)
     ap.add_argument("role_args", nargs="*", help=argparse.SUPPRESS)
