@@ -82,7 +82,8 @@ def _read_d(
     meta: Path, name: str, block_kb: int, blocks: int, in_flight: int, threads: int, error_mode: str | None
 ) -> None:
     """D: READ ``blocks`` blocks of P's buffer per transfer, ``in_flight`` transfers
-    at a time, for ever; prints READING once the first transfer ended."""
+    at a time, for ever; prints READING once the first transfer completed
+    (FAILED and exits if one ended otherwise)."""
     import numpy as np
 
     agent = _agent(name, threads, error_mode)
@@ -103,9 +104,13 @@ def _read_d(
             agent.transfer(handle)
             handles.append(handle)
         for handle in list(handles):
-            if agent.check_xfer_state(handle) != "PROC":
+            state = agent.check_xfer_state(handle)
+            if state != "PROC":
                 handles.remove(handle)
                 handle.release()
+                if state != "DONE":
+                    print(f"FAILED {state}", flush=True)
+                    return
                 done += 1
                 if done == 1:
                     print("READING", flush=True)
@@ -146,6 +151,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     ]
     p = _P(p_cmd, env, meta, p_log)
     deaths: list[dict[str, Any]] = []
+    failed_reads: list[dict[str, Any]] = []  # rounds whose first READ did not complete
     t0 = time.monotonic()
     try:
         for i in range(args.rounds):
@@ -168,9 +174,12 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 stderr=d_log.open("ab"),
             )
             assert d.stdout is not None
-            reading = False
-            while not reading and d.poll() is None:
-                reading = d.stdout.readline().startswith(b"READING")
+            line = b""
+            while not line.startswith((b"READING", b"FAILED")) and d.poll() is None:
+                line = d.stdout.readline()
+            reading = line.startswith(b"READING")
+            if not reading:
+                failed_reads.append({"round": i, "d_said": line.decode(errors="replace").strip()})
             time.sleep(random.uniform(0, args.kill_within_s))
             if args.stop_first:
                 d.send_signal(signal.SIGSTOP)
@@ -188,7 +197,47 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "rounds": args.rounds,
         "p_deaths": len(deaths),
         "deaths": deaths,
+        "rounds_without_a_read": failed_reads,
         "p_fatal_lines": _fatal_lines(p_log),
+        "wall_s": round(time.monotonic() - t0, 1),
+        "ucx_tls": env["UCX_TLS"],
+        "args": {k: v for k, v in vars(args).items() if k not in ("role", "role_args", "json")},
+    }
+
+
+def run_engines(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """The same race with harness engines (vLLM's NIXL worker, our connector on
+    both sides): a fresh D per round reads ``args.requests`` prefilled requests
+    of ``args.tokens`` tokens each and is SIGKILLed while reading."""
+    from harness.nixl import Fleet
+    from harness.nixl import scenarios as sc
+
+    env = {"UCX_TLS": os.environ.get("UCX_TLS", "tcp")}
+    blocks = 16 + 4 * args.requests * (args.tokens // 32 + 1)  # rounds overlap unread leases
+    deaths: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    with Fleet(str(workdir), lease=sc.LEASE) as fleet:
+
+        def start_p(gen: int) -> Any:
+            return fleet.start(
+                "P", f"p{gen}", env=env, num_blocks=blocks, progress_delay_us=PROGRESS_DELAY_US
+            )
+
+        p = start_p(0)
+        for i in range(args.rounds):
+            d = fleet.start("D", f"d{i}", env=env, num_blocks=blocks, progress_delay_us=PROGRESS_DELAY_US)
+            ids, params = sc.prefill(p, f"r{i}", args.requests, tokens=args.tokens)
+            sc.hand_to_d(d, params, hold=False, tokens=args.tokens)
+            time.sleep(random.uniform(0, args.kill_within_s))
+            d.kill()
+            time.sleep(SETTLE_S)
+            if not p.proc.is_alive():
+                deaths.append({"round": i, "returncode": p.proc.exitcode, "fatal": _fatal_lines(Path(p.log))})
+                p = start_p(i + 1)
+    return {
+        "rounds": args.rounds,
+        "p_deaths": len(deaths),
+        "deaths": deaths,
         "wall_s": round(time.monotonic() - t0, 1),
         "ucx_tls": env["UCX_TLS"],
         "args": {k: v for k, v in vars(args).items() if k not in ("role", "role_args", "json")},
@@ -217,6 +266,9 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="NIXL's ucx_error_handling_mode, both agents (NIXL's default: peer)",
     )
+    ap.add_argument("--engines", action="store_true", help="harness engines (vLLM) instead of raw agents")
+    ap.add_argument("--requests", type=int, default=16, help="--engines: requests D reads per round")
+    ap.add_argument("--tokens", type=int, default=1024, help="--engines: tokens per request (32 per block)")
     ap.add_argument("--json", type=Path)
     ap.add_argument("--role", choices=["p", "d"], help=argparse.SUPPRESS)
     ap.add_argument("role_args", nargs="*", help=argparse.SUPPRESS)
@@ -230,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         _read_d(Path(meta), name, int(block_kb), int(blocks), int(in_flight), int(threads), mode or None)
         return 0
     with tempfile.TemporaryDirectory(prefix="ucx-get-abort-") as tmp:
-        out = run(args, Path(tmp))
+        out = (run_engines if args.engines else run)(args, Path(tmp))
     text = json.dumps(out, indent=1)
     print(text)
     if args.json:
