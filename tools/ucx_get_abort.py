@@ -213,6 +213,7 @@ def run_engines(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from harness.nixl import scenarios as sc
 
     env = {"UCX_TLS": os.environ.get("UCX_TLS", "tcp")}
+    extra = {"num_threads": args.threads}  # vLLM's kv_connector_extra_config key
     blocks = 16 + 4 * args.requests * (args.tokens // 32 + 1)  # rounds overlap unread leases
     deaths: list[dict[str, Any]] = []
     t0 = time.monotonic()
@@ -220,12 +221,14 @@ def run_engines(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
         def start_p(gen: int) -> Any:
             return fleet.start(
-                "P", f"p{gen}", env=env, num_blocks=blocks, progress_delay_us=PROGRESS_DELAY_US
+                "P", f"p{gen}", env=env, num_blocks=blocks, progress_delay_us=PROGRESS_DELAY_US, extra=extra
             )
 
         p = start_p(0)
         for i in range(args.rounds):
-            d = fleet.start("D", f"d{i}", env=env, num_blocks=blocks, progress_delay_us=PROGRESS_DELAY_US)
+            d = fleet.start(
+                "D", f"d{i}", env=env, num_blocks=blocks, progress_delay_us=PROGRESS_DELAY_US, extra=extra
+            )
             ids, params = sc.prefill(p, f"r{i}", args.requests, tokens=args.tokens)
             sc.hand_to_d(d, params, hold=False, tokens=args.tokens)
             time.sleep(random.uniform(0, args.kill_within_s))
