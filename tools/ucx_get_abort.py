@@ -138,6 +138,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(Path.cwd()), env.get("PYTHONPATH", "")]))
     meta, p_log, d_log = workdir / "p.meta", workdir / "p.log", workdir / "d.log"
     common = [str(args.threads), args.error_mode or ""]
+    d_threads = str(args.threads if args.d_threads is None else args.d_threads)
     p_cmd = [
         sys.executable,
         "-m",
@@ -167,7 +168,8 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                     str(args.block_kb),
                     str(args.blocks),
                     str(args.in_flight),
-                    *common,
+                    d_threads,
+                    args.error_mode or "",
                 ],
                 env=env,
                 stdout=subprocess.PIPE,
@@ -211,6 +213,7 @@ def run_engines(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     of ``args.tokens`` tokens each and is SIGKILLed while reading."""
     from harness.nixl import Fleet
     from harness.nixl import scenarios as sc
+    from harness.nixl.fleet import wait_for
 
     env = {"UCX_TLS": os.environ.get("UCX_TLS", "tcp")}
     extra = {"num_threads": args.threads}  # vLLM's kv_connector_extra_config key
@@ -231,6 +234,12 @@ def run_engines(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             )
             ids, params = sc.prefill(p, f"r{i}", args.requests, tokens=args.tokens)
             sc.hand_to_d(d, params, hold=False, tokens=args.tokens)
+
+            def reading(d: Any = d, ids: list[str] = ids) -> bool:
+                reqs = d.report()["reqs"]
+                return any("admitted_t" in reqs[sc.d_id(r)] for r in ids)
+
+            wait_for(reading, 30, poll=0.02, what="D posting its first READ")
             time.sleep(random.uniform(0, args.kill_within_s))
             d.kill()
             time.sleep(SETTLE_S)
@@ -263,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stop-first", action="store_true", help="SIGSTOP D for 2 s before the SIGKILL")
     ap.add_argument("--p-notifies", action="store_true", help="P sends a notification to each D every 20 ms")
     ap.add_argument("--threads", type=int, default=4, help="NIXL UCX backend num_threads (vLLM: 4)")
+    ap.add_argument("--d-threads", type=int, default=None, help="D's num_threads, if not --threads")
     ap.add_argument(
         "--error-mode",
         choices=["none", "peer"],
