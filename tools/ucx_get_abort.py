@@ -14,7 +14,14 @@ That answer's send error ends in ``ucs_fatal("unexpected error: ...")`` in
 
     .venv/bin/python -m tools.ucx_get_abort [--rounds 12] [--block-kb 16] \
         [--blocks 4096] [--in-flight 4] [--stop-first] [--p-notifies] \
-        [--error-mode none|peer] [--json out.json]
+        [--threads 4] [--d-threads N] [--error-mode none|peer] [--json out.json]
+    .venv/bin/python -m tools.ucx_get_abort --engines [--cut] [--rounds 12] \
+        [--requests 16] [--tokens 1024] [--threads 4] [--d-threads N]
+
+``--engines`` runs harness engines (vLLM's NIXL worker, our connector) instead
+of raw agents; with ``--cut`` (root, ``harness.netns``) P and D run on two
+network-namespace hosts and D is killed behind a cut of its host, then the
+cut heals, as ``make chaos`` does.
 
 Environment variables (``UCX_*``) pass through to both agents; ``UCX_TLS``
 defaults to ``tcp``.  Not part of ``make test``: the abort is a race (rate in
@@ -24,6 +31,7 @@ docs/BENCHMARKS.md).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -38,6 +46,9 @@ from typing import Any
 PROGRESS_DELAY_US = 1000
 P_NOTIFY_PERIOD_S = 0.02
 SETTLE_S = 1.5
+CUT_BEFORE_KILL_S = 0.5
+CUT_AFTER_KILL_S = 2.0
+AFTER_HEAL_S = 4.0
 
 
 def _agent(name: str, threads: int, error_mode: str | None) -> Any:
@@ -208,30 +219,35 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
 
 def run_engines(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    """The same race with harness engines (vLLM's NIXL worker, our connector on
-    both sides): a fresh D per round reads ``args.requests`` prefilled requests
-    of ``args.tokens`` tokens each and is SIGKILLed while reading."""
+    """The same with harness engines (vLLM's NIXL worker, our connector on both
+    sides): a fresh D per round reads ``args.requests`` prefilled requests of
+    ``args.tokens`` tokens each and is SIGKILLed while reading.  With
+    ``args.cut`` P and D run on two network-namespace hosts and D is killed
+    behind a cut of its host (link down ``CUT_BEFORE_KILL_S`` before the kill,
+    healed ``CUT_AFTER_KILL_S`` after it), as in ``make chaos``."""
+    from harness import netns
     from harness.nixl import Fleet
     from harness.nixl import scenarios as sc
     from harness.nixl.fleet import wait_for
 
     env = {"UCX_TLS": os.environ.get("UCX_TLS", "tcp")}
-    extra = {"num_threads": args.threads}  # vLLM's kv_connector_extra_config key
+    p_extra = {"num_threads": args.threads}  # vLLM's kv_connector_extra_config key
+    d_extra = {"num_threads": args.threads if args.d_threads is None else args.d_threads}
     blocks = 16 + 4 * args.requests * (args.tokens // 32 + 1)  # rounds overlap unread leases
+    common = {"env": env, "num_blocks": blocks, "progress_delay_us": PROGRESS_DELAY_US}
     deaths: list[dict[str, Any]] = []
     t0 = time.monotonic()
-    with Fleet(str(workdir), lease=sc.LEASE) as fleet:
+    with contextlib.ExitStack() as stack:
+        hosts = stack.enter_context(netns.TwoHosts()) if args.cut else None
+        fleet = stack.enter_context(Fleet(str(workdir), lease=sc.LEASE, hosts=hosts))
+        p_host, d_host = ("p", "d") if hosts else (None, None)
 
         def start_p(gen: int) -> Any:
-            return fleet.start(
-                "P", f"p{gen}", env=env, num_blocks=blocks, progress_delay_us=PROGRESS_DELAY_US, extra=extra
-            )
+            return fleet.start("P", f"p{gen}", host=p_host, extra=p_extra, **common)
 
         p = start_p(0)
         for i in range(args.rounds):
-            d = fleet.start(
-                "D", f"d{i}", env=env, num_blocks=blocks, progress_delay_us=PROGRESS_DELAY_US, extra=extra
-            )
+            d = fleet.start("D", f"d{i}", host=d_host, extra=d_extra, **common)
             ids, params = sc.prefill(p, f"r{i}", args.requests, tokens=args.tokens)
             sc.hand_to_d(d, params, hold=False, tokens=args.tokens)
 
@@ -241,8 +257,16 @@ def run_engines(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
             wait_for(reading, 30, poll=0.02, what="D posting its first READ")
             time.sleep(random.uniform(0, args.kill_within_s))
-            d.kill()
-            time.sleep(SETTLE_S)
+            if hosts:
+                hosts.cut("d")
+                time.sleep(CUT_BEFORE_KILL_S)
+                d.kill()
+                time.sleep(CUT_AFTER_KILL_S)
+                hosts.heal("d")
+                time.sleep(AFTER_HEAL_S)
+            else:
+                d.kill()
+                time.sleep(SETTLE_S)
             if not p.proc.is_alive():
                 deaths.append({"round": i, "returncode": p.proc.exitcode, "fatal": _fatal_lines(Path(p.log))})
                 p = start_p(i + 1)
@@ -280,6 +304,7 @@ def main(argv: list[str] | None = None) -> int:
         help="NIXL's ucx_error_handling_mode, both agents (NIXL's default: peer)",
     )
     ap.add_argument("--engines", action="store_true", help="harness engines (vLLM) instead of raw agents")
+    ap.add_argument("--cut", action="store_true", help="--engines: on two netns hosts, D killed behind a cut")
     ap.add_argument("--requests", type=int, default=16, help="--engines: requests D reads per round")
     ap.add_argument("--tokens", type=int, default=1024, help="--engines: tokens per request (32 per block)")
     ap.add_argument("--json", type=Path)
