@@ -230,7 +230,8 @@ def run_engines(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from harness.nixl import scenarios as sc
     from harness.nixl.fleet import wait_for
 
-    env = {"UCX_TLS": os.environ.get("UCX_TLS", "tcp")}
+    env = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
+    env.setdefault("UCX_TLS", "tcp")
     p_extra = {"num_threads": args.threads}  # vLLM's kv_connector_extra_config key
     d_extra = {"num_threads": args.threads if args.d_threads is None else args.d_threads}
     blocks = 16 + 4 * args.requests * (args.tokens // 32 + 1)  # rounds overlap unread leases
