@@ -214,7 +214,7 @@ def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "p_fatal_lines": _fatal_lines(p_log),
         "wall_s": round(time.monotonic() - t0, 1),
         "ucx_tls": env["UCX_TLS"],
-        "args": {k: v for k, v in vars(args).items() if k not in ("role", "role_args", "json")},
+        "args": {k: v for k, v in vars(args).items() if k not in ("role", "role_args", "json", "workdir")},
     }
 
 
@@ -277,7 +277,7 @@ def run_engines(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         "deaths": deaths,
         "wall_s": round(time.monotonic() - t0, 1),
         "ucx_tls": env["UCX_TLS"],
-        "args": {k: v for k, v in vars(args).items() if k not in ("role", "role_args", "json")},
+        "args": {k: v for k, v in vars(args).items() if k not in ("role", "role_args", "json", "workdir")},
     }
 
 
@@ -309,6 +309,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--requests", type=int, default=16, help="--engines: requests D reads per round")
     ap.add_argument("--tokens", type=int, default=1024, help="--engines: tokens per request (32 per block)")
     ap.add_argument("--json", type=Path)
+    ap.add_argument(
+        "--workdir", type=Path, help="keep the processes' logs here (default: a temporary folder)"
+    )
     ap.add_argument("--role", choices=["p", "d"], help=argparse.SUPPRESS)
     ap.add_argument("role_args", nargs="*", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -320,8 +323,12 @@ def main(argv: list[str] | None = None) -> int:
         meta, name, block_kb, blocks, in_flight, threads, mode = args.role_args
         _read_d(Path(meta), name, int(block_kb), int(blocks), int(in_flight), int(threads), mode or None)
         return 0
-    with tempfile.TemporaryDirectory(prefix="ucx-get-abort-") as tmp:
-        out = (run_engines if args.engines else run)(args, Path(tmp))
+    if args.workdir:
+        args.workdir.mkdir(parents=True, exist_ok=True)
+        out = (run_engines if args.engines else run)(args, args.workdir)
+    else:
+        with tempfile.TemporaryDirectory(prefix="ucx-get-abort-") as tmp:
+            out = (run_engines if args.engines else run)(args, Path(tmp))
     text = json.dumps(out, indent=1)
     print(text)
     if args.json:
