@@ -78,6 +78,7 @@ class Node:
         self._last_drain = 0.0
         self._last_sizes = 0.0
         self._last_stats: tuple[int, int] = (-1, -1)
+        self._drained_writes: set[str] = set()  # P: ids this process's drains reported written
         self.live = 0  # P: leases the harness engine still counts
         self.pending = 0  # D: requests queued or reading
         self.errors = 0
@@ -154,8 +155,7 @@ class Node:
         self.live = self.pending = 0
 
     def _replay_written(self, eng: Engine) -> None:
-        """A dead P's writes the harness had not drained yet, from its written log
-        (a ``written`` event twice is harmless: the checker keeps one digest per id)."""
+        """A dead P's writes the harness had not drained yet, from its written log."""
         path = written_log_path(eng.spec.workdir, eng.spec.name or eng.spec.role, eng.pid)
         try:
             with open(path, encoding="utf-8") as f:
@@ -168,7 +168,9 @@ class Node:
                 rec = json.loads(line)
             except ValueError:
                 continue  # the last line, cut by the kill
-            h.add("written", t=h.rel(rec["t"]), id=rec["id"], digest=rec["digest"])
+            if rec["id"] not in self._drained_writes:
+                h.add("written", t=h.rel(rec["t"]), id=rec["id"], digest=rec["digest"])
+        self._drained_writes.clear()
         os.unlink(path)
 
     def restart(self, same_id: bool) -> None:
@@ -285,6 +287,7 @@ class Node:
         h = self.hist
         for req_id, digest, t in out["written"]:
             h.add("written", t=h.rel(t), id=req_id, digest=digest)
+            self._drained_writes.add(req_id)
         for req_id, reason, t, hb_last, hb in out["freed"]:
             h.add(
                 "freed",
