@@ -31,9 +31,10 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
         self.heartbeats = HeartbeatSchedule(lease_config)
         self.lease_views = LeaseViewCollector(lease_config, self._TRANSFER_MODE)
         self.lease_params = LeaseParams(lease_config)
-        # No component has anything to ship (no request heartbeated, no view news,
-        # P's instance shipped) until a hook below says otherwise: most idle steps
-        # then touch none of them (the step runs with caches others have evicted).
+        # No component but the heartbeat schedule has anything to ship (no view
+        # news, no repack, P's instance shipped) until a hook below says otherwise:
+        # most steps then touch only the schedule (they run with caches others
+        # have evicted).
         self._quiet = False
 
     # D: upstream validates and records the request in its own heartbeat
@@ -64,6 +65,7 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         meta = LeaseConnectorMetadata.adopt(super().build_connector_meta(scheduler_output))
         if self._quiet and not meta.reqs_to_send:  # type: ignore[attr-defined]
+            self.heartbeats.attach(meta)  # paced: chunks fall due by the clock
             return meta
         self.heartbeats.attach(meta)
         self.lease_views.rechunk(self.heartbeats.take_repacked(), self.heartbeats.chunk_of)
@@ -72,7 +74,7 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
         if self.lease_config.idle_step_sleep_s > 0:  # read only by the idle pause
             setattr(meta, LEASE_IDLE_ATTR, step_is_idle(scheduler_output, meta))
         else:
-            self._quiet = not (self.heartbeats.groups or self.lease_views.pending)
+            self._quiet = not self.lease_views.pending
         return meta
 
     # P: tell D when its lease ends (read fencing).
