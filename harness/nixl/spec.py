@@ -3,6 +3,7 @@ process never loads torch or vLLM)."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +66,4 @@ class EngineSpec:
 
 def written_log_path(workdir: str, name: str, pid: int) -> str:
     """Where a P process (``EngineSpec.written_log``) appends ``{"id", "digest", "t"}`` lines."""
-    import os
-
     return os.path.join(workdir, f"{name}-written-{pid}.jsonl")

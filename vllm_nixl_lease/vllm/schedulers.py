@@ -64,10 +64,9 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         meta = LeaseConnectorMetadata.adopt(super().build_connector_meta(scheduler_output))
+        self.heartbeats.attach(meta)  # every step: paced chunks fall due by the clock
         if self._quiet and not meta.reqs_to_send:  # type: ignore[attr-defined]
-            self.heartbeats.attach(meta)  # paced: chunks fall due by the clock
             return meta
-        self.heartbeats.attach(meta)
         self.lease_views.rechunk(self.heartbeats.take_repacked(), self.heartbeats.chunk_of)
         self.lease_views.attach(meta)
         self.lease_params.attach(meta)

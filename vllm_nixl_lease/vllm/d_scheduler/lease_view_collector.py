@@ -108,7 +108,7 @@ class LeaseViewCollector:
         return bool(self._new or self._dropped or self._chunks)
 
     def attach(self, meta: object) -> None:
-        if not (self._new or self._dropped or self._chunks):
+        if not self.pending:
             return  # the workers read no attribute as no news
         updates = LeaseViewUpdates(self._new, self._dropped, self._chunks)
         for local_id, view in self._new.items():

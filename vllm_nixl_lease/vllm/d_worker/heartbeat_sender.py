@@ -133,7 +133,9 @@ class HeartbeatSender:
     ) -> None:
         up = self._upstream
         engine_id = hb.engine_id
-        if pairs is None and engine_id not in up._remote_agents:
+        if engine_id not in up._remote_agents:
+            if pairs is not None:
+                return  # engine evicted since the failure
             # Only an engine not connected yet needs upstream's call: it first scans
             # every engine for TTL eviction (engine_reaper.py does that every few
             # seconds), which a step sending to a connected engine need not pay.
@@ -149,8 +151,6 @@ class HeartbeatSender:
             if fut is not None:
                 self.waiting[key] = (hb, fut)
                 return
-        elif pairs is not None and engine_id not in up._remote_agents:
-            return  # engine evicted since the failure
         # A heartbeat means the router still pairs this P with us (upstream).
         up._engine_last_active[engine_id] = time.perf_counter()
         fresh = pairs is None
