@@ -316,6 +316,27 @@ def d_fleet(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
     return [d_row(floor, impl, args.p), d_row(h, impl, args.p)]
 
 
+def d_parts(steps: list[tuple]) -> Row:
+    """Where D's CPU per step goes: steps that send a heartbeat against the rest,
+    the CPU inside NIXL's ``send_notif``, and the worker's CPU outside it in steps
+    that take no notification against one that takes an answer (``LACK:``)."""
+
+    def p50(values: list[float]) -> float:
+        return us(pct(values, 50)) if values else math.nan
+
+    sending = [s for s in steps if s[12] > 0]
+    quiet = [s for s in steps if s[12] == 0]
+    return {
+        "sending_steps_pct": round(100 * len(sending) / max(1, len(steps)), 1),
+        "cpu_p50_sending_us": p50([s[7] + s[10] for s in sending]),
+        "cpu_p50_not_sending_us": p50([s[7] + s[10] for s in quiet]),
+        "send_cpu_p50_us": p50([s[16] for s in sending]),
+        "scheduler_cpu_p50_us": p50([s[10] for s in steps]),
+        "worker_cpu_p50_no_notif_us": p50([s[7] - s[16] for s in steps if s[3] == 0]),
+        "worker_cpu_p50_one_notif_us": p50([s[7] - s[16] for s in steps if s[3] == 1]),
+    }
+
+
 def d_row(h: dict[str, Any], impl: str, p_engines: int) -> Row:
     steps = h["steps"]
     wall = [s[2] + s[9] for s in steps]  # worker calls + build_connector_meta
@@ -337,6 +358,7 @@ def d_row(h: dict[str, Any], impl: str, p_engines: int) -> Row:
         "cpu_d_cores": round(h["cpu_d"], 3),
         "errors": len(h["errors"]),
         **preemption(steps, wall),
+        **d_parts(steps),
     }
     RAW[f"d_fleet/{impl}/{h['leases']}"] = steps
     say(
@@ -344,7 +366,11 @@ def d_row(h: dict[str, Any], impl: str, p_engines: int) -> Row:
         f"{row['p50_us']:.0f} us, p99 {row['p99_us']:.0f} us, max {row['max_us']:.0f} us (CPU p99 "
         f"{row['cpu_p99_us']:.0f} us); {h['hb_msgs']} messages; premature expiries {h['expired']}; "
         f"preempted in {row['preempted_steps_pct']}% of steps, p99 of the others "
-        f"{row['unpreempted_p99_us']:.0f} us"
+        f"{row['unpreempted_p99_us']:.0f} us; CPU p50 of the {row['sending_steps_pct']}% of steps that send "
+        f"{row['cpu_p50_sending_us']:.0f} us ({row['send_cpu_p50_us']:.0f} in send_notif), of the others "
+        f"{row['cpu_p50_not_sending_us']:.0f} us; scheduler p50 {row['scheduler_cpu_p50_us']:.0f} us; worker "
+        f"outside send_notif p50 {row['worker_cpu_p50_no_notif_us']:.0f} us with no notification, "
+        f"{row['worker_cpu_p50_one_notif_us']:.0f} us with one"
     )
     return row
 
@@ -838,6 +864,7 @@ def main(argv: list[str] | None = None) -> int:
             "nixl_send_agents",
             "preempted",
             "preempted_in_send",
+            "nixl_send_cpu_s",
         ],
         "steps": RAW,
         "targets": targets(rows),

@@ -321,7 +321,7 @@ class Engine:
         if self._profiler is not None:
             self._profile_steps()
         self._step_connector_s = self._step_nixl_s = self._step_gc_s = self._step_cpu_s = 0.0
-        self._step_nixl_send_s = 0.0
+        self._step_nixl_send_s = self._step_nixl_send_cpu_s = 0.0
         self._step_nixl_sends = 0
         self._step_nixl_send_agents = 0
         self._step_preempted = self._step_send_preempted = self._sched_preempted = 0
@@ -355,6 +355,7 @@ class Engine:
                     self._step_nixl_send_agents,
                     self._step_preempted + self._sched_preempted,
                     self._step_send_preempted,
+                    self._step_nixl_send_cpu_s,
                 )
             )
 
@@ -402,6 +403,7 @@ class Engine:
                 self._step_gc_s = res.get("gc_s", 0.0)
                 self._step_cpu_s = res.get("connector_cpu_s", 0.0)
                 self._step_nixl_send_s = res.get("nixl_send_s", 0.0)
+                self._step_nixl_send_cpu_s = res.get("nixl_send_cpu_s", 0.0)
                 self._step_nixl_sends = res.get("nixl_sends", 0)
                 self._step_nixl_send_agents = res.get("nixl_send_agents", 0)
                 self._step_preempted = res.get("preempted", 0)

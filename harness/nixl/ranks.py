@@ -100,6 +100,7 @@ class Rank:
         # length follows the whole heap), to tell them apart from the rest.
         self.nixl_s = 0.0
         self.nixl_send_s = 0.0  # of nixl_s: in send_notif (D's heartbeats, P's LACK answers)
+        self.nixl_send_cpu_s = 0.0  # this thread's CPU time in send_notif
         self.nixl_sends = 0
         self.nixl_send_preempted = 0  # preemptions of this thread inside send_notif
         self.nixl_send_agents: set = set()
@@ -133,6 +134,7 @@ class Rank:
         def send_notif(agent_name: Any, notif_msg: bytes) -> None:
             sent_t = time.monotonic()  # when D hands the message to NIXL (latency starts here)
             preempted0 = preemptions()
+            c0 = time.thread_time()
             t0 = time.perf_counter()
             try:
                 orig_send(agent_name, notif_msg=notif_msg)
@@ -142,6 +144,7 @@ class Rank:
                 raise
             finally:
                 took = time.perf_counter() - t0
+                self.nixl_send_cpu_s += time.thread_time() - c0
                 self.nixl_send_preempted += preemptions() - preempted0
                 self.nixl_s += took
                 self.nixl_send_s += took
@@ -198,7 +201,7 @@ class Rank:
         error = None
         res = None
         conn = self.connector
-        self.probe_s = self.nixl_s = self.nixl_send_s = 0.0
+        self.probe_s = self.nixl_s = self.nixl_send_s = self.nixl_send_cpu_s = 0.0
         self.nixl_sends = self.nixl_send_preempted = 0
         self.nixl_send_agents: set = set()
         connector_s = 0.0
@@ -269,6 +272,7 @@ class Rank:
             "connector_s": max(0.0, connector_s - self.probe_s),
             "nixl_s": self.nixl_s,
             "nixl_send_s": self.nixl_send_s,
+            "nixl_send_cpu_s": self.nixl_send_cpu_s,
             "nixl_sends": self.nixl_sends,
             "nixl_send_agents": len(self.nixl_send_agents),
             "nixl_send_preempted": self.nixl_send_preempted,
