@@ -221,6 +221,30 @@ def test_sender_keeps_other_chunks_of_a_paced_engine(clock: Clock) -> None:
     assert not sender.retry and not sender.waiting
 
 
+def test_sender_takes_the_schedulers_name_counts_and_merges_them() -> None:
+    """Name counts the scheduler ships are what the stats count (the sender
+    does not scan the messages); a tick merged with one that waited on a
+    handshake keeps each message's count beside it, or counts them itself
+    when either tick came without."""
+    from vllm_nixl_lease.vllm.d_worker.heartbeat_sender import merged
+
+    up = FakeUpstreamWorker()
+    up.connect("P")
+    up.handshakes["P"] = None
+    sender = HeartbeatSender(up, 8192)
+    msg = heartbeat_message(["a", "b", "c"])
+    hb = EngineHeartbeats("P", [msg], "127.0.0.1", 5600, 1, chunks=[(1, 1)], counts=[3])
+    sender.send(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": hb}}))
+    assert up.count("num_heartbeat_ids_sent") == 3
+    older = EngineHeartbeats("P", [b"HB:x", b"HB:y,z"], "h", 1, 1, chunks=[(1, 1), (2, 1)], counts=[1, 2])
+    newer = EngineHeartbeats("P", [b"HB:q"], "h", 1, 1, chunks=[(1, 2)], counts=[1])
+    both = merged(older, newer)
+    assert both.messages == [b"HB:y,z", b"HB:q"] and both.chunks == [(2, 1), (1, 2)] and both.counts == [2, 1]
+    uncounted = merged(older, EngineHeartbeats("P", [b"HB:q"], "h", 1, 1, chunks=[(1, 2)]))
+    assert uncounted.messages == [b"HB:y,z", b"HB:q"] and uncounted.counts is None
+    assert pickle.loads(pickle.dumps(both)) == both
+
+
 def test_metadata_pickles_what_it_holds_and_restores_the_empty_fields() -> None:
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlConnectorMetadata
 

@@ -58,7 +58,7 @@ def test_scheduler_tracks_in_core_and_ships_bytes(scheduler_factory, clock: Cloc
     hb = by_engine(meta.lease_heartbeats)
     p1_chunk = sched.heartbeats.chunk_of("d2")  # the message names every id that joined up to it
     assert hb["P1"] == EngineHeartbeats(
-        "P1", [heartbeat_message(["p-1", "p-2"])], "127.0.0.1", 5600, 2, 1, 1, chunks=[p1_chunk]
+        "P1", [heartbeat_message(["p-1", "p-2"])], "127.0.0.1", 5600, 2, 1, 1, chunks=[p1_chunk], counts=[2]
     )
     assert hb["P2"].messages == [heartbeat_message(["q-1"])] and hb["P2"].port == 5700
     # Paced, interval 12 // 6 = 2 s: the round of two chunks is spread over

@@ -18,7 +18,7 @@ def ids_in(messages):
 def sent(hb, now=0.0):
     """The messages one ``poll_paced_chunks`` call sends, per engine (every
     chunk, on a tracker with interval 0)."""
-    return {engine: [m for _, _, m in items] for engine, items in hb.poll_paced_chunks(now).items()}
+    return {engine: [m for _, _, m, _ in items] for engine, items in hb.poll_paced_chunks(now).items()}
 
 
 def test_encode_packs_greedily(core):
@@ -180,7 +180,7 @@ def _paced_run(core, seed: int):
                 tracked_at.pop(key, None)
         keyed = hb.poll_paced_chunks(now)
         log.append((keyed, [hb.chunk_of(local) for local in sorted(live)], hb.repacks))
-        out = {engine: [m for _, _, m in items] for engine, items in keyed.items()}
+        out = {engine: [m for _, _, m, _ in items] for engine, items in keyed.items()}
         for engine, msgs in out.items():
             assert all(len(m) <= 40 for m in msgs)
             for rid in ids_in(msgs):
@@ -216,8 +216,8 @@ def test_chunk_versions_name_who_a_message_covers(core):
     higher version."""
     hb = core.HeartbeatTracker(1.0, max_message_bytes=100)
     hb.track("a", "P0", "ra")
-    [(key, version, msg)] = hb.poll_paced_chunks(0.0)["P0"]
-    assert msg == heartbeat_message(["ra"]) and hb.chunk_of("a") == (key, version)
+    [(key, version, msg, names)] = hb.poll_paced_chunks(0.0)["P0"]
+    assert msg == heartbeat_message(["ra"]) and hb.chunk_of("a") == (key, version) and names == 1
     hb.track("b", "P0", "rb")  # joins after the message was built
     b_key, b_joined = hb.chunk_of("b")
     assert b_key == key and b_joined > version

@@ -189,7 +189,7 @@ def _chunk_renewal_run(core, seed: int, disown: bool, clean: bool) -> int:
                     for other in live:
                         views.move_to_chunk(other, hb.chunk_of(other), 0.0)
         for engine, sent in hb.poll_paced_chunks(now).items():
-            for key, version, msg in sent:
+            for key, version, msg, _ in sent:
                 named = set(heartbeat_payload(msg).decode().split(","))
                 covered = {(loc, g) for loc, (e, r, g) in live.items() if e == engine and r in named}
                 refused = {r for r in named if disown and rng.random() < 0.1}

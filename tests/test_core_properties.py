@@ -306,8 +306,10 @@ class TrackerAgreement(RuleBasedStateMachine):
         a, b = (t.poll_paced_chunks(0.0) for t in self.trackers)
         assert a == b  # same chunks (keys, versions), same bytes, same order
         for engine, chunks in a.items():
-            msgs = [m for _, _, m in chunks]
+            msgs = [m for _, _, m, _ in chunks]
             ids = [i for m in msgs for i in heartbeat_payload(m).split(b",")]
+            # each message's name count is the names it carries
+            assert [n for _, _, _, n in chunks] == [heartbeat_payload(m).count(b",") + 1 for m in msgs]
             assert all(len(m) <= 24 for m in msgs)
             assert sorted(ids) == sorted({r for e, r in self.model.values() if e == engine})
         assert set(a) == {e for e, _ in self.model.values()}

@@ -306,7 +306,7 @@ def d_build(n: int, quick: bool) -> dict[str, float]:
 
             def tick(hb=hb, nixl=nixl):  # interval 0: every chunk at every call
                 for engine, chunks in hb.poll_paced_chunks(0.0).items():
-                    for _, _, m in chunks:
+                    for _, _, m, _ in chunks:
                         nixl.send_notif(engine, m)
 
             samples.append(median_ns(tick, 1))
@@ -337,7 +337,7 @@ def d_pickle(n: int, quick: bool) -> dict[str, float]:
         for i, rid in enumerate(ids):
             hb.track(rid, engines[i % 8], rid)
         sent = hb.poll_paced_chunks(0.0)  # interval 0: every chunk
-        payload = {e: EngineHeartbeats(e, [m for _, _, m in c], "h", 1, 1) for e, c in sent.items()}
+        payload = {e: EngineHeartbeats(e, [m for _, _, m, _ in c], "h", 1, 1) for e, c in sent.items()}
         out[impl] = per_call_ns(lambda p=payload: pickle.loads(pickle.dumps(p)), 200, 7)
     up = {
         e: metadata.HeartbeatInfo(req_ids=set(ids[i::8]), host="h", port=1, tp_size=1)

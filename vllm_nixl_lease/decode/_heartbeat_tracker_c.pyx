@@ -249,8 +249,8 @@ cdef class HeartbeatTracker:
     def poll_paced_chunks(self, now):
         """The messages of the chunks due by ``now``, then of as many chunks
         next in due order as keep the pace (see the twin), per engine, each
-        with its chunk: ``(key, version, message)``.  Each sent chunk is due
-        again ``interval`` later."""
+        with its chunk and how many names it carries: ``(key, version,
+        message, names)``.  Each sent chunk is due again ``interval`` later."""
         cdef double t = float(now)
         cdef double elapsed = 0.0 if self._paced_at is None else max(0.0, t - <double>self._paced_at)
         cdef double credit
@@ -287,7 +287,7 @@ cdef class HeartbeatTracker:
     cdef void _emit(self, dict out, _Chunk chunk) except *:
         if chunk.message is None:
             chunk.message = _encode(chunk.ids, chunk.size)
-        item = (chunk.key, chunk.version, chunk.message)
+        item = (chunk.key, chunk.version, chunk.message, len(chunk.ids))
         msgs = out.get(chunk.engine_id)
         if msgs is None:
             out[chunk.engine_id] = [item]

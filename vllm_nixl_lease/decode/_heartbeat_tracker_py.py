@@ -206,10 +206,11 @@ class HeartbeatTracker:
     def __contains__(self, local_req_id: object) -> bool:
         return local_req_id in self._local
 
-    def poll_paced_chunks(self, now: float) -> dict[str, list[tuple[int, int, bytes]]]:
+    def poll_paced_chunks(self, now: float) -> dict[str, list[tuple[int, int, bytes, int]]]:
         """The messages of the chunks due by ``now``, then of as many chunks
         next in due order as keep the pace (see the module docstring), per
-        engine, each with its chunk: ``(key, version, message)``.  Each sent
+        engine, each with its chunk and how many names it carries: ``(key,
+        version, message, names)`` (the sender need not count them).  Each sent
         chunk is due again ``interval`` later."""
         now = float(now)
         elapsed = 0.0 if self._paced_at is None else max(0.0, now - self._paced_at)
@@ -218,7 +219,7 @@ class HeartbeatTracker:
             credit = min(self._credit + self._chunks * elapsed / self._interval, float(self._chunks))
         else:
             credit = float(self._chunks)  # every chunk every call
-        out: dict[str, list[tuple[int, int, bytes]]] = {}
+        out: dict[str, list[tuple[int, int, bytes, int]]] = {}
         sent: list[_Chunk] = []
         heap = self._heap
         while heap and heap[0][0] <= now:  # due: sent whatever the pace
@@ -239,10 +240,10 @@ class HeartbeatTracker:
             self._schedule(chunk, next_due)
         return out
 
-    def _emit(self, out: dict[str, list[tuple[int, int, bytes]]], chunk: _Chunk) -> None:
+    def _emit(self, out: dict[str, list[tuple[int, int, bytes, int]]], chunk: _Chunk) -> None:
         if chunk.message is None:
             chunk.message = HEARTBEAT_PREFIX + b",".join(chunk.ids)
-        item = (chunk.key, chunk.version, chunk.message)
+        item = (chunk.key, chunk.version, chunk.message, len(chunk.ids))
         msgs = out.get(chunk.engine_id)
         if msgs is None:
             out[chunk.engine_id] = [item]

@@ -28,7 +28,9 @@ class EngineHeartbeats:
     Messages are built and chunked once on the scheduler (``max_heartbeat_bytes``
     each), so workers only forward bytes.  ``chunks``: for each message, the
     tracker chunk ``(key, version)`` it encodes (None from other sources), so
-    P's answer renews that chunk's views at once (``decode/lease_views.py``).
+    P's answer renews that chunk's views at once (``decode/lease_views.py``);
+    ``counts``: for each message, how many names it carries (the worker need
+    not scan a 32 KiB message to count them).
     ``instance``: the P instance whose leases they name; empty for a plain P,
     which gets them as upstream's ``HB:``; else they go out acknowledged
     (``LHB:``, or ``LHBT:`` when ``tagged``: they name lease tags).
@@ -44,6 +46,7 @@ class EngineHeartbeats:
     chunks: list[tuple[int, int]] | None = None
     instance: str = ""
     tagged: bool = False
+    counts: list[int] | None = None  # names per message, when the scheduler knows them
 
     def __reduce__(self) -> tuple[type, tuple[object, ...]]:
         # The metadata is pickled every step (multiprocess executor): a plain
@@ -59,6 +62,7 @@ class EngineHeartbeats:
             self.chunks,
             self.instance,
             self.tagged,
+            self.counts,
         )
 
 

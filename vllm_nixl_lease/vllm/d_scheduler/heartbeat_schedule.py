@@ -166,11 +166,12 @@ class HeartbeatSchedule:
                 if group is not None and sent:
                     out[key] = EngineHeartbeats(
                         group.engine_id,
-                        [msg for _, _, msg in sent],
+                        [msg for _, _, msg, _ in sent],
                         *group.target,
-                        chunks=[(chunk, ver) for chunk, ver, _ in sent],
+                        chunks=[(chunk, ver) for chunk, ver, _, _ in sent],
                         instance=group.instance,
                         tagged=group.tagged,
+                        counts=[names for _, _, _, names in sent],
                     )
         if out:  # the workers read no attribute as nothing due
             setattr(meta, LEASE_HEARTBEATS_ATTR, out)

@@ -161,7 +161,7 @@ class HeartbeatSender:
         agents: list[AgentName] = []  # read below only where counts is set with it
         if pairs is None:
             agents = list(up._remote_agents[engine_id].values())
-            counts = [ids_in(msg) for msg in hb.messages]
+            counts = hb.counts if hb.counts is not None else [ids_in(msg) for msg in hb.messages]
             if hb.instance:
                 if self._acks is None:
                     return  # no acknowledgements on this worker: nothing to renew
@@ -244,15 +244,17 @@ def merged(older: EngineHeartbeats, newer: EngineHeartbeats) -> EngineHeartbeats
     """``newer`` plus the messages of ``older`` whose chunks it does not name."""
     assert older.chunks is not None and newer.chunks is not None
     keys = {key for key, _ in newer.chunks}
-    kept = [
-        (msg, chunk) for msg, chunk in zip(older.messages, older.chunks, strict=True) if chunk[0] not in keys
-    ]
+    kept = [i for i, chunk in enumerate(older.chunks) if chunk[0] not in keys]
     if not kept:
         return newer
+    counts = None  # counted by the sender unless both ticks carry them
+    if older.counts is not None and newer.counts is not None:
+        counts = [older.counts[i] for i in kept] + newer.counts
     return replace(
         newer,
-        messages=[msg for msg, _ in kept] + newer.messages,
-        chunks=[chunk for _, chunk in kept] + newer.chunks,
+        messages=[older.messages[i] for i in kept] + newer.messages,
+        chunks=[older.chunks[i] for i in kept] + newer.chunks,
+        counts=counts,
     )
 
 
