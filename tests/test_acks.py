@@ -607,6 +607,38 @@ def test_rogue_answers_are_ignored_by_d(clock: Clock) -> None:
     assert net.d.count("num_heartbeat_acks_recv") == 1
 
 
+def test_answer_from_an_agent_of_a_replaced_connection_is_ignored(clock: Clock) -> None:
+    """D remembers which engine each P agent belongs to; once upstream replaced
+    the connection, a late answer from the old process's agent proves nothing."""
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    net.prove()  # the old agent is remembered as engine P's
+    old = net.proc
+    net.proc = PProcess(1, "P-restarted")
+    net.connect(net.proc)
+    net.d_receive([(old.agents[0], heartbeat_ack_message(old.instance, []))])
+    assert net.d.count("num_heartbeat_acks_ignored") == 1
+    assert net.acks.proof("P", old.instance) == PENDING
+
+
+def test_stranger_answers_look_up_the_connections_once_per_step(
+    clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A flood of answers from agents of no connection rebuilds D's map of
+    agents to engines at most once per step, not once per message."""
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    net.prove()
+    built = []
+    real = net.acks._engines_by_agent
+    monkeypatch.setattr(net.acks, "_engines_by_agent", lambda: built.append(1) or real())
+    forged = heartbeat_ack_message(net.proc.instance, [])
+    net.d_receive([(f"rogue-{i}", forged) for i in range(100)] + [("P-agent-0", forged)])
+    assert len(built) == 1
+    assert net.d.count("num_heartbeat_acks_ignored") == 100
+    assert net.acks.proof("P", net.proc.instance) == PROVEN
+
+
 def test_hostile_acked_heartbeats_are_bounded(clock: Clock) -> None:
     net = Pair(clock)
     net.grant("p1", "d1")

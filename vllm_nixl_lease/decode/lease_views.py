@@ -206,12 +206,21 @@ class LeaseViews:
         ``started + extension`` (views still alive at ``started`` only).
         Returns how many views it renewed."""
         renewed = 0
-        for view in self._named(engine_id, instance, remote_ids):
-            deadline = self._local(view, offset)
-            renewed_to = started + view.extension
-            if started < deadline and renewed_to > deadline and renewed_to > now:
-                view.local_deadline = renewed_to
-                renewed += 1
+        # ``_named`` and ``_local`` inlined: this runs once per name of a whole round.
+        by_remote, views = self._by_remote, self._views
+        for name in remote_ids:
+            sharing = by_remote.get((engine_id, instance, name))
+            if sharing is None:
+                continue
+            for local_id in sharing:
+                view = views[local_id]
+                deadline = view.local_deadline
+                if deadline is None or (view.first_answer is not None and view.chunk is not None):
+                    deadline = self._local(view, offset)  # converts, or takes up a chunk's answer
+                renewed_to = started + view.extension
+                if started < deadline and renewed_to > deadline and renewed_to > now:
+                    view.local_deadline = renewed_to
+                    renewed += 1
         return renewed
 
     def chunk_acked(

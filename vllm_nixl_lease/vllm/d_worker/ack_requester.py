@@ -91,6 +91,7 @@ class AckRequester:
         self._hello_sent: dict[tuple[str, str], float] = {}  # (P agent, instance D wants) -> last hello
         self._answered: dict[str, float] = {}  # P agent -> last answer
         self._next_sweep = 0.0
+        self._engine_by_agent: dict[str, str] = {}  # P agent -> engine, checked on each use
         # engine id -> (the instance D released the connection for, when)
         self.rehandshaken: dict[str, tuple[str, float]] = {}
         self._log = RateLimitedLog(logger)
@@ -172,7 +173,8 @@ class AckRequester:
         for i, msg in enumerate(messages):
             chunk = chunks[i] if chunks is not None else None
             count = counts[i] if counts is not None else None
-            payload = heartbeat_payload(msg)
+            # The ledger keeps names only for a message of no chunk; a chunk's needs its count.
+            payload = heartbeat_payload(msg) if chunk is None or count is None else b""
             seq = self.ledger.open(engine_id, names, payload, now, chunk, count, instance=instance)
             acked = acked_heartbeat_message(seq, msg, tagged)
             pairs.extend((agent, acked) for agent in agents)
@@ -231,7 +233,7 @@ class AckRequester:
         now = time.perf_counter()
         stats = self._upstream.xfer_stats
         answers = renewed = 0
-        engine_of: dict[str, str] | None = None
+        looked_again = False
         for agent, msgs in messages.items():
             for msg in msgs:
                 if not msg.startswith(HEARTBEAT_ACK_PREFIX):
@@ -243,9 +245,8 @@ class AckRequester:
                         1, "Skipped a malformed heartbeat acknowledgement from %.64s: %r", agent, msg[:64]
                     )
                     continue
-                if engine_of is None:
-                    engine_of = self._engines_by_agent()
-                engine_id = engine_of.get(agent)
+                engine_id, rebuilt = self._engine_of(agent, not looked_again)
+                looked_again = looked_again or rebuilt
                 if engine_id is None:
                     # Not an agent of any connection this worker holds: proves nothing.
                     stats.add("num_heartbeat_acks_ignored", 1)
@@ -292,6 +293,22 @@ class AckRequester:
         if now >= self._next_sweep:
             self._next_sweep = now + self._sweep_s
             self._forget_gone()
+
+    def _engine_of(self, agent: str, look_again: bool) -> tuple[str | None, bool]:
+        """The engine of the current connection ``agent`` belongs to (None: none).
+        Remembered, and checked against upstream's connections on each use, so
+        that a step with answers does not rebuild the map of every agent;
+        rebuilt on a miss only when ``look_again`` (once per step: a stranger's
+        flood must not rebuild it per message).  Returns (engine, rebuilt)."""
+        engine_id = self._engine_by_agent.get(agent)
+        if engine_id is not None:
+            agents = self._upstream._remote_agents.get(engine_id)
+            if agents is not None and any(agent_name(a) == agent for a in agents.values()):
+                return engine_id, False
+        if not look_again:
+            return None, False
+        self._engine_by_agent = self._engines_by_agent()  # a connection changed: look again
+        return self._engine_by_agent.get(agent), True
 
     def _engines_by_agent(self) -> dict[str, str]:
         return {
