@@ -514,6 +514,19 @@ def ack_p(probe: Probe, env: Any) -> None:
         clock.restore()
 
 
+def _stock_heartbeat_round(probe: Probe, env: Any, ids: list[str]) -> None:
+    """Stock's D sends one round for ``ids`` to one P as ``HB:`` (and takes no answer)."""
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import HeartbeatInfo
+
+    stock = stock_p_worker()
+    stock._remote_agents["P"] = {(0, 0): "P"}
+    stock._ensure_handshake = lambda *a, **k: None
+    info = HeartbeatInfo(req_ids=set(ids), host="h", port=1, tp_size=1)
+    meta = SimpleNamespace(heartbeat_by_engine={"P": info})
+    with probe.instrumented():
+        probe.measure(env.case.name, "stock", lambda w=stock, m=meta: w._send_heartbeats(m), ops=len(ids))
+
+
 def ack_d(probe: Probe, env: Any) -> None:
     """D sends one round for 10k leases to one P as ``LHB:`` and takes P's
     ``LACK:`` answers (its views renewed); stock sends the round as ``HB:``."""
@@ -527,17 +540,7 @@ def ack_d(probe: Probe, env: Any) -> None:
     try:
         for side in env.worker_sides:
             if side == "stock":
-                from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import HeartbeatInfo
-
-                stock = stock_p_worker()
-                stock._remote_agents["P"] = {(0, 0): "P"}
-                stock._ensure_handshake = lambda *a, **k: None
-                info = HeartbeatInfo(req_ids=set(ids), host="h", port=1, tp_size=1)
-                meta = SimpleNamespace(heartbeat_by_engine={"P": info})
-                with probe.instrumented():
-                    probe.measure(
-                        env.case.name, side, lambda w=stock, m=meta: w._send_heartbeats(m), ops=ACK_LEASES
-                    )
+                _stock_heartbeat_round(probe, env, ids)
                 continue
             d = our_worker("D")
             d._remote_agents["P"] = {(0, 0): b"P"}
@@ -561,6 +564,62 @@ def ack_d(probe: Probe, env: Any) -> None:
 
             with probe.instrumented():
                 probe.measure(env.case.name, side, send_and_take, ops=ACK_LEASES, setup=tick)
+    finally:
+        clock.restore()
+
+
+def ack_d_chunked(probe: Probe, env: Any) -> None:
+    """What a D step does in production: sends one round of the scheduler's
+    paced chunks for 10k leases to one P as ``LHB:`` (each with its chunk and
+    name count) and takes P's ``LACK:`` answers (each renews its chunk's views
+    at once); stock sends the round as ``HB:``."""
+    from vllm_nixl_lease._wire import ACKED_HEARTBEAT_OVERHEAD, heartbeat_ack_message
+    from vllm_nixl_lease.decode.heartbeat_tracker import HeartbeatTracker
+    from vllm_nixl_lease.vllm.metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
+
+    ids = req_ids(ACK_LEASES)
+    clock = PerfCounter(NOW)
+    try:
+        for side in env.worker_sides:
+            if side == "stock":
+                _stock_heartbeat_round(probe, env, ids)
+                continue
+            tracker = HeartbeatTracker(0, MAX_BYTES - ACKED_HEARTBEAT_OVERHEAD)  # interval 0: every chunk
+            d = our_worker("D")
+            d._remote_agents["P"] = {(0, 0): b"P"}
+            d._engine_clock_offset["P"] = 0.0
+            for i, rid in enumerate(ids):
+                tracker.track(f"d{i}", "P", rid)
+                chunk = tracker.chunk_of(f"d{i}")
+                d.read_fence.views.add(f"d{i}", "P", rid, FAR, 20.0, INSTANCE, chunk=chunk)
+            d.nixl_wrapper.deliver("P", heartbeat_ack_message(INSTANCE, []))  # P's welcome: proven
+            d._get_new_notifs()
+            tick: dict[str, Any] = {}
+
+            def setup(tracker: Any = tracker, tick: dict[str, Any] = tick) -> None:
+                clock.now += 1.0
+                sent = tracker.poll_paced_chunks(clock.now)["P"]
+                tick["hb"] = EngineHeartbeats(
+                    "P",
+                    [msg for _, _, msg, _ in sent],
+                    "h",
+                    1,
+                    1,
+                    chunks=[(key, ver) for key, ver, _, _ in sent],
+                    instance=INSTANCE,
+                    counts=[n for _, _, _, n in sent],
+                )
+
+            def send_and_take(d: Any = d, tick: dict[str, Any] = tick) -> None:
+                d._send_heartbeats(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": tick["hb"]}}))
+                probe.pause()
+                seqs = list(d.ack_requester.ledger._sent)  # P answers every message of the round
+                d.nixl_wrapper.deliver("P", heartbeat_ack_message(INSTANCE, seqs))
+                probe.resume()
+                d._get_new_notifs()
+
+            with probe.instrumented():
+                probe.measure(env.case.name, side, send_and_take, ops=ACK_LEASES, setup=setup)
     finally:
         clock.restore()
 
@@ -763,4 +822,12 @@ CASES: list[Case] = [
         floor={"cython": 5},
     ),
     Case("ack: D sends LHB: + takes LACK:, 10k ids", "ack", "id", ACK_LEASES, ack_d, gate=True),
+    Case(
+        "ack: D sends paced chunks as LHB: + takes LACK:, 10k ids",
+        "ack",
+        "id",
+        ACK_LEASES,
+        ack_d_chunked,
+        gate=True,
+    ),
 ]
