@@ -96,8 +96,7 @@ LEASE_COUNTERS: dict[str, tuple[str, str]] = {
     ),
     "num_heartbeat_acks_ignored": (
         "vllm:nixl_lease_heartbeat_acks_ignored",
-        "Acknowledgements D ignored: from an agent of no connection it reads over (a stale or "
-        "rogue peer).",
+        "Acknowledgements D ignored: from an agent of no connection it reads over (a stale or rogue peer).",
     ),
     "num_hellos_refused": (
         "vllm:nixl_lease_hellos_refused",

@@ -115,4 +115,3 @@ class LeaseViewCollector:
             self._shipped[local_id] = view.engine_id
         self._new, self._dropped, self._chunks = {}, [], {}
         setattr(meta, LEASE_VIEWS_ATTR, updates)
-
