@@ -317,9 +317,10 @@ def d_fleet(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
 
 
 def d_parts(steps: list[tuple]) -> Row:
-    """Where D's CPU per step goes: steps that send a heartbeat against the rest,
-    the CPU inside NIXL's ``send_notif``, and the worker's CPU outside it in steps
-    that take no notification against one that takes an answer (``LACK:``)."""
+    """Where D's CPU per step goes (p50s): steps that send a heartbeat against
+    the rest, the CPU inside NIXL's ``send_notif``, the scheduler's part, and the
+    worker's in steps that send nothing, taking no notification against taking
+    one (an answer, ``LACK:``)."""
 
     def p50(values: list[float]) -> float:
         return us(pct(values, 50)) if values else math.nan
@@ -332,8 +333,8 @@ def d_parts(steps: list[tuple]) -> Row:
         "cpu_p50_not_sending_us": p50([s[7] + s[10] for s in quiet]),
         "send_cpu_p50_us": p50([s[16] for s in sending]),
         "scheduler_cpu_p50_us": p50([s[10] for s in steps]),
-        "worker_cpu_p50_no_notif_us": p50([s[7] - s[16] for s in steps if s[3] == 0]),
-        "worker_cpu_p50_one_notif_us": p50([s[7] - s[16] for s in steps if s[3] == 1]),
+        "worker_cpu_p50_no_notif_us": p50([s[7] for s in quiet if s[3] == 0]),
+        "worker_cpu_p50_one_notif_us": p50([s[7] for s in quiet if s[3] == 1]),
     }
 
 
@@ -369,7 +370,7 @@ def d_row(h: dict[str, Any], impl: str, p_engines: int) -> Row:
         f"{row['unpreempted_p99_us']:.0f} us; CPU p50 of the {row['sending_steps_pct']}% of steps that send "
         f"{row['cpu_p50_sending_us']:.0f} us ({row['send_cpu_p50_us']:.0f} in send_notif), of the others "
         f"{row['cpu_p50_not_sending_us']:.0f} us; scheduler p50 {row['scheduler_cpu_p50_us']:.0f} us; worker "
-        f"outside send_notif p50 {row['worker_cpu_p50_no_notif_us']:.0f} us with no notification, "
+        f"in steps that send nothing p50 {row['worker_cpu_p50_no_notif_us']:.0f} us with no notification, "
         f"{row['worker_cpu_p50_one_notif_us']:.0f} us with one"
     )
     return row

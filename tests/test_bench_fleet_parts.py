@@ -1,0 +1,37 @@
+"""``make bench-fleet``'s split of D's CPU per step (``tools/bench_fleet.d_parts``)."""
+
+from __future__ import annotations
+
+import math
+
+from tools.bench_fleet import d_parts
+
+
+def step(worker_cpu: float, sched_cpu: float, sends: int, notifs: int, send_cpu: float) -> tuple:
+    """A step-log tuple (``harness/nixl/engine.py``) with only the fields the split reads."""
+    fields = [0.0] * 17
+    fields[3], fields[7], fields[10], fields[12], fields[16] = notifs, worker_cpu, sched_cpu, sends, send_cpu
+    return tuple(fields)
+
+
+def test_split_by_what_the_step_did() -> None:
+    steps = [
+        step(300e-6, 80e-6, 1, 0, 150e-6),  # sends
+        step(100e-6, 50e-6, 0, 0, 0.0),  # quiet
+        step(210e-6, 50e-6, 0, 1, 0.0),  # takes an answer
+        step(400e-6, 90e-6, 1, 1, 160e-6),  # sends and takes an answer: only in the sending figures
+    ]
+    parts = d_parts(steps)
+    assert parts["sending_steps_pct"] == 50.0
+    # nearest-rank p50 of two values: the lower one
+    assert math.isclose(parts["send_cpu_p50_us"], 150.0)
+    assert math.isclose(parts["cpu_p50_sending_us"], 380.0)
+    assert math.isclose(parts["cpu_p50_not_sending_us"], 150.0)
+    assert math.isclose(parts["worker_cpu_p50_no_notif_us"], 100.0)
+    assert math.isclose(parts["worker_cpu_p50_one_notif_us"], 210.0)
+
+
+def test_no_steps_of_a_kind_is_not_a_number() -> None:
+    parts = d_parts([step(100e-6, 50e-6, 0, 0, 0.0)])
+    assert parts["sending_steps_pct"] == 0.0
+    assert math.isnan(parts["send_cpu_p50_us"]) and math.isnan(parts["worker_cpu_p50_one_notif_us"])
