@@ -607,6 +607,27 @@ def test_rogue_answers_are_ignored_by_d(clock: Clock) -> None:
     assert net.d.count("num_heartbeat_acks_recv") == 1
 
 
+def test_a_remembered_rehandshake_is_forgotten_after_its_connection_is_gone(clock: Clock) -> None:
+    """D releases a connection proven to reach another P process once per
+    (engine, instance) a minute.  When that connection is gone by then (upstream
+    evicted the idle engine), D's steps with no message must still forget it."""
+    from vllm_nixl_lease.vllm.d_worker.ack_requester import REHANDSHAKE_ONCE_PER_S
+
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    net.prove()
+    net.fence.views.drop("d1")  # D holds no lease of the process the connection reaches ...
+    net.acks.other_instance("P", "f" * 16)  # ... but leases of another one: released, remembered
+    assert set(net.acks.rehandshaken) == {"P"}
+    del net.d._remote_agents["P"]  # the engine evicted: no agent left to hear from
+    clock.advance(net.config.forget_sweep_s + 0.1)
+    net.d_receive([])  # the sweep forgets the agents; the re-handshake is still recent
+    assert net.acks.agents_known() == 0 and set(net.acks.rehandshaken) == {"P"} and not net.acks.idle()
+    clock.advance(REHANDSHAKE_ONCE_PER_S)
+    net.d_receive([])
+    assert net.acks.rehandshaken == {} and net.acks.idle()
+
+
 def test_answer_from_an_agent_of_a_replaced_connection_is_ignored(clock: Clock) -> None:
     """D remembers which engine each P agent belongs to; once upstream replaced
     the connection, a late answer from the old process's agent proves nothing."""

@@ -222,9 +222,13 @@ class AckRequester:
 
     # -- answers -------------------------------------------------------------
     def idle(self) -> bool:
-        """No P agent heard from or asked: with no message, a step has nothing
-        to take, prune or forget."""
-        return not (len(self.ledger) or self._proven or self._answered or self._hello_sent)
+        """No P agent heard from or asked and no re-handshake remembered: with no
+        message, a step has nothing to take, prune or forget.  (A re-handshake is
+        remembered for ``REHANDSHAKE_ONCE_PER_S``; its connection is often gone
+        before that, and only a step that is not idle forgets it.)"""
+        return not (
+            len(self.ledger) or self._proven or self._answered or self._hello_sent or self.rehandshaken
+        )
 
     def received(self, messages: Mapping[str, list[bytes]]) -> None:
         """One step's ``LACK:`` answers: record proof, renew the views they prove."""
