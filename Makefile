@@ -23,7 +23,7 @@ CONNECTOR_TESTS := tests/test_connector_differential.py tests/test_connector_hea
 ROUTER_VENV := .venv-router
 DIST_VENV := .venv-dist
 
-.PHONY: all venv venv-cpu venv-router prometheus spin build build-cpu test test-core test-twin test-vllm032 test-e2e \
+.PHONY: all venv venv-cpu venv-router prometheus spin nftables build build-cpu test test-core test-twin test-vllm032 test-e2e \
 	lint bench bench-quick bench-acks bench-fleet bench-d bench-instr bench-instr-update test-instr demo demo-pd clean
 
 all: build
@@ -99,6 +99,18 @@ spin: prometheus
 	      spin gcc libc6-dev >/dev/null; } || echo "apt-get install spin failed: the protocol model tests skip"; \
 	  else echo "spin missing: sudo apt-get install -y spin (the protocol model tests skip)"; fi; }
 
+# Debian's nftables: one-way partitions (a host's inbound traffic dropped) in `make chaos` and in
+# tests/test_chaos_regressions.py. Installed when we are root on Debian/Ubuntu; otherwise those
+# tests skip and the chaos nemesis leaves one-way partitions out, both saying why.
+# After spin: apt-get takes one lock at a time.
+nftables: spin
+	@command -v nft >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    echo "installing Debian's nftables package"; \
+	    { apt-get -o DPkg::Lock::Timeout=300 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends \
+	      nftables >/dev/null; } || echo "apt-get install nftables failed: one-way partitions skip"; \
+	  else echo "nft missing: sudo apt-get install -y nftables (one-way partitions skip)"; fi; }
+
 # mypy: the package only, configured in pyproject.toml ([tool.mypy]).
 lint: build
 	$(VENV)/bin/ruff check .
@@ -123,7 +135,7 @@ test-vllm032: build-cpu
 # end-to-end tests come last and run serially: each starts a real P/D pair
 # (one core each) and nothing else may compete with it.
 test:
-	$(MAKE) -j4 build build-cpu venv-router prometheus spin $(VENV)/.demo-deps
+	$(MAKE) -j4 build build-cpu venv-router prometheus spin nftables $(VENV)/.demo-deps
 	$(MAKE) lint test-dist test-core test-twin test-instr test-vllm032 test-e2e
 
 .PHONY: dist test-dist
@@ -152,7 +164,7 @@ test-dist: dist
 # one pair at a time, the last ones on two network namespaces with partitions
 # (~15 minutes measured on 2 cores); then the network partitions between real
 # NIXL engines on two hosts (tests marked serial, ~5 minutes; need root).
-test-e2e: build build-cpu venv-router prometheus
+test-e2e: build build-cpu venv-router prometheus nftables
 	$(VPY) -m pytest -m e2e -p no:xdist -p no:cacheprovider -rxXs tests/e2e
 	$(VPY) -m pytest -m serial -p no:xdist -p no:cacheprovider -rxXs tests
 
@@ -222,5 +234,5 @@ MINUTES ?= 10
 LANE ?= harness
 IMPL ?= ours
 .PHONY: chaos
-chaos: build $(VENV)/.demo-deps
+chaos: build nftables $(VENV)/.demo-deps
 	$(VPY) -m tools.chaos --seed $(SEED) --minutes $(MINUTES) --lane $(LANE) --impl $(IMPL) --out .build/chaos
