@@ -151,9 +151,11 @@ def test_paced_interval_zero_sends_every_chunk_each_call(core):
         assert len(sent(hb, now)["P0"]) == 3
 
 
-def _paced_run(core, seed: int):
+def _paced_run(core, seed: int, skip: bool = False):
     """Random tracks/untracks (FIFO-ish and random), random step lengths;
-    returns what was sent and checks the promise on the way."""
+    returns what was sent and checks the promise on the way.  A poll before
+    ``next_poll_at`` must send nothing; with ``skip`` it is not made (what
+    D's scheduler does)."""
     import random
 
     rng = random.Random(seed)
@@ -178,7 +180,12 @@ def _paced_run(core, seed: int):
                 hb.untrack(local)
                 last_sent.pop(key, None)
                 tracked_at.pop(key, None)
-        keyed = hb.poll_paced_chunks(now)
+        early = now < hb.next_poll_at
+        if skip and early:
+            keyed = {}
+        else:
+            keyed = hb.poll_paced_chunks(now)
+            assert not (early and keyed), (now, keyed)
         log.append((keyed, [hb.chunk_of(local) for local in sorted(live)], hb.repacks))
         out = {engine: [m for _, _, m, _ in items] for engine, items in keyed.items()}
         for engine, msgs in out.items():
@@ -199,15 +206,54 @@ def test_paced_promise_holds_under_churn(core, seed):
     _paced_run(core, seed)
 
 
+@pytest.mark.parametrize("seed", range(5))
+def test_paced_promise_holds_skipping_early_polls(core, seed):
+    """Skipping every poll before ``next_poll_at`` keeps the promise, and
+    skips most polls once the round is spread."""
+    _paced_run(core, seed, skip=True)
+
+
+def test_next_poll_at_skips_most_steps_of_a_spread_round(core):
+    """8 chunks over a 1 s interval, polled every 1 ms: one poll in ~125 must
+    be made, and a change to the chunks asks for the next one at once."""
+
+    def run(skip: bool) -> tuple[object, list[tuple[float, list[bytes]]], int]:
+        hb = core.HeartbeatTracker(1.0, max_message_bytes=12)
+        for i in range(8):
+            hb.track(f"l{i}", "P0", f"r{i:07d}")
+        sends, made = [], 0
+        for step in range(3000):
+            now = step * 0.001
+            if skip and now < hb.next_poll_at:
+                continue
+            made += 1
+            out = hb.poll_paced_chunks(now).get("P0", [])
+            sends += [(now, [m for _, _, m, _ in out])] if out else []
+        return hb, sends, made
+
+    hb, sends, made = run(skip=True)
+    assert sends == run(skip=False)[1]  # the same messages at the same steps
+    assert sum(len(msgs) for _, msgs in sends) == 8 + 23  # the first round at once, then 8 a second
+    assert made <= 40, made
+    assert hb.next_poll_at > 2.999
+    hb.track("new", "P0", "r9999999")  # a new chunk: due at the next call
+    assert hb.next_poll_at == float("-inf")
+    assert hb.poll_paced_chunks(3.0)["P0"][0][2] == heartbeat_message(["r9999999"])
+    hb.untrack("new")  # one chunk fewer: the pace changed
+    assert hb.next_poll_at == float("-inf")
+    assert core.HeartbeatTracker(0.0).next_poll_at == float("-inf")
+
+
 @pytest.mark.parametrize("seed", range(3))
-def test_paced_twin_and_cython_agree(seed):
+@pytest.mark.parametrize("skip", [False, True])
+def test_paced_twin_and_cython_agree(seed, skip):
     from conftest import load_core
 
     try:
         cython = load_core("cython")
     except pytest.skip.Exception:
         pytest.skip("no Cython build")
-    assert _paced_run(cython, seed) == _paced_run(load_core("python"), seed)
+    assert _paced_run(cython, seed, skip) == _paced_run(load_core("python"), seed, skip)
 
 
 def test_chunk_versions_name_who_a_message_covers(core):

@@ -131,6 +131,7 @@ cdef class HeartbeatTracker:
     cdef Py_ssize_t _chunks  # live chunks, all engines
     cdef object _paced_at  # last poll_paced_chunks, or None
     cdef double _credit    # early sends earned and not yet made
+    cdef readonly double next_poll_at  # no poll before it sends anything (see the twin)
     cdef Py_ssize_t _keys  # chunk keys handed out
     cdef Py_ssize_t _repacks
 
@@ -144,6 +145,7 @@ cdef class HeartbeatTracker:
         self._chunks = 0
         self._paced_at = None
         self._credit = 0.0
+        self.next_poll_at = NOW
         self._keys = 0
         self._repacks = 0
 
@@ -210,6 +212,7 @@ cdef class HeartbeatTracker:
             engine.chunks.remove(chunk)
             chunk.alive = False
             self._chunks -= 1
+            self.next_poll_at = NOW  # the pace changed
             if not engine.chunks:
                 del self._engines[engine_id]
                 return True
@@ -250,7 +253,8 @@ cdef class HeartbeatTracker:
         """The messages of the chunks due by ``now``, then of as many chunks
         next in due order as keep the pace (see the twin), per engine, each
         with its chunk and how many names it carries: ``(key, version,
-        message, names)``.  Each sent chunk is due again ``interval`` later."""
+        message, names)``.  Each sent chunk is due again ``interval`` later;
+        then ``next_poll_at`` is the earliest time a call can send anything."""
         cdef double t = float(now)
         cdef double elapsed = 0.0 if self._paced_at is None else max(0.0, t - <double>self._paced_at)
         cdef double credit
@@ -282,6 +286,13 @@ cdef class HeartbeatTracker:
         cdef double next_due = t + self._interval
         for chunk in sent:  # after the loops: with interval 0, once per call
             self._schedule(chunk, next_due)
+        cdef double credit_at
+        if self._interval > 0 and self._chunks:
+            credit_at = t + (1.0 - credit) * self._interval / self._chunks
+            heap = self._heap  # _schedule may have rebuilt it
+            self.next_poll_at = min(<double>(<tuple>heap[0])[0], credit_at) if heap else credit_at
+        else:
+            self.next_poll_at = NOW
         return out
 
     cdef void _emit(self, dict out, _Chunk chunk) except *:
@@ -296,6 +307,7 @@ cdef class HeartbeatTracker:
 
     cdef void _schedule(self, _Chunk chunk, double due) except *:
         chunk.due = due
+        self.next_poll_at = NOW
         self._pushes += 1
         cdef list heap = self._heap
         if len(heap) > 2 * self._chunks + 64:

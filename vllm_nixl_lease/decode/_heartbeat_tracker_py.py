@@ -110,6 +110,7 @@ class HeartbeatTracker:
         "_chunks",
         "_paced_at",
         "_credit",
+        "next_poll_at",
         "_keys",
         "_repacks",
     )
@@ -125,6 +126,8 @@ class HeartbeatTracker:
         self._chunks = 0  # live chunks, all engines
         self._paced_at: float | None = None  # last poll_paced_chunks
         self._credit = 0.0  # early sends earned and not yet made
+        # No poll before this sends anything: callers may skip them (see poll_paced_chunks).
+        self.next_poll_at = _NOW
         self._keys = 0  # chunk keys handed out
         self._repacks = 0
 
@@ -172,6 +175,7 @@ class HeartbeatTracker:
             engine.chunks.remove(chunk)
             chunk.alive = False
             self._chunks -= 1
+            self.next_poll_at = _NOW  # the pace changed
             if not engine.chunks:
                 del self._engines[engine_id]
                 return True
@@ -211,7 +215,13 @@ class HeartbeatTracker:
         next in due order as keep the pace (see the module docstring), per
         engine, each with its chunk and how many names it carries: ``(key,
         version, message, names)`` (the sender need not count them).  Each sent
-        chunk is due again ``interval`` later."""
+        chunk is due again ``interval`` later.
+
+        Afterwards ``next_poll_at`` is the earliest time a call can send
+        anything (a chunk falls due, or the pace earns a send) until the
+        chunks change; a caller may skip the calls before it (each costs a
+        step's cold cache): the credit a skipped call would have added, the
+        next call adds."""
         now = float(now)
         elapsed = 0.0 if self._paced_at is None else max(0.0, now - self._paced_at)
         self._paced_at = now
@@ -238,6 +248,12 @@ class HeartbeatTracker:
         next_due = now + self._interval
         for chunk in sent:  # after the loops: with interval 0, once per call
             self._schedule(chunk, next_due)
+        if self._interval > 0 and self._chunks:
+            credit_at = now + (1.0 - credit) * self._interval / self._chunks
+            heap = self._heap  # _schedule may have rebuilt it
+            self.next_poll_at = min(heap[0][0], credit_at) if heap else credit_at
+        else:
+            self.next_poll_at = _NOW
         return out
 
     def _emit(self, out: dict[str, list[tuple[int, int, bytes, int]]], chunk: _Chunk) -> None:
@@ -252,6 +268,7 @@ class HeartbeatTracker:
 
     def _schedule(self, chunk: _Chunk, due: float) -> None:
         chunk.due = due
+        self.next_poll_at = _NOW
         self._pushes += 1
         heap = self._heap
         if len(heap) > 2 * self._chunks + 64:

@@ -159,19 +159,24 @@ class HeartbeatSchedule:
         every chunk is spread over the heartbeat interval
         (``poll_paced_chunks``), so 100k waiting requests cost each step a few
         messages, not one step a 100k-id spike."""
+        tracker = self.tracker
+        if not len(tracker):
+            return
+        now = time.perf_counter()
+        if now < tracker.next_poll_at:  # most steps: nothing can fall due yet
+            return
         out: dict[str, EngineHeartbeats] = {}
-        if len(self.tracker):
-            for key, sent in self.tracker.poll_paced_chunks(time.perf_counter()).items():
-                group = self.groups.get(key)
-                if group is not None and sent:
-                    out[key] = EngineHeartbeats(
-                        group.engine_id,
-                        [msg for _, _, msg, _ in sent],
-                        *group.target,
-                        chunks=[(chunk, ver) for chunk, ver, _, _ in sent],
-                        instance=group.instance,
-                        tagged=group.tagged,
-                        counts=[names for _, _, _, names in sent],
-                    )
+        for key, sent in tracker.poll_paced_chunks(now).items():
+            group = self.groups.get(key)
+            if group is not None and sent:
+                out[key] = EngineHeartbeats(
+                    group.engine_id,
+                    [msg for _, _, msg, _ in sent],
+                    *group.target,
+                    chunks=[(chunk, ver) for chunk, ver, _, _ in sent],
+                    instance=group.instance,
+                    tagged=group.tagged,
+                    counts=[names for _, _, _, names in sent],
+                )
         if out:  # the workers read no attribute as nothing due
             setattr(meta, LEASE_HEARTBEATS_ATTR, out)
