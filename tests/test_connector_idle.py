@@ -16,7 +16,7 @@ from vllm_support import (
 )
 
 from vllm_nixl_lease._wire import heartbeat_message
-from vllm_nixl_lease.vllm.metadata import LEASE_IDLE_ATTR
+from vllm_nixl_lease.vllm.metadata import LEASE_IDLE_ATTR, LeaseConnectorMetadata, executor_pickles
 from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
 from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
 
@@ -48,6 +48,25 @@ def test_scheduler_marks_empty_steps_idle(tmp_path_factory, clock: Clock) -> Non
         sched = LeaseNixlPullConnectorScheduler(off, "p-engine", make_kv_cache_config())
     meta = sched.build_connector_meta(SimpleNamespace(total_num_scheduled_tokens=0))
     assert not hasattr(meta, LEASE_IDLE_ATTR)
+
+
+def test_metadata_class_is_swapped_only_where_the_executor_pickles_it(
+    tmp_path_factory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The compact pickle costs a class swap per step; vLLM's in-process
+    executors (uniprocess, external launcher) never pickle the metadata."""
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlConnectorMetadata
+
+    vc = shared_vllm_config(tmp_path_factory.mktemp("exec"), {"kv_lease_duration": LEASE})
+    for backend, pickled in (("mp", True), ("ray", True), ("uni", False), ("external_launcher", False)):
+        monkeypatch.setattr(vc.parallel_config, "distributed_executor_backend", backend)
+        assert executor_pickles(vc) is pickled
+        with set_current_vllm_config(vc):
+            sched = LeaseNixlPullConnectorScheduler(vc, "d-engine", make_kv_cache_config())
+        meta = sched.build_connector_meta(SimpleNamespace())
+        assert type(meta) is (LeaseConnectorMetadata if pickled else NixlConnectorMetadata), backend
+    assert executor_pickles(SimpleNamespace()) is True  # unknown: assume it pickles
 
 
 @pytest.fixture

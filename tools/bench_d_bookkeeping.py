@@ -84,7 +84,7 @@ class VirtualClock:
 
 
 def vllm_config(root: Path) -> Any:
-    from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, VllmConfig
+    from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, ParallelConfig, VllmConfig
 
     model = tiny_model_dir(root / "tiny-llama")
     kv = KVTransferConfig(
@@ -97,6 +97,8 @@ def vllm_config(root: Path) -> Any:
         model_config=ModelConfig(model=str(model), skip_tokenizer_init=True, dtype="float32"),
         kv_transfer_config=kv,
         cache_config=CacheConfig(block_size=32),
+        # The multiprocess executor's: the metadata is pickled, as measured here.
+        parallel_config=ParallelConfig(distributed_executor_backend="mp"),
     )
 
 

@@ -64,7 +64,14 @@ def vllm_config(spec: EngineSpec, engine_id: str) -> Any:
     cache = CacheConfig(block_size=BLOCK_SIZE)
     cache.kv_cache_layout = "LBHNC"  # normally resolved by the engine core
     parallel = ParallelConfig(tensor_parallel_size=spec.tp_size)
-    return VllmConfig(model_config=model, kv_transfer_config=kv, cache_config=cache, parallel_config=parallel)
+    config = VllmConfig(
+        model_config=model, kv_transfer_config=kv, cache_config=cache, parallel_config=parallel
+    )
+    if spec.tp_size == 1:
+        # Rank 0 takes the scheduler's metadata in-process, as vLLM's uniprocess
+        # executor does on a GPU (the CPU platform turns "uni" into "mp").
+        config.parallel_config.distributed_executor_backend = "uni"
+    return config
 
 
 def kv_cache_config(spec: EngineSpec) -> Any:

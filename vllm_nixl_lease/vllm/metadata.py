@@ -117,3 +117,16 @@ class LeaseConnectorMetadata(NixlConnectorMetadata):
         if type(meta) is NixlConnectorMetadata:
             meta.__class__ = cls
         return meta
+
+
+# Executors that hand the scheduler's output to their workers in the same
+# process: nothing pickles the metadata there.
+_IN_PROCESS_EXECUTORS = ("uni", "external_launcher")
+
+
+def executor_pickles(vllm_config: Any) -> bool:
+    """Whether vLLM's executor pickles the connector metadata for its workers
+    (``mp`` and ``ray``; any executor not known to run in-process), so that
+    ``LeaseConnectorMetadata``'s compact pickle pays for its class swap."""
+    parallel = getattr(vllm_config, "parallel_config", None)
+    return getattr(parallel, "distributed_executor_backend", None) not in _IN_PROCESS_EXECUTORS

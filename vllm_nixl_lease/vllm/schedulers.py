@@ -17,7 +17,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_scheduler import Nix
 from .config import LeaseConfig
 from .d_scheduler.heartbeat_schedule import HeartbeatSchedule
 from .d_scheduler.lease_view_collector import LeaseViewCollector
-from .metadata import LEASE_IDLE_ATTR, LeaseConnectorMetadata
+from .metadata import LEASE_IDLE_ATTR, LeaseConnectorMetadata, executor_pickles
 from .p_scheduler.idle_step import step_is_idle
 from .p_scheduler.lease_params import LeaseParams
 
@@ -31,6 +31,7 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
         self.heartbeats = HeartbeatSchedule(lease_config)
         self.lease_views = LeaseViewCollector(lease_config, self._TRANSFER_MODE)
         self.lease_params = LeaseParams(lease_config)
+        self._compact_pickle = executor_pickles(vllm_config)
         # No component but the heartbeat schedule has anything to ship (no view
         # news, no repack, P's instance shipped) until a hook below says otherwise:
         # most steps then touch only the schedule (they run with caches others
@@ -63,9 +64,14 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
         super()._stop_heartbeat(req_id)
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
-        meta = LeaseConnectorMetadata.adopt(super().build_connector_meta(scheduler_output))
+        # Upstream's by name: super() resolves through the MRO on every call,
+        # bypassing the type's attribute cache, the costliest part of an idle
+        # step run with caches others have evicted.
+        meta = NixlPullConnectorScheduler.build_connector_meta(self, scheduler_output)
+        if self._compact_pickle:
+            meta = LeaseConnectorMetadata.adopt(meta)
         self.heartbeats.attach(meta)  # every step: paced chunks fall due by the clock
-        if self._quiet and not meta.reqs_to_send:  # type: ignore[attr-defined]
+        if self._quiet and not meta.reqs_to_send:
             return meta
         self.lease_views.rechunk(self.heartbeats.take_repacked(), self.heartbeats.chunk_of)
         self.lease_views.attach(meta)
@@ -94,6 +100,7 @@ class LeaseNixlPushConnectorScheduler(NixlPushConnectorScheduler):
         self.heartbeats = HeartbeatSchedule(lease_config)
         # Push: P writes into D, D never reads; the collector stays disabled.
         self.lease_views = LeaseViewCollector(lease_config, self._TRANSFER_MODE)
+        self._compact_pickle = executor_pickles(vllm_config)
 
     def on_new_request(self, request: Any) -> None:
         super().on_new_request(request)
@@ -104,7 +111,10 @@ class LeaseNixlPushConnectorScheduler(NixlPushConnectorScheduler):
         super()._stop_heartbeat(req_id)
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
-        meta = LeaseConnectorMetadata.adopt(super().build_connector_meta(scheduler_output))
+        # Not super(): see the pull scheduler's.
+        meta = NixlPushConnectorScheduler.build_connector_meta(self, scheduler_output)
+        if self._compact_pickle:
+            meta = LeaseConnectorMetadata.adopt(meta)
         self.heartbeats.attach(meta)
         self.lease_views.attach(meta)
         if self.lease_config.idle_step_sleep_s > 0:  # read only by the idle pause
