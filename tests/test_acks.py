@@ -628,6 +628,36 @@ def test_a_remembered_rehandshake_is_forgotten_after_its_connection_is_gone(cloc
     assert net.acks.rehandshaken == {} and net.acks.idle()
 
 
+def test_steps_with_no_answer_age_the_ledger_on_a_cadence(clock: Clock) -> None:
+    """P went silent: D's steps with no message prune the heartbeats no answer
+    could still renew from, at most every interval / 4 (not every step), so
+    the ledger stays bounded by the extension's worth of sends."""
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    net.prove()
+    every = CONFIG.heartbeat_interval / 4
+    prunes: list[float] = []
+    prune = net.acks.ledger.prune
+    net.acks.ledger.prune = lambda before: prunes.append(clock.now) or prune(before)  # type: ignore[method-assign]
+    sent_at: list[float] = []
+    for _ in range(200):  # 40 s of 0.2 s steps, a heartbeat every interval
+        if not sent_at or clock.now - sent_at[-1] >= CONFIG.heartbeat_interval:
+            net.d_heartbeat("p1")
+            net.take_d_sends()  # lost: P never answers
+            sent_at.append(clock.now)
+        net.d_receive([])
+        clock.advance(0.2)
+        # What a prune at most `every` ago keeps: the sends of the last extension and that cadence.
+        horizon = clock.now - EXT - every - 0.2
+        assert len(net.acks.ledger) <= sum(t >= horizon for t in sent_at)
+    assert len(sent_at) > len(net.acks.ledger) > 0
+    assert len(prunes) <= 40 / every + 1  # not on each of the 200 steps
+    before = len(net.acks.ledger)
+    clock.advance(EXT + 0.1)  # every heartbeat now older than an answer could use
+    net.d_receive([])
+    assert before and not len(net.acks.ledger)
+
+
 def test_answer_from_an_agent_of_a_replaced_connection_is_ignored(clock: Clock) -> None:
     """D remembers which engine each P agent belongs to; once upstream replaced
     the connection, a late answer from the old process's agent proves nothing."""

@@ -85,6 +85,10 @@ class AckRequester:
         self._hello_retry_s = lease_config.hello_retry_s
         self._interval = lease_config.heartbeat_interval
         self._sweep_s = lease_config.forget_sweep_s
+        # A step with no message only ages state (the ledger, chunk answers, the
+        # sweep); doing that this often, not every step, bounds it as well.
+        self._age_every_s = min(self._sweep_s, lease_config.heartbeat_interval / 4)
+        self._next_age = 0.0
         self.ledger = AckLedger()
         self._metadata: bytes | None = None
         self._proven: dict[str, str] = {}  # P agent -> the instance its answers carry
@@ -232,9 +236,10 @@ class AckRequester:
 
     def received(self, messages: Mapping[str, list[bytes]]) -> None:
         """One step's ``LACK:`` answers: record proof, renew the views they prove."""
-        if not messages and self.idle():
-            return
         now = time.perf_counter()
+        if not messages and (now < self._next_age or self.idle()):
+            return
+        self._next_age = now + self._age_every_s
         stats = self._upstream.xfer_stats
         answers = renewed = 0
         looked_again = False
