@@ -79,37 +79,37 @@ venv-router: $(ROUTER_VENV)/.deps
 # rule tests skip and the demo runs without Prometheus, both saying how to install it. The package
 # may start a system service: stopped, the demo runs its own by PID with a temporary data dir.
 prometheus:
-	@command -v promtool >/dev/null && command -v prometheus >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing Debian's prometheus package (server + promtool)"; \
-	    { apt-get -o DPkg::Lock::Timeout=300 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends \
-	      prometheus >/dev/null; } || echo "apt-get install prometheus failed: rule tests and demo Prometheus skip"; \
-	    { service prometheus stop || true; } >/dev/null 2>&1; \
-	  else echo "promtool missing: sudo apt-get install -y prometheus (rule tests and demo Prometheus skip)"; fi; }
+	$(call apt_install,promtool prometheus,prometheus,rule tests and demo Prometheus skip,\
+	  { service prometheus stop || true; } >/dev/null 2>&1;)
 
 # Debian's spin model checker: tests/test_protocol_model.py checks vllm_nixl_lease/protocol.pml
 # with it (docs/PROTOCOL.md section 7). Installed when we are root on Debian/Ubuntu; otherwise the
 # model tests skip, saying how to install it.
 # After prometheus: apt-get takes one lock at a time.
 spin: prometheus
-	@command -v spin >/dev/null && command -v gcc >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing Debian's spin package (and gcc, which builds its verifiers)"; \
-	    { apt-get -o DPkg::Lock::Timeout=300 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends \
-	      spin gcc libc6-dev >/dev/null; } || echo "apt-get install spin failed: the protocol model tests skip"; \
-	  else echo "spin missing: sudo apt-get install -y spin (the protocol model tests skip)"; fi; }
+	$(call apt_install,spin gcc,spin gcc libc6-dev,the protocol model tests skip)
 
 # Debian's nftables: one-way partitions (a host's inbound traffic dropped) in `make chaos` and in
 # tests/test_chaos_regressions.py. Installed when we are root on Debian/Ubuntu; otherwise those
 # tests skip and the chaos nemesis leaves one-way partitions out, both saying why.
 # After spin: apt-get takes one lock at a time.
 nftables: spin
-	@command -v nft >/dev/null || { \
-	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    echo "installing Debian's nftables package"; \
-	    { apt-get -o DPkg::Lock::Timeout=300 update -qq && DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends \
-	      nftables >/dev/null; } || echo "apt-get install nftables failed: one-way partitions skip"; \
-	  else echo "nft missing: sudo apt-get install -y nftables (one-way partitions skip)"; fi; }
+	$(call apt_install,nft,nftables,one-way partitions skip)
+
+# A Debian package set, installed when one of the commands it provides is missing and we are root
+# on Debian/Ubuntu; otherwise what it is for skips, saying how to install it.
+# $(call apt_install,commands,packages,what skips without them[,shell run after the install;])
+define apt_install
+@missing=; for c in $(1); do command -v $$c >/dev/null || missing="$$missing $$c"; done; \
+[ -z "$$missing" ] || { \
+  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+    echo "installing Debian's $(2) (missing:$$missing)"; \
+    { apt-get -o DPkg::Lock::Timeout=300 update -qq && DEBIAN_FRONTEND=noninteractive apt-get \
+      -o DPkg::Lock::Timeout=300 install -y -qq --no-install-recommends $(2) >/dev/null; } \
+      || echo "apt-get install $(2) failed: $(3)"; \
+    $(4) \
+  else echo "missing:$$missing: sudo apt-get install -y $(2) ($(3))"; fi; }
+endef
 
 # mypy: the package only, configured in pyproject.toml ([tool.mypy]).
 lint: build
