@@ -527,12 +527,39 @@ def _stock_heartbeat_round(probe: Probe, env: Any, ids: list[str]) -> None:
         probe.measure(env.case.name, "stock", lambda w=stock, m=meta: w._send_heartbeats(m), ops=len(ids))
 
 
+def _proven_d(add_views: Callable[[Any], None]) -> Any:
+    """Our D worker connected to one P engine ``"P"``, with the read fence's
+    views ``add_views`` gives it, the P process proven (its welcome taken)."""
+    from vllm_nixl_lease._wire import heartbeat_ack_message
+
+    d = our_worker("D")
+    d._remote_agents["P"] = {(0, 0): b"P"}
+    d._engine_clock_offset["P"] = 0.0
+    add_views(d.read_fence.views)
+    d.nixl_wrapper.deliver("P", heartbeat_ack_message(INSTANCE, []))  # P's welcome: proven
+    d._get_new_notifs()
+    return d
+
+
+def _send_and_take(probe: Probe, d: Any, hbs: Any) -> None:
+    """D sends ``hbs`` and takes P's answer to every message of it (P's part not counted)."""
+    from vllm_nixl_lease._wire import heartbeat_ack_message
+    from vllm_nixl_lease.vllm.metadata import LEASE_HEARTBEATS_ATTR
+
+    d._send_heartbeats(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": hbs}}))
+    probe.pause()
+    seqs = list(d.ack_requester.ledger._sent)
+    d.nixl_wrapper.deliver("P", heartbeat_ack_message(INSTANCE, seqs))
+    probe.resume()
+    d._get_new_notifs()
+
+
 def ack_d(probe: Probe, env: Any) -> None:
     """D sends one round for 10k leases to one P as ``LHB:`` and takes P's
     ``LACK:`` answers (its views renewed); stock sends the round as ``HB:``."""
     from vllm_nixl_lease import encode_heartbeats
-    from vllm_nixl_lease._wire import ACKED_HEARTBEAT_OVERHEAD, heartbeat_ack_message
-    from vllm_nixl_lease.vllm.metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
+    from vllm_nixl_lease._wire import ACKED_HEARTBEAT_OVERHEAD
+    from vllm_nixl_lease.vllm.metadata import EngineHeartbeats
 
     ids = req_ids(ACK_LEASES)
     hb = encode_heartbeats(ids, MAX_BYTES - ACKED_HEARTBEAT_OVERHEAD)
@@ -542,22 +569,15 @@ def ack_d(probe: Probe, env: Any) -> None:
             if side == "stock":
                 _stock_heartbeat_round(probe, env, ids)
                 continue
-            d = our_worker("D")
-            d._remote_agents["P"] = {(0, 0): b"P"}
-            d._engine_clock_offset["P"] = 0.0
-            for i, rid in enumerate(ids):
-                d.read_fence.views.add(f"d{i}", "P", rid, FAR, 20.0, INSTANCE)
-            d.nixl_wrapper.deliver("P", heartbeat_ack_message(INSTANCE, []))  # P's welcome: proven
-            d._get_new_notifs()
+
+            def add_views(views: Any) -> None:
+                for i, rid in enumerate(ids):
+                    views.add(f"d{i}", "P", rid, FAR, 20.0, INSTANCE)
+
+            d = _proven_d(add_views)
 
             def send_and_take(d: Any = d) -> None:
-                hbs = EngineHeartbeats("P", hb, "h", 1, 1, instance=INSTANCE)
-                d._send_heartbeats(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": hbs}}))
-                probe.pause()
-                seqs = list(d.ack_requester.ledger._sent)  # P answers every message of the round
-                d.nixl_wrapper.deliver("P", heartbeat_ack_message(INSTANCE, seqs))
-                probe.resume()
-                d._get_new_notifs()
+                _send_and_take(probe, d, EngineHeartbeats("P", hb, "h", 1, 1, instance=INSTANCE))
 
             def tick() -> None:
                 clock.now += 1.0
@@ -573,9 +593,9 @@ def ack_d_chunked(probe: Probe, env: Any) -> None:
     paced chunks for 10k leases to one P as ``LHB:`` (each with its chunk and
     name count) and takes P's ``LACK:`` answers (each renews its chunk's views
     at once); stock sends the round as ``HB:``."""
-    from vllm_nixl_lease._wire import ACKED_HEARTBEAT_OVERHEAD, heartbeat_ack_message
+    from vllm_nixl_lease._wire import ACKED_HEARTBEAT_OVERHEAD
     from vllm_nixl_lease.decode.heartbeat_tracker import HeartbeatTracker
-    from vllm_nixl_lease.vllm.metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
+    from vllm_nixl_lease.vllm.metadata import EngineHeartbeats
 
     ids = req_ids(ACK_LEASES)
     clock = PerfCounter(NOW)
@@ -585,15 +605,13 @@ def ack_d_chunked(probe: Probe, env: Any) -> None:
                 _stock_heartbeat_round(probe, env, ids)
                 continue
             tracker = HeartbeatTracker(0, MAX_BYTES - ACKED_HEARTBEAT_OVERHEAD)  # interval 0: every chunk
-            d = our_worker("D")
-            d._remote_agents["P"] = {(0, 0): b"P"}
-            d._engine_clock_offset["P"] = 0.0
-            for i, rid in enumerate(ids):
-                tracker.track(f"d{i}", "P", rid)
-                chunk = tracker.chunk_of(f"d{i}")
-                d.read_fence.views.add(f"d{i}", "P", rid, FAR, 20.0, INSTANCE, chunk=chunk)
-            d.nixl_wrapper.deliver("P", heartbeat_ack_message(INSTANCE, []))  # P's welcome: proven
-            d._get_new_notifs()
+
+            def add_views(views: Any, tracker: Any = tracker) -> None:
+                for i, rid in enumerate(ids):
+                    tracker.track(f"d{i}", "P", rid)
+                    views.add(f"d{i}", "P", rid, FAR, 20.0, INSTANCE, chunk=tracker.chunk_of(f"d{i}"))
+
+            d = _proven_d(add_views)
             tick: dict[str, Any] = {}
 
             def setup(tracker: Any = tracker, tick: dict[str, Any] = tick) -> None:
@@ -611,12 +629,7 @@ def ack_d_chunked(probe: Probe, env: Any) -> None:
                 )
 
             def send_and_take(d: Any = d, tick: dict[str, Any] = tick) -> None:
-                d._send_heartbeats(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": tick["hb"]}}))
-                probe.pause()
-                seqs = list(d.ack_requester.ledger._sent)  # P answers every message of the round
-                d.nixl_wrapper.deliver("P", heartbeat_ack_message(INSTANCE, seqs))
-                probe.resume()
-                d._get_new_notifs()
+                _send_and_take(probe, d, tick["hb"])
 
             with probe.instrumented():
                 probe.measure(env.case.name, side, send_and_take, ops=ACK_LEASES, setup=setup)
