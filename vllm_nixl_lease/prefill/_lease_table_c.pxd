@@ -77,6 +77,13 @@ cdef inline const char* _stored_utf8(PyObject* o, Py_ssize_t* n) noexcept:
     return _utf8_of_ptr(o, n)
 
 
+# ``now`` and ``limit`` as the table and router take them: the engine passes a
+# finite float and an int every step, which skip the Python-level checks of
+# ``_checks`` (every other value goes through them, errors included).
+cdef double checked_now(object now) except? -1.0
+cdef Py_ssize_t checked_limit(object limit) except? -2
+
+
 cdef class LeaseTable:
     cdef double _extension
     cdef vector[Slot] _slots

@@ -73,18 +73,40 @@ from libc.stdint cimport int64_t, uint32_t, uint64_t
 from libcpp.vector cimport vector
 from libcpp.functional cimport greater
 from libcpp.algorithm cimport sort, make_heap, push_heap, pop_heap
-from libc.math cimport floor, INFINITY
+from libc.math cimport floor, INFINITY, isfinite
+from cpython.float cimport PyFloat_AS_DOUBLE
 from libc.string cimport memchr
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from cython.operator cimport dereference as deref, preincrement as inc
 
 import os
+import sys
 from hashlib import blake2b as _blake2b
 
 from .._checks import (
     DEFAULT_MAX_TOMBSTONES, check_extension, check_limit, check_max_tombstones, check_now, check_tag_bits,
     check_tag_key, check_tombstone_s,
 )
+
+
+cdef object _MAXSIZE = sys.maxsize
+
+
+cdef double checked_now(object now) except? -1.0:
+    cdef double t
+    if type(now) is float:
+        t = PyFloat_AS_DOUBLE(now)
+        if isfinite(t):
+            return t
+    return check_now(now)
+
+
+cdef Py_ssize_t checked_limit(object limit) except? -2:
+    if limit is None:
+        return -1
+    if type(limit) is int and 0 <= limit <= _MAXSIZE:
+        return limit
+    return check_limit(limit)
 
 
 cdef extern from "prefetch.h":
@@ -670,7 +692,7 @@ cdef class LeaseTable:
 
     def extend_counted(self, payload, now):
         """Like ``extend``; returns ``(extended, non-empty ids in payload)``."""
-        cdef double t = check_now(now)
+        cdef double t = checked_now(now)
         cdef double new_deadline = self._extended_deadline(t)
         cdef Py_ssize_t n
         cdef const char* p
@@ -700,7 +722,7 @@ cdef class LeaseTable:
         hold no lease here or whose lease is ambiguous.  The last is None when
         the payload is not UTF-8 (the answer then counts none as extended;
         the held ids that could be read are extended all the same)."""
-        cdef double t = check_now(now)
+        cdef double t = checked_now(now)
         cdef double new_deadline = self._extended_deadline(t)
         cdef Py_ssize_t n = 0, extended, named
         cdef const char* p = NULL
@@ -732,7 +754,7 @@ cdef class LeaseTable:
         extended, tags named, the tags not held)``: those naming no lease, or
         a lease that is ambiguous.  The last is None, and nothing is extended,
         when the payload is not ASCII.  An empty field names nothing."""
-        cdef double t = check_now(now)
+        cdef double t = checked_now(now)
         cdef double new_deadline = self._extended_deadline(t)
         cdef bytes data = bytes(payload)
         cdef const unsigned char[::1] view = data
@@ -878,7 +900,7 @@ cdef class LeaseTable:
         all of them, or the ``limit`` earliest (the rest stay due)."""
         cdef list expired = []
         cdef list marked = [] if self._in_batch else None
-        self._pop_due(check_now(now), check_limit(limit), expired, marked, True)
+        self._pop_due(checked_now(now), checked_limit(limit), expired, marked, True)
         if marked:
             self._batch_spill.update(marked)  # they stay in their batch
         return expired

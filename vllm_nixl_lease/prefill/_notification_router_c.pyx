@@ -8,18 +8,15 @@ the Cython ``LeaseTable`` (``_lease_table_c.pxd``) and keeps batch membership
 in the table's slots.
 """
 
-import sys
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_Check
-from cpython.float cimport PyFloat_AS_DOUBLE
-from libc.math cimport isfinite
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport uint32_t
 from libc.string cimport memcmp
 
-from ._lease_table_c cimport IN_BATCH, LeaseTable
+from ._lease_table_c cimport IN_BATCH, LeaseTable, checked_limit, checked_now
 
-from .._checks import MESSAGES_TYPES, check_limit, check_now, check_passthrough_prefixes
+from .._checks import MESSAGES_TYPES, check_passthrough_prefixes
 from .route_result import (
     MALFORMED_SAMPLE_SIZE, UNKNOWN_SAMPLE_SIZE, Expiry, RouteResult, malformed_sample, unknown_sample_id,
 )
@@ -32,26 +29,6 @@ cdef Py_ssize_t _HB_LEN = len(_HB)
 cdef bytes _ESC = EXTENSION_PREFIX  # starts with _HB
 cdef Py_ssize_t _ESC_LEN = len(_ESC)
 cdef long MAX_EXPECTED_CONSUMERS = _MAX_CONSUMERS
-cdef object _MAXSIZE = sys.maxsize
-
-
-# The engine passes a finite float and an int limit every step: those skip the
-# Python-level checks (every other value goes through them, errors included).
-cdef inline double _now(object now) except? -1.0:
-    cdef double t
-    if type(now) is float:
-        t = PyFloat_AS_DOUBLE(now)
-        if isfinite(t):
-            return t
-    return check_now(now)
-
-
-cdef inline Py_ssize_t _limit(object limit) except? -2:
-    if limit is None:
-        return -1
-    if type(limit) is int and 0 <= limit <= _MAXSIZE:
-        return limit
-    return check_limit(limit)
 
 
 cdef class NotificationRouter:
@@ -148,7 +125,7 @@ cdef class NotificationRouter:
     def route(self, notifs, now):
         """Route one step's notifications (see the twin for the contract)."""
         cdef LeaseTable table = self.table
-        cdef double t = _now(now)
+        cdef double t = checked_now(now)
         cdef double new_deadline = table._extended_deadline(t)
         try:
             items = notifs.items()
@@ -254,8 +231,8 @@ cdef class NotificationRouter:
         """Remove the leases due at ``now`` (all, or the ``limit`` earliest);
         return them as an ``Expiry``: ids earliest deadline first, and the
         reads seen of those that had been read by some consumer."""
-        cdef double t = _now(now)
-        cdef Py_ssize_t cap = _limit(limit)
+        cdef double t = checked_now(now)
+        cdef Py_ssize_t cap = checked_limit(limit)
         cdef list ids = []
         cdef list not_in_batch = [] if self._in_batch else None
         cdef dict reads = {}

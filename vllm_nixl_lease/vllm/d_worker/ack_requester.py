@@ -237,9 +237,11 @@ class AckRequester:
     def received(self, messages: Mapping[str, list[bytes]]) -> None:
         """One step's ``LACK:`` answers: record proof, renew the views they prove."""
         now = time.perf_counter()
-        if not messages and (now < self._next_age or self.idle()):
+        if not messages and now < self._next_age:
             return
         self._next_age = now + self._age_every_s
+        if not messages and self.idle():
+            return
         stats = self._upstream.xfer_stats
         answers = renewed = 0
         looked_again = False
