@@ -541,17 +541,22 @@ def _proven_d(add_views: Callable[[Any], None]) -> Any:
     return d
 
 
-def _send_and_take(probe: Probe, d: Any, hbs: Any) -> None:
-    """D sends ``hbs`` and takes P's answer to every message of it (P's part not counted)."""
+def _send_and_take(probe: Probe, d: Any) -> Callable[[Any], None]:
+    """A call in which D sends the ``EngineHeartbeats`` it is given and takes
+    P's answer to every message of it (P's part not counted).  Its imports
+    happen here, outside the counted calls."""
     from vllm_nixl_lease._wire import heartbeat_ack_message
     from vllm_nixl_lease.vllm.metadata import LEASE_HEARTBEATS_ATTR
 
-    d._send_heartbeats(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": hbs}}))
-    probe.pause()
-    seqs = list(d.ack_requester.ledger._sent)
-    d.nixl_wrapper.deliver("P", heartbeat_ack_message(INSTANCE, seqs))
-    probe.resume()
-    d._get_new_notifs()
+    def send_and_take(hbs: Any) -> None:
+        d._send_heartbeats(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": hbs}}))
+        probe.pause()
+        seqs = list(d.ack_requester.ledger._sent)  # P answers every message of the round
+        d.nixl_wrapper.deliver("P", heartbeat_ack_message(INSTANCE, seqs))
+        probe.resume()
+        d._get_new_notifs()
+
+    return send_and_take
 
 
 def ack_d(probe: Probe, env: Any) -> None:
@@ -574,10 +579,10 @@ def ack_d(probe: Probe, env: Any) -> None:
                 for i, rid in enumerate(ids):
                     views.add(f"d{i}", "P", rid, FAR, 20.0, INSTANCE)
 
-            d = _proven_d(add_views)
+            send = _send_and_take(probe, _proven_d(add_views))
 
-            def send_and_take(d: Any = d) -> None:
-                _send_and_take(probe, d, EngineHeartbeats("P", hb, "h", 1, 1, instance=INSTANCE))
+            def send_and_take(send: Callable[[Any], None] = send) -> None:
+                send(EngineHeartbeats("P", hb, "h", 1, 1, instance=INSTANCE))
 
             def tick() -> None:
                 clock.now += 1.0
@@ -611,7 +616,7 @@ def ack_d_chunked(probe: Probe, env: Any) -> None:
                     tracker.track(f"d{i}", "P", rid)
                     views.add(f"d{i}", "P", rid, FAR, 20.0, INSTANCE, chunk=tracker.chunk_of(f"d{i}"))
 
-            d = _proven_d(add_views)
+            send = _send_and_take(probe, _proven_d(add_views))
             tick: dict[str, Any] = {}
 
             def setup(tracker: Any = tracker, tick: dict[str, Any] = tick) -> None:
@@ -628,8 +633,8 @@ def ack_d_chunked(probe: Probe, env: Any) -> None:
                     counts=[n for _, _, _, n in sent],
                 )
 
-            def send_and_take(d: Any = d, tick: dict[str, Any] = tick) -> None:
-                _send_and_take(probe, d, tick["hb"])
+            def send_and_take(send: Callable[[Any], None] = send, tick: dict[str, Any] = tick) -> None:
+                send(tick["hb"])
 
             with probe.instrumented():
                 probe.measure(env.case.name, side, send_and_take, ops=ACK_LEASES, setup=setup)
