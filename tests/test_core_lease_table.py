@@ -294,6 +294,53 @@ def test_granted_on_a_tombstoned_tag(core, bits):
     assert t.is_ambiguous(z)
 
 
+def test_tombstones_agree_with_the_twin_across_resizes():
+    """The Cython core's tombstone map resizes a little per operation (the
+    old and new tables both live meanwhile) and maps its successor ahead of
+    time once large: with 30k leases freed in bursts (60k keys, tags cut to 18
+    bits so unrelated ids share them), then aged out, it grows through every
+    size to 2**17 cells and shrinks back, and after every step it says what
+    the twin says: how many tombstones live, and which grants are ambiguous
+    (ids freed in the window, ids freed long ago, fresh ids)."""
+    import random
+
+    from conftest import load_core
+
+    fast, twin = (tagged_table(load_core(name), 18) for name in ("cython", "python"))
+    rng = random.Random(7)
+    freed: list[str] = []
+    serial = peak = 0
+    now = 100.0
+    for step in range(400):
+        now += 0.05
+        if step < 150:  # a burst: grant, release some, let some expire
+            batch = [f"b{serial + i}" for i in range(400)]
+            serial += len(batch)
+            for t in (fast, twin):
+                for rid in batch:
+                    t.grant(rid, now + 0.2)
+                for rid in batch[::3]:
+                    t.release(rid)
+            freed += batch[::3]
+        expired = fast.pop_expired(now, 300)
+        assert twin.pop_expired(now, 300) == expired
+        freed += expired
+        probes = rng.sample(freed, min(20, len(freed))) + [f"fresh{step}-{i}" for i in range(5)]
+        for t in (fast, twin):
+            for rid in probes:
+                t.grant(rid, now + 1e6)
+        assert [fast.is_ambiguous(r) for r in probes] == [twin.is_ambiguous(r) for r in probes]
+        for t in (fast, twin):
+            for rid in probes:
+                t.release(rid)
+        assert fast.tombstones() == twin.tombstones(), step
+        peak = max(peak, fast.tombstones())
+    assert peak > 2**15  # past half of 2**16 cells: grown to 2**17
+    for t in (fast, twin):
+        t.pop_expired(now + 8.5, 0)  # past the window of the last frees
+    assert fast.tombstones() == twin.tombstones() == 0 and len(fast) == len(twin) == 0
+
+
 def test_tombstone_window_is_a_constructor_option(core):
     t = core.LeaseTable(4.0, tombstone_s=1.0)
     t.pop_expired(10.0, 0)

@@ -39,8 +39,10 @@ cdef extern from "tombstones.h":
     ctypedef struct vnl_tombs:
         size_t size
         size_t live
+        size_t old_size
+        size_t next_size
         uint64_t seed
-    long vnl_tomb_find(const vnl_tombs* t, uint64_t key, uint32_t kind) nogil
+    int vnl_tomb_has(const vnl_tombs* t, uint64_t key, uint32_t kind) nogil
     int vnl_tomb_add(vnl_tombs* t, uint64_t key, uint32_t kind) nogil
     int vnl_tomb_forget(vnl_tombs* t, uint64_t key, uint32_t kind) nogil
     void vnl_tomb_clear(vnl_tombs* t) nogil

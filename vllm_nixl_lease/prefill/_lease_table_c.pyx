@@ -420,8 +420,8 @@ cdef class LeaseTable:
         if self._tombs.live == 0:
             return False
         self._prune()
-        return (vnl_tomb_find(&self._tombs, fingerprint, TOMB_ID) >= 0
-                or (tagged and vnl_tomb_find(&self._tombs, tag, TOMB_TAG) >= 0))
+        return (vnl_tomb_has(&self._tombs, fingerprint, TOMB_ID)
+                or (tagged and vnl_tomb_has(&self._tombs, tag, TOMB_TAG)))
 
     cdef void _bury(self, uint64_t key, uint32_t kind) except *:
         """Record a free event of (kind, key) at the latest ``now``; at the
@@ -1091,7 +1091,8 @@ cdef class LeaseTable:
                 + wheel + self._backlog.capacity() * sizeof(HeapEntry)
                 + self._index.capacity() * sizeof(uint32_t)
                 + self._tag_keys.capacity() * sizeof(uint64_t) + self._tag_heads.capacity() * sizeof(uint32_t)
-                + self._tombs.size * 16 + self._fifo.size() * sizeof(TombEvent))
+                + (self._tombs.size + self._tombs.old_size + self._tombs.next_size) * 16
+                + self._fifo.size() * sizeof(TombEvent))
 
     def __len__(self):
         return self._live
