@@ -46,10 +46,16 @@ def test_p_killed_ours_d_keeps_stepping_and_fails_every_load(tmp_path, phase: st
     with Fleet(tmp_path, lease=sc.LEASE) as fleet:
         out = kill.p_killed(fleet, False, False, phase, env=env)
     n = len(out["ids"])
+    in_flight = n - out["done_before_kill"]
     if phase == "reading":
-        assert out["admitted_before_kill"] == n and out["done_before_kill"] == 0, "no READ was in flight"
+        assert out["admitted_before_kill"] == n
+        # Over TCP a READ needs P to answer: none completes while P is stopped.  With UCX's
+        # default transports a READ over shared memory or CMA can (once, all 4 did, under the
+        # parallel suite's load): correct reads of still-pinned blocks, as in the stock test.
+        if env is not None:
+            assert in_flight == n, "no READ was in flight"
     assert out["loaded"] == n, "a held request never ended"
-    assert out["failed"] == n and out["wrong"] == 0
+    assert out["failed"] == in_flight and out["wrong"] == 0
     assert out["steps_after_kill"] > 0
     _no_storm(out)
     assert out["d_exitcode"] == 0, "D did not exit after stop"
