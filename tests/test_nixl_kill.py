@@ -41,19 +41,26 @@ def _no_storm(out: dict) -> None:
     assert out["send_failures"] <= 3 * ticks, (out["send_failures"], out["watched_s"])
 
 
+def _in_flight(out: dict, phase: str, env: dict | None) -> int:
+    """READs still in flight at the kill.  Over TCP a READ needs P to answer: none
+    completes while P is stopped.  With UCX's default transports a READ over shared
+    memory or CMA can (once, all 4 did, under the parallel suite's load): correct reads
+    of still-pinned blocks; every other load must fail."""
+    n = len(out["ids"])
+    in_flight = n - out["done_before_kill"]
+    if phase == "reading" and env is not None:
+        assert in_flight == n, "a READ completed while P was stopped"
+    return in_flight
+
+
 @pytest.mark.parametrize("phase,env", PHASES)
 def test_p_killed_ours_d_keeps_stepping_and_fails_every_load(tmp_path, phase: str, env: dict | None) -> None:
     with Fleet(tmp_path, lease=sc.LEASE) as fleet:
         out = kill.p_killed(fleet, False, False, phase, env=env)
     n = len(out["ids"])
-    in_flight = n - out["done_before_kill"]
+    in_flight = _in_flight(out, phase, env)
     if phase == "reading":
         assert out["admitted_before_kill"] == n
-        # Over TCP a READ needs P to answer: none completes while P is stopped.  With UCX's
-        # default transports a READ over shared memory or CMA can (once, all 4 did, under the
-        # parallel suite's load): correct reads of still-pinned blocks, as in the stock test.
-        if env is not None:
-            assert in_flight == n, "no READ was in flight"
     assert out["loaded"] == n, "a held request never ended"
     assert out["failed"] == in_flight and out["wrong"] == 0
     assert out["steps_after_kill"] > 0
@@ -70,12 +77,7 @@ def test_p_killed_stock_documented(tmp_path, phase: str, env: dict | None) -> No
         out = kill.p_killed(fleet, True, True, phase, env=env)
     n = len(out["ids"])
     assert out["loaded"] == n, "a held request never ended"
-    # Stock posts its READs at once, and a READ over shared memory can complete while P is
-    # frozen: those are correct reads of still-pinned blocks.  Every other load must fail.
-    # Over TCP a READ needs P to answer: none completes while P is stopped.
-    in_flight = n - out["done_before_kill"]
-    if phase == "reading" and env is not None:
-        assert in_flight == n, "a READ completed while P was stopped"
+    in_flight = _in_flight(out, phase, env)  # stock posts its READs at once
     assert out["failed"] == in_flight and out["wrong"] == 0
     assert out["steps_after_kill"] > 0
     assert out["d_exitcode"] == 0

@@ -8,7 +8,6 @@ the Cython ``LeaseTable`` (``_lease_table_c.pxd``) and keeps batch membership
 in the table's slots.
 """
 
-
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_GET_SIZE, PyBytes_Check
 from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport uint32_t
