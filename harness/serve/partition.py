@@ -30,17 +30,19 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from harness.serve import client, plog
+from harness.serve import client, plog, procs
 from harness.serve.fencing import CHURN_PROMPT, FENCED
 from harness.serve.launcher import PDCluster
 from harness.serve.scenarios import (
     EXPIRED,
     NOTIF_AFTER_EXPIRY,
+    Burst,
     block_and_queue,
     burst_prompts,
     lease_extension,
     lease_interval,
     p_alone_references,
+    where_requests_are,
 )
 
 HB_SENT = "vllm:nixl_lease_heartbeat_messages_sent"  # D (ours only): one per heartbeat message sent
@@ -118,6 +120,27 @@ def _metric(url: str, name: str, attempts: int = 6) -> float:
             return client.metric_sum(text, name)
         time.sleep(0.5)
     raise AssertionError(f"no /metrics from {url} in {attempts} attempts (reading {name})")
+
+
+def _not_expired_report(
+    pd: PDCluster, exp0: float, t_cut: float, t_start: float, blocker: client.BlockerChain, burst: Burst
+) -> str:
+    """What P, D and the requests did when P kept leases past the cut's deadline (once in CI)."""
+    assert pd.prefill is not None and pd.decode is not None
+    ev = plog.parse(pd.prefill.log_path)
+    since = [round(t - t_cut, 2) for t in ev.heartbeats_between(t_start, time.time())]
+    lines = [
+        f"P expired {_metric(pd.p_url, EXPIRED) - exp0:.0f} since the set-up (log: "
+        f"{len(ev.expiries_after(t_start))} expiries, {len(ev.expiries_after(t_cut))} after the cut); "
+        f"heartbeats P logged, s after the cut: {since[-12:]}",
+        f"blocker: finished early {blocker.finished_early}, error {blocker.error!r}; routed requests "
+        f"done {sum(f.done() for f in burst.futures)}/{len(burst.futures)}",
+        f"where requests are: {where_requests_are(pd)}",
+        f"P's processes:\n{procs.snapshot(pd.prefill.pid)}",
+        f"D's processes:\n{procs.snapshot(pd.decode.pid)}",
+        f"P's log tail:\n{pd.prefill.log_tail(25)}",
+    ]
+    return "\n".join(lines)
 
 
 def _wait_heartbeat(pd: PDCluster, timeout: float) -> float | None:
@@ -206,7 +229,10 @@ def partition_decode(
                 if hb_cut is None and time.time() >= t_cut + 1.0:
                     hb_cut = _metric(pd.p_url, HB_RECV)
                 if time.time() > deadline:
-                    raise AssertionError(f"P did not expire the {n} leases of the cut-off D in {lease + 30}s")
+                    raise AssertionError(
+                        f"P did not expire the {n} leases of the cut-off D in {lease + 30}s\n"
+                        + _not_expired_report(pd, exp0, t_cut, marks["start"], blocker, burst)
+                    )
                 time.sleep(0.25)
             marks["expired"] = time.time()
             for i in range(churn_cycles * pd.cfg.num_blocks // 10):  # each ~10 of P's blocks

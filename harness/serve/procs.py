@@ -5,9 +5,11 @@ from __future__ import annotations
 import atexit
 import os
 import random
+import shutil
 import signal
 import socket
 import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -237,3 +239,57 @@ def install_signal_handlers() -> None:
     """SIGTERM/SIGHUP kill our children too (SIGINT already raises KeyboardInterrupt -> atexit)."""
     for sig in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, _on_signal)
+
+
+def _cpu_s(pid: int) -> float | None:
+    """User plus system CPU seconds of `pid`'s main thread (None: gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def snapshot(pid: int, stack_lines: int = 24) -> str:
+    """What `pid`'s tree is doing now, for a failure message: per process its name, its main
+    thread's CPU use over one second (where vLLM steps, not NIXL's progress threads) and where
+    that thread waits in the kernel.  A vLLM engine and its worker spin on sched_yield while they
+    wait for each other; a step stuck in a blocking call shows little CPU and a futex wait.
+    With py-spy installed (the test extras), the Python stack of each engine's and worker's
+    main thread follows, cut to `stack_lines` lines."""
+    pids = [pid, *descendants(pid)]
+    before = {p: _cpu_s(p) for p in pids}
+    time.sleep(1.0)
+    after = {p: _cpu_s(p) for p in pids}
+    pyspy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
+    out = []
+    for p in pids:
+        try:
+            comm = Path(f"/proc/{p}/comm").read_text().strip()
+            state = Path(f"/proc/{p}/task/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            wchan = Path(f"/proc/{p}/task/{p}/wchan").read_text().strip() or "-"
+        except (OSError, IndexError):
+            continue
+        b, a = before[p], after[p]
+        busy = f"{a - b:.2f}" if a is not None and b is not None else "?"
+        out.append(f"{p} {comm}: {busy} CPU s in 1 s, state {state}, wchan {wchan}")
+        if pyspy and ("Worker" in comm or "Engine" in comm):
+            out.extend("    " + line for line in _main_stack(pyspy, p)[:stack_lines])
+    return "\n".join(out)
+
+
+def _main_stack(pyspy: str, pid: int) -> list[str]:
+    """`py-spy dump` of `pid`, its main thread only (the first thread py-spy prints)."""
+    try:
+        r = subprocess.run([pyspy, "dump", "--pid", str(pid)], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return [f"py-spy: {e}"]
+    lines, threads = [], 0
+    for line in r.stdout.splitlines():
+        if line.startswith("Thread "):
+            threads += 1
+            if threads > 1:
+                break
+        if threads:
+            lines.append(line.rstrip()[:200])
+    return lines or [f"py-spy: {(r.stderr or r.stdout).strip()[:200]}"]
