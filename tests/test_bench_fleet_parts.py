@@ -1,4 +1,5 @@
-"""``make bench-fleet``'s split of D's CPU per step (``tools/bench_fleet.d_parts``)."""
+"""``make bench-fleet``'s parts: the split of D's CPU per step (``tools/bench_fleet.d_parts``)
+and the P fleet's lease."""
 
 from __future__ import annotations
 
@@ -35,3 +36,13 @@ def test_no_steps_of_a_kind_is_not_a_number() -> None:
     parts = d_parts([step(100e-6, 50e-6, 0, 0, 0.0)])
     assert parts["sending_steps_pct"] == 0.0
     assert math.isnan(parts["send_cpu_p50_us"]) and math.isnan(parts["worker_cpu_p50_one_notif_us"])
+
+
+def test_the_p_fleet_heartbeats_at_its_own_lease() -> None:
+    """`--lease` reaches the P fleet's pacing: D's interval is upstream's d // 6 of that lease."""
+    from harness.nixl.pfleet import PFleet
+
+    fleet = PFleet(p=None, ds=[], stock=False)  # type: ignore[arg-type]
+    assert fleet.heartbeat_interval == 1
+    fleet.lease = 30
+    assert fleet.heartbeat_interval == 5

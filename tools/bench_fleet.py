@@ -62,7 +62,8 @@ from typing import Any
 
 from harness.nixl import Fleet, dfleet, pfleet
 from harness.nixl.burst import burst
-from harness.nixl.scenarios import EXTENSION, LEASE
+from harness.nixl.scenarios import LEASE
+from vllm_nixl_lease._wire import default_lease_extension
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -264,7 +265,7 @@ def p_fleet(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
     """1 P x N D, L leases held (each L in turn on one fleet), then every D killed."""
     impl = "stock" if stock else "ours"
     rows: list[Row] = []
-    with Fleet(workdir, lease=LEASE) as fleet:
+    with Fleet(workdir, lease=args.lease) as fleet:
         pf = pfleet.start(fleet, args.d, max(args.leases), stock, say=lambda m: say(m.strip()))
         for leases in sorted({0, *args.leases}):
             # 0: the floor, the same fleet before any request: no lease, no
@@ -756,6 +757,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--leases", type=int, nargs="+", default=[10_000, 100_000])
     ap.add_argument("--hold", type=float, default=9.0, help="seconds each lease count is held")
     ap.add_argument(
+        "--lease",
+        type=int,
+        default=LEASE,
+        help=f"kv_lease_duration of the P fleet (default {LEASE}: heartbeats and expiry come 5x faster "
+        f"than at vLLM's 30; d_fleet and burst keep {LEASE})",
+    )
+    ap.add_argument(
         "--floor-hold",
         type=float,
         default=6.0,
@@ -796,7 +804,8 @@ def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     say(
         f"bench-fleet: {args.scenarios} x {args.impl}, 1 P x {args.d} D, leases {args.leases}, hold "
-        f"{args.hold:g}s, lease {LEASE}s (extension {EXTENSION}s), D heartbeat phases "
+        f"{args.hold:g}s, lease {args.lease}s (extension {default_lease_extension(args.lease)}s; d_fleet and "
+        f"burst {LEASE}s), D heartbeat phases "
         f"{'spread' if args.spread_phases else 'aligned'}; core {vllm_nixl_lease.IMPLEMENTATION}; "
         f"{os.cpu_count()} cores, load {load[0]:.2f}"
     )
@@ -840,8 +849,9 @@ def main(argv: list[str] | None = None) -> int:
             "hold_s": args.hold,
             "d_hold_s": args.d_hold,
             "heartbeat_phases": "spread over the interval" if args.spread_phases else "aligned",
-            "lease_s": LEASE,
-            "extension_s": EXTENSION,
+            "lease_s": args.lease,
+            "extension_s": default_lease_extension(args.lease),
+            "d_fleet_burst_lease_s": LEASE,
             "tokens_per_request": pfleet.TOKENS,
             "progress_delay_us": pfleet.PROGRESS_DELAY_US,
             "core": vllm_nixl_lease.IMPLEMENTATION,

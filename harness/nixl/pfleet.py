@@ -28,16 +28,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from vllm_nixl_lease._wire import default_heartbeat_interval
+from vllm_nixl_lease._wire import default_heartbeat_interval, default_lease_extension
 
 from .fleet import Engine, Fleet, wait_for
 from .mesh import PROGRESS_DELAY_US
-from .scenarios import EXTENSION, LEASE, data_mismatches, hand_to_d, prefill, wait_loaded
+from .scenarios import data_mismatches, hand_to_d, prefill, wait_loaded
 
 TOKENS = 32  # one 32-token KV block per request
 BATCH = 5000  # requests one P prefill step takes (and P's pipe answers within its timeout)
 WARM_IDS_PER_D = 4  # the first requests, heartbeated before the bulk arrives (handshakes done)
-HEARTBEAT_INTERVAL = default_heartbeat_interval(LEASE)  # D's, for LEASE (upstream's d // 6)
 
 
 @dataclass
@@ -49,6 +48,12 @@ class PFleet:
     ids: list[list[str]] = field(default_factory=list)
     start_s: float = 0.0
     say: Callable[[str], None] = print
+    lease: int = 6  # the fleet's kv_lease_duration
+
+    @property
+    def heartbeat_interval(self) -> float:
+        """D's heartbeat interval (upstream's d // 6)."""
+        return default_heartbeat_interval(self.lease)
 
     @property
     def leases(self) -> int:
@@ -78,7 +83,8 @@ def start(
     ]
     t0 = time.monotonic()
     p, *ds = fleet.start_many(engines, stock=stock)
-    pf = PFleet(p=p, ds=ds, stock=stock, ids=[[] for _ in ds], start_s=time.monotonic() - t0, say=say)
+    took = time.monotonic() - t0
+    pf = PFleet(p=p, ds=ds, stock=stock, ids=[[] for _ in ds], start_s=took, say=say, lease=fleet.lease)
     say(f"  {pf.impl}: 1 P + {n_d} D engines started in {pf.start_s:.1f}s")
     return pf
 
@@ -105,7 +111,7 @@ def grow(pf: PFleet, leases: int, batch: int = BATCH, spread_phases: bool = Fals
     if not pf.leases:
         # A few first, heartbeated by every D before the bulk: the handshakes
         # a first heartbeat starts are then done when thousands of grants run.
-        stagger = HEARTBEAT_INTERVAL / len(pf.ds) if spread_phases else 0.0
+        stagger = pf.heartbeat_interval / len(pf.ds) if spread_phases else 0.0
         _hand_out(pf, min(leases, WARM_IDS_PER_D * len(pf.ds)), "warm", stagger)
         agents = {d.info["agent"] for d in pf.ds}
         wait_for(lambda: agents <= set(pf.p.summary()["hb_agents"]), 60, what="heartbeats from every D on P")
@@ -219,7 +225,7 @@ def release_and_check(pf: PFleet, timeout: float = 120.0) -> dict[str, Any]:
     return out
 
 
-def crash(pf: PFleet, timeout: float = EXTENSION + 60.0, settle_s: float = 0.3) -> dict[str, Any]:
+def crash(pf: PFleet, timeout: float | None = None, settle_s: float = 0.3) -> dict[str, Any]:
     """SIGKILL every D at once: all of P's leases lapse together.  Returns P's
     steps from the kill until the last lease is freed, and how late the frees
     came against the deadlines P held ``settle_s`` after the kill (heartbeats
@@ -232,6 +238,8 @@ def crash(pf: PFleet, timeout: float = EXTENSION + 60.0, settle_s: float = 0.3) 
         d.proc.join(10)
     time.sleep(settle_s)
     snap = pf.p.snapshot_deadlines()
+    if timeout is None:
+        timeout = default_lease_extension(pf.lease) + 60.0
     wait_for(lambda: pf.p.summary()["live"] == 0, timeout, poll=0.25, what=f"P expiring {pf.leases} lease(s)")
     summary = pf.p.summary()
     steps = pf.p.timings()["steps"]

@@ -122,8 +122,31 @@ def _metric(url: str, name: str, attempts: int = 6) -> float:
     raise AssertionError(f"no /metrics from {url} in {attempts} attempts (reading {name})")
 
 
+# P's lease counters the not-expired report shows as changes since the set-up.
+_P_LEASE_COUNTERS = (
+    "vllm:nixl_lease_granted",
+    "vllm:nixl_lease_active",
+    HB_RECV,
+    "vllm:nixl_lease_heartbeat_ids_received",
+    "vllm:nixl_lease_heartbeat_ids_unknown",
+    "vllm:nixl_lease_heartbeat_acks_sent",
+    "vllm:nixl_lease_p_stalls",
+)
+
+
+def _p_lease_counters(pd: PDCluster) -> dict[str, float]:
+    text = client.metrics_text(pd.p_url, timeout=5.0)
+    return {name: client.metric_sum(text, name) for name in _P_LEASE_COUNTERS} if text else {}
+
+
 def _not_expired_report(
-    pd: PDCluster, exp0: float, t_cut: float, t_start: float, blocker: client.BlockerChain, burst: Burst
+    pd: PDCluster,
+    exp0: float,
+    p_leases0: dict[str, float],
+    t_cut: float,
+    t_start: float,
+    blocker: client.BlockerChain,
+    burst: Burst,
 ) -> str:
     """What P, D and the requests did when P kept leases past the cut's deadline (once in CI)."""
     assert pd.prefill is not None and pd.decode is not None
@@ -133,6 +156,11 @@ def _not_expired_report(
         f"P expired {_metric(pd.p_url, EXPIRED) - exp0:.0f} since the set-up (log: "
         f"{len(ev.expiries_after(t_start))} expiries, {len(ev.expiries_after(t_cut))} after the cut); "
         f"heartbeats P logged, s after the cut: {since[-12:]}",
+        "P's lease counters since the set-up: "
+        + ", ".join(
+            f"{name.removeprefix('vllm:nixl_lease_')} {value - p_leases0.get(name, 0.0):+.0f}"
+            for name, value in _p_lease_counters(pd).items()
+        ),
         f"blocker: finished early {blocker.finished_early}, error {blocker.error!r}; routed requests "
         f"done {sum(f.done() for f in burst.futures)}/{len(burst.futures)}",
         f"where requests are: {where_requests_are(pd)}",
@@ -202,6 +230,7 @@ def partition_decode(
     references = p_alone_references(pd, prompts, max_tokens)
     exp0 = _metric(pd.p_url, EXPIRED)
     nae0 = _metric(pd.p_url, NOTIF_AFTER_EXPIRY)
+    p_leases0 = _p_lease_counters(pd)
     fenced0 = _metric(pd.d_url, FENCED)
     acks0 = _metric(pd.d_url, ACKS_RECV)
     blocker, burst = block_and_queue(pd, n, tag, max_tokens, timeout, max_s=timeout)
@@ -231,7 +260,7 @@ def partition_decode(
                 if time.time() > deadline:
                     raise AssertionError(
                         f"P did not expire the {n} leases of the cut-off D in {lease + 30}s\n"
-                        + _not_expired_report(pd, exp0, t_cut, marks["start"], blocker, burst)
+                        + _not_expired_report(pd, exp0, p_leases0, t_cut, marks["start"], blocker, burst)
                     )
                 time.sleep(0.25)
             marks["expired"] = time.time()
