@@ -105,6 +105,56 @@ def test_busiest_names_a_process_that_spins() -> None:
     assert float(line.split("%")[0].split()[-1]) > 5  # at least some of a core, under any load
 
 
+def test_snapshot_tells_a_spinning_main_thread_from_a_sleeping_one() -> None:
+    """What the partition report shows of P's and D's processes: main-thread CPU and wait channel."""
+    code = (
+        "import sys, time\nt = time.time() + 20\n"
+        "while sys.argv[1] == 'spin' and time.time() < t: pass\ntime.sleep(20)"
+    )
+    spin = subprocess.Popen([sys.executable, "-c", code, "spin"])
+    idle = subprocess.Popen([sys.executable, "-c", code, "idle"])
+    try:
+        time.sleep(0.3)
+        lines = {
+            int(x.split()[0]): x
+            for x in (procs.snapshot(spin.pid) + "\n" + procs.snapshot(idle.pid)).splitlines()
+        }
+    finally:
+        for p in (spin, idle):
+            p.kill()
+            p.wait()
+    cpu = {pid: float(line.split(": ")[1].split()[0]) for pid, line in lines.items()}
+    assert cpu[spin.pid] > 0.05, lines[spin.pid]  # some of a core, under any load
+    assert cpu[idle.pid] < 0.05, lines[idle.pid]
+    assert "state S" in lines[idle.pid] and "wchan -" not in lines[idle.pid]
+
+
+def test_partition_report_never_raises_when_p_is_unreachable(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The not-expired report is read on a failure: P's /metrics gone or logs missing must not
+    replace the failure with another error."""
+    from types import SimpleNamespace
+
+    from harness.serve import client, partition
+
+    def gone(*_: object, **__: object) -> str:
+        return ""
+
+    pid = os.getpid()
+    pd = SimpleNamespace(
+        p_url="http://127.0.0.1:9", d_url="http://127.0.0.1:9", r_prom_url="http://127.0.0.1:9",
+        prefill=SimpleNamespace(log_path=tmp_path / "missing.log", pid=pid, log_tail=lambda n: ""),
+        decode=SimpleNamespace(pid=pid),
+    )  # fmt: skip
+    blocker = SimpleNamespace(finished_early=False, error="")
+    monkeypatch.setattr(client, "metrics_text", gone)
+    burst = SimpleNamespace(futures=[])
+    report = partition._not_expired_report(pd, 0.0, {}, 0.0, 0.0, blocker, burst)  # type: ignore[arg-type]
+    assert "P expired ? (no /metrics)" in report
+    assert f"{pid} " in report.split("P's processes:")[1]
+
+
 class _FakeBlocker:
     def __init__(self) -> None:
         self.released = False

@@ -152,8 +152,10 @@ def _not_expired_report(
     assert pd.prefill is not None and pd.decode is not None
     ev = plog.parse(pd.prefill.log_path)
     since = [round(t - t_cut, 2) for t in ev.heartbeats_between(t_start, time.time())]
+    text = client.metrics_text(pd.p_url, timeout=5.0)  # no retries: a report must not raise
+    expired = f"{client.metric_sum(text, EXPIRED) - exp0:.0f}" if text else "? (no /metrics)"
     lines = [
-        f"P expired {_metric(pd.p_url, EXPIRED) - exp0:.0f} since the set-up (log: "
+        f"P expired {expired} since the set-up (log: "
         f"{len(ev.expiries_after(t_start))} expiries, {len(ev.expiries_after(t_cut))} after the cut); "
         f"heartbeats P logged, s after the cut: {since[-12:]}",
         "P's lease counters since the set-up: "
