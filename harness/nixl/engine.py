@@ -39,6 +39,12 @@ from .ranks import Rank, heartbeat_ids_of, is_any_heartbeat, preemptions, rank_m
 from .spec import EngineSpec, written_log_path
 
 EXIT_DUMP_S = 1.5  # dump every thread's stack if the process has not exited this long after "stop"
+# A loop that makes no progress this long leaves every thread's stack in the log (a D went silent for
+# 100 s right after its first handshakes once, in the chaos test, with nothing in its log to say
+# where). faulthandler's timer runs in C, so it dumps even while a call holds the GIL; it is re-armed
+# every STALL_REARM_S, not every step (an arm costs ~40 us and wakes a thread).
+STALL_DUMP_S = 20.0
+STALL_REARM_S = 5.0
 SLOW_S = 0.1  # steps (and gaps between step starts) longer than this are logged
 SLOW_KEEP = 2000
 # Per-step timings and heartbeat message records kept until drained
@@ -847,7 +853,12 @@ def engine_main(spec: EngineSpec, conn: Any) -> None:
         return
     born = time.monotonic()
     next_step = time.monotonic()
+    rearm_at = 0.0
     while time.monotonic() - born < spec.max_lifetime_s:
+        if time.monotonic() >= rearm_at:
+            # Stalled STALL_DUMP_S - STALL_REARM_S or more: the dump fires (and the log says when).
+            faulthandler.dump_traceback_later(STALL_DUMP_S, file=sys.stderr)
+            rearm_at = time.monotonic() + STALL_REARM_S
         while conn.poll(max(0.0, next_step - time.monotonic())):
             try:
                 cmd, kwargs = conn.recv()
@@ -855,6 +866,7 @@ def engine_main(spec: EngineSpec, conn: Any) -> None:
                 eng.shutdown()
                 return
             if cmd == "stop":
+                faulthandler.cancel_dump_traceback_later()
                 eng.shutdown()
                 conn.send(("ok", None))
                 # An exit that lingers (Python joins non-daemon threads, e.g. a
