@@ -134,9 +134,9 @@ _P_LEASE_COUNTERS = (
 )
 
 
-def _p_lease_counters(pd: PDCluster) -> dict[str, float]:
-    text = client.metrics_text(pd.p_url, timeout=5.0)
-    return {name: client.metric_sum(text, name) for name in _P_LEASE_COUNTERS} if text else {}
+def _p_lease_counters(p_metrics: str) -> dict[str, float]:
+    """``_P_LEASE_COUNTERS`` from one scrape of P's /metrics (empty: no scrape)."""
+    return {name: client.metric_sum(p_metrics, name) for name in _P_LEASE_COUNTERS} if p_metrics else {}
 
 
 def _not_expired_report(
@@ -152,7 +152,7 @@ def _not_expired_report(
     assert pd.prefill is not None and pd.decode is not None
     ev = plog.parse(pd.prefill.log_path)
     since = [round(t - t_cut, 2) for t in ev.heartbeats_between(t_start, time.time())]
-    text = client.metrics_text(pd.p_url, timeout=5.0)  # no retries: a report must not raise
+    text = client.metrics_text(pd.p_url, timeout=5.0)  # one scrape, no retries: a report must not raise
     expired = f"{client.metric_sum(text, EXPIRED) - exp0:.0f}" if text else "? (no /metrics)"
     lines = [
         f"P expired {expired} since the set-up (log: "
@@ -161,7 +161,7 @@ def _not_expired_report(
         "P's lease counters since the set-up: "
         + ", ".join(
             f"{name.removeprefix('vllm:nixl_lease_')} {value - p_leases0.get(name, 0.0):+.0f}"
-            for name, value in _p_lease_counters(pd).items()
+            for name, value in _p_lease_counters(text).items()
         ),
         f"blocker: finished early {blocker.finished_early}, error {blocker.error!r}; routed requests "
         f"done {sum(f.done() for f in burst.futures)}/{len(burst.futures)}",
@@ -232,7 +232,7 @@ def partition_decode(
     references = p_alone_references(pd, prompts, max_tokens)
     exp0 = _metric(pd.p_url, EXPIRED)
     nae0 = _metric(pd.p_url, NOTIF_AFTER_EXPIRY)
-    p_leases0 = _p_lease_counters(pd)
+    p_leases0 = _p_lease_counters(client.metrics_text(pd.p_url, timeout=5.0))
     fenced0 = _metric(pd.d_url, FENCED)
     acks0 = _metric(pd.d_url, ACKS_RECV)
     blocker, burst = block_and_queue(pd, n, tag, max_tokens, timeout, max_s=timeout)

@@ -241,13 +241,12 @@ def install_signal_handlers() -> None:
         signal.signal(sig, _on_signal)
 
 
-def _cpu_s(pid: int) -> float | None:
-    """User plus system CPU seconds of `pid`'s main thread (None: gone)."""
+def _main_thread_stat(pid: int) -> list[str] | None:
+    """The /proc stat fields after the command name of `pid`'s main thread (None: gone)."""
     try:
-        fields = Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return Path(f"/proc/{pid}/task/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def snapshot(pid: int, stack_lines: int = 24) -> str:
@@ -258,21 +257,23 @@ def snapshot(pid: int, stack_lines: int = 24) -> str:
     With py-spy installed (the test extras), the Python stack of each engine's and worker's
     main thread follows, cut to `stack_lines` lines."""
     pids = [pid, *descendants(pid)]
-    before = {p: _cpu_s(p) for p in pids}
+    before = {p: _main_thread_stat(p) for p in pids}
     time.sleep(1.0)
-    after = {p: _cpu_s(p) for p in pids}
+    hz = os.sysconf("SC_CLK_TCK")
     pyspy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
     out = []
     for p in pids:
+        b, a = before[p], _main_thread_stat(p)
         try:
             comm = Path(f"/proc/{p}/comm").read_text().strip()
-            state = Path(f"/proc/{p}/task/{p}/stat").read_text().rsplit(")", 1)[1].split()[0]
             wchan = Path(f"/proc/{p}/task/{p}/wchan").read_text().strip() or "-"
-        except (OSError, IndexError):
+        except OSError:
             continue
-        b, a = before[p], after[p]
-        busy = f"{a - b:.2f}" if a is not None and b is not None else "?"
-        out.append(f"{p} {comm}: {busy} CPU s in 1 s, state {state}, wchan {wchan}")
+        if a is None:
+            continue
+        # utime + stime, in clock ticks
+        busy = f"{(int(a[11]) + int(a[12]) - int(b[11]) - int(b[12])) / hz:.2f}" if b else "?"
+        out.append(f"{p} {comm}: {busy} CPU s in 1 s, state {a[0]}, wchan {wchan}")
         if pyspy and ("Worker" in comm or "Engine" in comm):
             out.extend("    " + line for line in _main_stack(pyspy, p)[:stack_lines])
     return "\n".join(out)
