@@ -26,6 +26,7 @@ from vllm_nixl_lease._wire import (
     heartbeat_message,
     heartbeat_payload,
 )
+from vllm_nixl_lease.vllm.d_scheduler.heartbeat_schedule import pace_phase
 from vllm_nixl_lease.vllm.metadata import EngineHeartbeats
 from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
 from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
@@ -35,12 +36,12 @@ from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
 def scheduler_factory(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("hb")
 
-    def make(extra: dict | None = None) -> LeaseNixlPullConnectorScheduler:
+    def make(extra: dict | None = None, engine_id: str = "d-engine") -> LeaseNixlPullConnectorScheduler:
         from vllm.config import set_current_vllm_config
 
         vc = shared_vllm_config(root, extra or {"kv_lease_duration": 12})
         with set_current_vllm_config(vc):
-            return LeaseNixlPullConnectorScheduler(vc, "d-engine", make_kv_cache_config())
+            return LeaseNixlPullConnectorScheduler(vc, engine_id, make_kv_cache_config())
 
     return make
 
@@ -75,6 +76,27 @@ def test_scheduler_tracks_in_core_and_ships_bytes(scheduler_factory, clock: Cloc
     hb = by_engine(sched.build_connector_meta(None).lease_heartbeats)
     assert hb.keys() == {"P1"} and hb["P1"].messages == [heartbeat_message(["p-2"])]
     assert {g.engine_id for g in sched.heartbeats.groups.values()} == {"P1"}
+
+
+def test_d_engines_pace_their_rounds_at_phases_drawn_from_their_ids(scheduler_factory, clock: Clock) -> None:
+    """Two D engines handed the same 8 requests (one chunk each) at the same moment
+    send the round's early chunks at different steps: each paces at the phase its
+    engine id draws (the same on every start of that id)."""
+    assert pace_phase("d-a") == pace_phase("d-a") != pace_phase("d-b")
+    assert all(0.0 <= pace_phase(f"d{i}") < 1.0 for i in range(100))
+    sends: dict[str, list[int]] = {}
+    for engine in ("d-a", "d-b"):
+        sched = scheduler_factory({"kv_lease_duration": 12, "max_heartbeat_bytes": 256}, engine)
+        for i in range(8):
+            sched.on_new_request(fake_request(f"d{i}", **remote_prefill_params("P1", f"p-{i:0200d}")))
+        steps = []
+        for step in range(200):  # 2 s (the interval) of 10 ms steps
+            hb = getattr(sched.build_connector_meta(None), "lease_heartbeats", {})
+            steps += [step] * sum(len(h.messages) for h in hb.values())
+            clock.advance(0.01)
+        sends[engine] = steps
+    assert sends["d-a"][:8] == sends["d-b"][:8] == [0] * 8  # new chunks: at once
+    assert len(sends["d-a"]) == len(sends["d-b"]) and set(sends["d-a"][8:]).isdisjoint(sends["d-b"][8:])
 
 
 def test_scheduler_chunks_messages(scheduler_factory, clock: Clock) -> None:

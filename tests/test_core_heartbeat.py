@@ -108,6 +108,9 @@ def test_bad_tracker_config(core):
             core.HeartbeatTracker(interval)
     with pytest.raises(ValueError):
         core.HeartbeatTracker(1.0, max_message_bytes=3)
+    for phase in (-0.1, 1.0, float("nan"), float("inf")):
+        with pytest.raises(ValueError):
+            core.HeartbeatTracker(1.0, phase=phase)
 
 
 def test_paced_sends_new_chunks_at_once_then_spreads_the_round(core):
@@ -151,7 +154,33 @@ def test_paced_interval_zero_sends_every_chunk_each_call(core):
         assert len(sent(hb, now)["P0"]) == 3
 
 
-def _paced_run(core, seed: int, skip: bool = False):
+def test_paced_phase_offsets_a_new_round_without_sending_more(core):
+    """Two D engines given the same 8 chunks at the same moment: at phase 0 and 0.5
+    their early sends fall half a share (1/16 s) apart instead of at the same
+    polls; the phase adds at most the one send it starts with, and past the first
+    interval both send at the same rate.  (Polls every 1/128 s: exact in floats.)"""
+
+    def run(phase: float) -> list[tuple[float, int]]:
+        hb = core.HeartbeatTracker(1.0, max_message_bytes=12, phase=phase)
+        for i in range(8):
+            hb.track(f"l{i}", "P0", f"r{i:07d}")
+        sends = []
+        for step in range(640):  # 5 s
+            n = len(hb.poll_paced_chunks(step / 128).get("P0", []))
+            sends += [(step / 128, n)] if n else []
+        return sends
+
+    aligned, offset = run(0.0), run(0.5)
+    assert aligned[0] == offset[0] == (0.0, 8)  # new chunks: at once, whatever the phase
+    assert [t for t, _ in aligned[1:4]] == [0.125, 0.25, 0.375]  # a share is 1/8 s
+    assert [t for t, _ in offset[1:4]] == [0.0625, 0.1875, 0.3125]
+    assert not {t for t, _ in aligned[1:]} & {t for t, _ in offset[1:]}
+    total = sum(n for _, n in aligned)
+    assert total <= sum(n for _, n in offset) <= total + 1
+    assert sum(n for t, n in aligned if t >= 1) == sum(n for t, n in offset if t >= 1) == 32
+
+
+def _paced_run(core, seed: int, skip: bool = False, phase: float = 0.0):
     """Random tracks/untracks (FIFO-ish and random), random step lengths;
     returns what was sent and checks the promise on the way.  A poll before
     ``next_poll_at`` must send nothing; with ``skip`` it is not made (what
@@ -160,7 +189,7 @@ def _paced_run(core, seed: int, skip: bool = False):
 
     rng = random.Random(seed)
     interval = 1.0
-    hb = core.HeartbeatTracker(interval, max_message_bytes=40)
+    hb = core.HeartbeatTracker(interval, max_message_bytes=40, phase=phase)
     live: dict[str, tuple[str, str]] = {}
     last_sent: dict[tuple[str, str], float] = {}  # (engine, remote id) -> last send
     tracked_at: dict[tuple[str, str], float] = {}
@@ -200,10 +229,11 @@ def _paced_run(core, seed: int, skip: bool = False):
 
 
 @pytest.mark.parametrize("seed", range(5))
-def test_paced_promise_holds_under_churn(core, seed):
+@pytest.mark.parametrize("phase", [0.0, 0.73])
+def test_paced_promise_holds_under_churn(core, seed, phase):
     """Each live id is sent at most ``interval`` after its previous send (or
-    after it was tracked), whatever arrives and leaves."""
-    _paced_run(core, seed)
+    after it was tracked), whatever arrives and leaves, at any phase."""
+    _paced_run(core, seed, phase=phase)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -211,6 +241,7 @@ def test_paced_promise_holds_skipping_early_polls(core, seed):
     """Skipping every poll before ``next_poll_at`` keeps the promise, and
     skips most polls once the round is spread."""
     _paced_run(core, seed, skip=True)
+    _paced_run(core, seed, skip=True, phase=0.31)
 
 
 def test_next_poll_at_skips_most_steps_of_a_spread_round(core):
@@ -254,6 +285,7 @@ def test_paced_twin_and_cython_agree(seed, skip):
     except pytest.skip.Exception:
         pytest.skip("no Cython build")
     assert _paced_run(cython, seed, skip) == _paced_run(load_core("python"), seed, skip)
+    assert _paced_run(cython, seed, skip, 0.6) == _paced_run(load_core("python"), seed, skip, 0.6)
 
 
 def test_chunk_versions_name_who_a_message_covers(core):

@@ -149,6 +149,14 @@ def check_interval(interval: float) -> float:
     return interval
 
 
+def check_pace_phase(phase: float) -> float:
+    """A paced round's phase: a fraction of one send's share of the interval, in [0, 1)."""
+    phase = float(phase)
+    if not (0.0 <= phase < 1.0):
+        raise ValueError(f"pace phase must be a number in [0, 1), got {phase!r}")
+    return phase
+
+
 def check_max_message_bytes(max_message_bytes: int) -> int:
     """A heartbeat message size cap: an int with room for the prefix and an id."""
     if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int):

@@ -13,7 +13,13 @@ from libc.string cimport memchr, memcpy
 import heapq
 import math
 
-from .._checks import DEFAULT_MAX_MESSAGE_BYTES, check_interval, check_max_message_bytes, check_remote_id
+from .._checks import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    check_interval,
+    check_max_message_bytes,
+    check_pace_phase,
+    check_remote_id,
+)
 from .._wire import HEARTBEAT_PREFIX
 
 cdef bytes PREFIX = HEARTBEAT_PREFIX
@@ -131,20 +137,22 @@ cdef class HeartbeatTracker:
     cdef Py_ssize_t _chunks  # live chunks, all engines
     cdef object _paced_at  # last poll_paced_chunks, or None
     cdef double _credit    # early sends earned and not yet made
+    cdef double _phase     # the credit a round starts with (see the twin)
     cdef readonly double next_poll_at  # no poll before it sends anything (see the twin)
     cdef Py_ssize_t _keys  # chunk keys handed out
     cdef Py_ssize_t _repacks
 
-    def __init__(self, interval, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES):
+    def __init__(self, interval, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, phase=0.0):
         self._interval = check_interval(interval)
         self._max = check_max_message_bytes(max_message_bytes)
+        self._phase = check_pace_phase(phase)
         self._engines = {}
         self._local = {}
         self._heap = []
         self._pushes = 0
         self._chunks = 0
         self._paced_at = None
-        self._credit = 0.0
+        self._credit = self._phase
         self.next_poll_at = NOW
         self._keys = 0
         self._repacks = 0
@@ -263,6 +271,7 @@ cdef class HeartbeatTracker:
         cdef list heap = self._heap
         cdef tuple entry
         cdef _Chunk chunk
+        cdef bint fresh = False  # a never-sent chunk among the due: a new round starts
         self._paced_at = t
         if self._interval > 0:
             credit = min(self._credit + self._chunks * elapsed / self._interval, <double>self._chunks)
@@ -274,7 +283,9 @@ cdef class HeartbeatTracker:
             if chunk.alive and chunk.due == <double>entry[0]:
                 self._emit(out, chunk)
                 sent.append(chunk)
-        credit = max(0.0, credit - len(sent))  # they count toward the pace
+                fresh = fresh or chunk.due == NOW
+        # They count toward the pace; a new round's early sends start at the phase.
+        credit = max(self._phase if fresh else 0.0, credit - len(sent))
         while heap and credit >= 1:  # early, to keep the pace
             entry = heapq.heappop(heap)
             chunk = entry[2]

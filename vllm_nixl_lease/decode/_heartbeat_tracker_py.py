@@ -15,7 +15,10 @@ each interval and nothing in between.  Each chunk carries a due time,
 never-sent id) is due at once.  A call sends every due chunk, then early, in
 due order, as many more as keep the pace at (chunks / interval) per second,
 so after the first round the sends are spread evenly and no chunk waits for
-its due time.  What that promises: each id goes out at most ``interval``
+its due time.  ``phase`` (in [0, 1)) is the credit a new round starts with after
+sending its never-sent chunks at once: D engines that got their requests together (a burst
+the router spread over them) then send at different moments of each share of
+the interval instead of all at once; it only ever makes a send earlier.  What that promises: each id goes out at most ``interval``
 after its previous send; an id's first send is no later than ``interval``
 after it was tracked (upstream's worst case), and at the next call when it
 opened a new chunk.  With ``interval`` 0 every chunk goes out at every call.
@@ -34,7 +37,13 @@ import heapq
 import math
 from collections.abc import Iterable
 
-from .._checks import DEFAULT_MAX_MESSAGE_BYTES, check_interval, check_max_message_bytes, check_remote_id
+from .._checks import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    check_interval,
+    check_max_message_bytes,
+    check_pace_phase,
+    check_remote_id,
+)
 from .._wire import HEARTBEAT_PREFIX
 
 
@@ -110,14 +119,18 @@ class HeartbeatTracker:
         "_chunks",
         "_paced_at",
         "_credit",
+        "_phase",
         "next_poll_at",
         "_keys",
         "_repacks",
     )
 
-    def __init__(self, interval: float, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    def __init__(
+        self, interval: float, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, phase: float = 0.0
+    ) -> None:
         self._interval = check_interval(interval)
         self._max = check_max_message_bytes(max_message_bytes)
+        self._phase = check_pace_phase(phase)
         self._engines: dict[str, _Engine] = {}
         self._local: dict[str, tuple[str, bytes]] = {}  # local id -> (engine, remote id)
         # Paced sending: (due, push count, chunk), stale entries skipped.
@@ -125,7 +138,7 @@ class HeartbeatTracker:
         self._pushes = 0
         self._chunks = 0  # live chunks, all engines
         self._paced_at: float | None = None  # last poll_paced_chunks
-        self._credit = 0.0  # early sends earned and not yet made
+        self._credit = self._phase  # early sends earned and not yet made
         # No poll before this sends anything: callers may skip them (see poll_paced_chunks).
         self.next_poll_at = _NOW
         self._keys = 0  # chunk keys handed out
@@ -232,12 +245,15 @@ class HeartbeatTracker:
         out: dict[str, list[tuple[int, int, bytes, int]]] = {}
         sent: list[_Chunk] = []
         heap = self._heap
+        fresh = False  # a never-sent chunk among them: a new round starts
         while heap and heap[0][0] <= now:  # due: sent whatever the pace
             due, _, chunk = heapq.heappop(heap)
             if chunk.alive and chunk.due == due:
                 self._emit(out, chunk)
                 sent.append(chunk)
-        credit = max(0.0, credit - len(sent))  # they count toward the pace
+                fresh = fresh or due == _NOW
+        # They count toward the pace; a new round's early sends start at the phase.
+        credit = max(self._phase if fresh else 0.0, credit - len(sent))
         while heap and credit >= 1:  # early, to keep the pace
             due, _, chunk = heapq.heappop(heap)
             if chunk.alive and chunk.due == due:

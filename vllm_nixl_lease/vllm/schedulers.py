@@ -28,7 +28,7 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
         super().__init__(vllm_config, engine_id, kv_cache_config)
         self.lease_config = lease_config
         self._heartbeat_interval = lease_config.heartbeat_interval  # upstream reads it; keep ours
-        self.heartbeats = HeartbeatSchedule(lease_config)
+        self.heartbeats = HeartbeatSchedule(lease_config, engine_id)
         self.lease_views = LeaseViewCollector(lease_config, self._TRANSFER_MODE)
         self.lease_params = LeaseParams(lease_config)
         self._compact_pickle = executor_pickles(vllm_config)
@@ -97,7 +97,7 @@ class LeaseNixlPushConnectorScheduler(NixlPushConnectorScheduler):
         super().__init__(vllm_config, engine_id, kv_cache_config)
         self.lease_config = lease_config
         self._heartbeat_interval = lease_config.heartbeat_interval  # upstream reads it; keep ours
-        self.heartbeats = HeartbeatSchedule(lease_config)
+        self.heartbeats = HeartbeatSchedule(lease_config, engine_id)
         # Push: P writes into D, D never reads; the collector stays disabled.
         self.lease_views = LeaseViewCollector(lease_config, self._TRANSFER_MODE)
         self._compact_pickle = executor_pickles(vllm_config)

@@ -16,10 +16,16 @@ acknowledged, by each lease's tag when its params carry one and
 several times longer, so the same requests fit in fewer messages), else by
 id.  Two instances of one engine id (a P restarted under it) never share a
 message.
+
+Each D paces its rounds at its own phase, drawn from its engine id
+(``pace_phase``): D engines that got a burst of requests together would
+otherwise send their chunks at the same moments, and P would take several at
+once in one step.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections.abc import Callable, Set
 from dataclasses import dataclass
@@ -47,14 +53,23 @@ class HeartbeatGroup:
     target: tuple[str, int, int, int, int]  # host, port, tp, dcp, pp of its first request
 
 
+def pace_phase(engine_id: str) -> float:
+    """A fraction in [0, 1) that differs between D engines and is the same on every
+    start of one engine id (reproducible in tests)."""
+    digest = hashlib.blake2b(engine_id.encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big") / 2**64
+
+
 class HeartbeatSchedule:
     """The requests D heartbeats, per group, and the messages due each step."""
 
-    def __init__(self, lease_config: LeaseConfig) -> None:
+    def __init__(self, lease_config: LeaseConfig, engine_id: str = "") -> None:
         # Chunked so that the acknowledged form (``HB:,LHBT:<seq>,``, longer than
         # ``HB:``) still fits max_heartbeat_bytes.
         self.tracker = HeartbeatTracker(
-            lease_config.heartbeat_interval, lease_config.max_heartbeat_bytes - ACKED_HEARTBEAT_OVERHEAD
+            lease_config.heartbeat_interval,
+            lease_config.max_heartbeat_bytes - ACKED_HEARTBEAT_OVERHEAD,
+            pace_phase(engine_id),
         )
         # tracker key (one per group) -> the group; a group ends with its last request
         self.groups: dict[str, HeartbeatGroup] = {}
