@@ -15,13 +15,15 @@ each interval and nothing in between.  Each chunk carries a due time,
 never-sent id) is due at once.  A call sends every due chunk, then early, in
 due order, as many more as keep the pace at (chunks / interval) per second,
 so after the first round the sends are spread evenly and no chunk waits for
-its due time.  ``phase`` (in [0, 1)) is the credit a new round starts with after
-sending its never-sent chunks at once: D engines that got their requests together (a burst
-the router spread over them) then send at different moments of each share of
-the interval instead of all at once; it only ever makes a send earlier.  What that promises: each id goes out at most ``interval``
-after its previous send; an id's first send is no later than ``interval``
-after it was tracked (upstream's worst case), and at the next call when it
-opened a new chunk.  With ``interval`` 0 every chunk goes out at every call.
+its due time.  ``phase`` (in [0, 1)) is the credit a new round starts with
+after sending its never-sent chunks at once: D engines that got their
+requests together (a burst the router spread over them) then send at
+different moments of each share of the interval instead of all at once; it
+only ever makes a send earlier.  What that promises: each id goes out at most
+``interval`` after its previous send; an id's first send is no later than
+``interval`` after it was tracked (upstream's worst case), and at the next
+call when it opened a new chunk.  With ``interval`` 0 every chunk goes out at
+every call.
 
 Chunks have a key (unique in the tracker) and a version, bumped by every
 change to their ids and by every ``track`` of an id they hold.  A message
