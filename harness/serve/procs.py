@@ -259,11 +259,13 @@ def snapshot(pid: int, stack_lines: int = 24) -> str:
     pids = [pid, *descendants(pid)]
     before = {p: _main_thread_stat(p) for p in pids}
     time.sleep(1.0)
+    # Every second sample now, before any py-spy dump: each window is the same 1 s.
+    after = {p: _main_thread_stat(p) for p in pids}
     hz = os.sysconf("SC_CLK_TCK")
     pyspy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
     out = []
     for p in pids:
-        b, a = before[p], _main_thread_stat(p)
+        b, a = before[p], after[p]
         try:
             comm = Path(f"/proc/{p}/comm").read_text().strip()
             wchan = Path(f"/proc/{p}/task/{p}/wchan").read_text().strip() or "-"
