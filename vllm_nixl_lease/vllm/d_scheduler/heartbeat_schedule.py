@@ -64,7 +64,8 @@ def pace_phase(engine_id: str) -> float:
 class HeartbeatSchedule:
     """The requests D heartbeats, per group, and the messages due each step."""
 
-    def __init__(self, lease_config: LeaseConfig, engine_id: str = "") -> None:
+    def __init__(self, lease_config: LeaseConfig, engine_id: str) -> None:
+        # ``engine_id``: this D's, which draws its pacing phase.
         # Chunked so that the acknowledged form (``HB:,LHBT:<seq>,``, longer than
         # ``HB:``) still fits max_heartbeat_bytes.
         self.tracker = HeartbeatTracker(
