@@ -24,7 +24,7 @@ ROUTER_VENV := .venv-router
 DIST_VENV := .venv-dist
 
 .PHONY: all venv venv-cpu venv-router prometheus spin nftables build build-cpu test test-core test-twin test-vllm032 test-e2e \
-	lint bench bench-quick bench-acks bench-fleet bench-d bench-instr bench-instr-update test-instr demo demo-pd clean
+	lint bench bench-quick bench-acks bench-fleet bench-d bench-instr bench-instr-update bench-cold test-instr demo demo-pd clean
 
 all: build
 
@@ -177,6 +177,12 @@ bench-instr: build
 # Rewrite the committed baseline of the gate's rows (review its diff).
 bench-instr-update: build
 	$(VPY) -m tools.bench_instr --gate --update bench/instr-baseline.json --json .build/bench-instr-gate.json
+
+# Quiet steps in thread CPU time with the caches evicted before each call, ours and stock in one
+# process, both metadata hand-overs (about a minute).  Writes .build/bench-cold.json.
+bench-cold: build
+	@mkdir -p .build
+	$(VPY) -m tools.bench_cold
 
 # The instruction gate (4-6 minutes here): each row within 1.10x of the committed baseline and at or
 # above its stated ratio to stock.  Counts do not move with the machine's load.

@@ -280,8 +280,10 @@ class Engines:
             return cls(self.config, engine_id, self.kv_cache_config)
 
 
-def step_fn(sched: Any, worker: Any, output: Any) -> Callable[[], object]:
-    """One engine step, as the connector sees it (see the module docstring)."""
+def step_fn(sched: Any, worker: Any, output: Any, pickled: bool = True) -> Callable[[], object]:
+    """One engine step, as the connector sees it (see the module docstring).
+    ``pickled=False``: the metadata handed over in-process, as vLLM's uniprocess
+    executor (one GPU, the default) and the fleet harness do."""
 
     def step() -> object:
         meta = pickle.loads(
@@ -290,13 +292,22 @@ def step_fn(sched: Any, worker: Any, output: Any) -> Callable[[], object]:
         worker.start_load_kv(meta)
         return worker.get_transfer_results()
 
-    return step
+    def step_in_process() -> object:
+        worker.start_load_kv(sched.build_connector_meta(output))
+        return worker.get_transfer_results()
+
+    return step if pickled else step_in_process
 
 
 def p_engine(env: Any, ours: bool) -> tuple[Any, Any]:
     sched = env.engines.scheduler(ours, "p-engine")
     worker = our_worker("P") if ours else stock_p_worker()
     return sched, worker
+
+
+def ships_pickled(env: Any) -> bool:
+    """Whether a step ships its metadata pickled (default; ``tools.bench_cold`` times both)."""
+    return getattr(env, "pickled", True)
 
 
 IDLE_FLOOR = {"cython": 1.0}  # never slower than stock
@@ -315,7 +326,9 @@ def p_idle(leases: int) -> Callable[[Probe, Any], None]:
                 sched, worker = p_engine(env, side != "stock")
                 grant(worker, ids, FAR)
                 with probe.instrumented():
-                    probe.measure(env.case.name, side, step_fn(sched, worker, P_OUTPUT), ops=1)
+                    probe.measure(
+                        env.case.name, side, step_fn(sched, worker, P_OUTPUT, ships_pickled(env)), ops=1
+                    )
         finally:
             clock.restore()
 
@@ -372,7 +385,7 @@ class DEngine:
         self.d = D(D_CASES[0] if ours else D_CASES[2], env.engines.config, self.engines, clock)
         for k, engine in enumerate(self.engines):  # handshaken: upstream's clean-up keeps them
             self.d.worker._engine_by_address[("10.0.0.1", 5600 + k)] = engine
-        self.step = step_fn(self.d.sched, self.d.worker, self.d.output)
+        self.step = step_fn(self.d.sched, self.d.worker, self.d.output, ships_pickled(env))
         self.clock = clock
         self.made = 0
         self.queue: list[str] = []
