@@ -198,7 +198,7 @@ bench-acks: build
 # 5000 requests on one D.  Writes .build/bench-fleet.json and .png.
 bench-fleet: build $(VENV)/.demo-deps
 	@mkdir -p .build
-	$(VPY) -m tools.bench_fleet
+	$(VPY) -m tools.bench_fleet --d-repeat 3
 
 # D's per-step heartbeat bookkeeping at 100k waiting requests over 8 P engines, ours vs upstream.
 bench-d: build

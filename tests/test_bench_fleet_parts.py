@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from tools.bench_fleet import d_parts
+from tools.bench_fleet import d_cpu_ratios, d_parts
 
 
 def step(worker_cpu: float, sched_cpu: float, sends: int, notifs: int, send_cpu: float) -> tuple:
@@ -46,3 +46,29 @@ def test_the_p_fleet_heartbeats_at_its_own_lease() -> None:
     assert fleet.heartbeat_interval == 1
     fleet.lease = 30
     assert fleet.heartbeat_interval == 5
+
+
+def d_run(run: int, impl: str, cpu_p99_us: float, leases: int = 100_000) -> dict:
+    return {"scenario": "d_fleet", "leases": leases, "impl": impl, "run": run, "cpu_p99_us": cpu_p99_us}
+
+
+def test_d_cpu_ratios_are_judged_on_the_median_of_the_runs() -> None:
+    runs = [
+        d_run(0, "stock", 11_500.0),
+        d_run(0, "ours", 404.0),  # 28.5x
+        d_run(1, "stock", 11_100.0),
+        d_run(1, "ours", 520.0),  # 21.3x
+        d_run(2, "stock", 11_300.0),
+        d_run(2, "ours", 615.0),  # 18.4x
+        d_run(0, "stock", 150.0, leases=0),  # the floor: not a ratio
+        d_run(0, "ours", 130.0, leases=0),
+    ]
+    (line,) = d_cpu_ratios(runs)
+    assert "28.5x, 21.3x, 18.4x by run" in line
+    assert "median 21.3x: met" in line and "2 of 3 runs" in line and "--d-repeat" not in line
+
+
+def test_one_run_below_the_target_is_not_met_and_asks_for_more_runs() -> None:
+    (line,) = d_cpu_ratios([d_run(0, "stock", 11_300.0), d_run(0, "ours", 615.0)])
+    assert "median 18.4x: NOT met" in line and "0 of 1" in line and "--d-repeat 3" in line
+    assert d_cpu_ratios([d_run(0, "ours", 615.0)]) == []  # no stock run: no ratio
