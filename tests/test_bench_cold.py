@@ -28,7 +28,7 @@ def spin(ms: float) -> None:
 
 
 def test_a_paused_stretch_is_not_timed() -> None:
-    probe = ColdProbe("cython", repeats=3, evict_bytes=0)
+    probe = ColdProbe(repeats=3, evict_bytes=0)
 
     def call() -> None:
         spin(1)
@@ -43,14 +43,14 @@ def test_a_paused_stretch_is_not_timed() -> None:
 
 
 def test_setup_is_not_timed_and_a_per_step_case_times_once() -> None:
-    probe = ColdProbe("cython", repeats=5, evict_bytes=0)
+    probe = ColdProbe(repeats=5, evict_bytes=0)
     probe.measure("case", "stock", lambda: None, ops=1, setup=lambda: spin(20), warmup=0)
     assert len(probe.records) == 1  # warmup=0: one step of an interval, timed once
     assert probe.records[0]["ns"] < 10e6
 
 
 def test_every_byte_of_the_buffer_is_rewritten_each_time() -> None:
-    probe = ColdProbe("cython", repeats=1, evict_bytes=1 << 16)
+    probe = ColdProbe(repeats=1, evict_bytes=1 << 16)
     assert probe._buffer is not None
     for _ in range(2):
         probe.evict()
@@ -59,7 +59,7 @@ def test_every_byte_of_the_buffer_is_rewritten_each_time() -> None:
 
 def test_bad_repeats_are_refused() -> None:
     with pytest.raises(ValueError, match="repeats"):
-        ColdProbe("cython", repeats=0)
+        ColdProbe(repeats=0)
 
 
 def test_the_summary_gives_medians_spread_and_rounds_at_or_below_stock() -> None:

@@ -56,7 +56,7 @@ def run_rounds(
     for r in range(rounds):
         sides = SIDES if r % 2 == 0 else SIDES[::-1]
         for name in cases:
-            probe = ColdProbe("cython", repeats, evict_bytes)
+            probe = ColdProbe(repeats, evict_bytes)
             env = SimpleNamespace(engines=engines, worker_sides=sides, case=by_name[name], pickled=pickled)
             by_name[name].run(probe, env)
             for side in SIDES:

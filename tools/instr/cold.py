@@ -27,10 +27,9 @@ class ColdProbe:
     """``Probe``'s interface (``instrumented``, ``measure``, ``pause``, ``resume``),
     timing each measured call's thread CPU in ns (``records``: one per call)."""
 
-    def __init__(self, impl: str, repeats: int, evict_bytes: int = EVICT_BYTES) -> None:
+    def __init__(self, repeats: int, evict_bytes: int = EVICT_BYTES) -> None:
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
-        self.impl = impl
         self.repeats = repeats
         self.records: list[dict[str, Any]] = []
         self._buffer = ctypes.create_string_buffer(evict_bytes) if evict_bytes > 0 else None
