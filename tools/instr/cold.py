@@ -71,12 +71,12 @@ class ColdProbe:
         warmup: int = 10,
         repeats: int = 3,
     ) -> None:
-        """Time ``fn()`` ``self.repeats`` times (a case's ``repeats`` asks for
-        instruction counts' three; a time needs more), each after ``setup()``
-        and an eviction, neither timed.  ``warmup`` calls first, untimed, as
-        for the counts (CPython specialises a function after 8 calls)."""
-        del repeats
-        timed = 1 if warmup == 0 else self.repeats  # a per-step case times each step once
+        """Time ``fn()`` ``self.repeats`` times (a case's ``repeats`` of 3 is what
+        instruction counts need, a time needs more; a case asking for one call
+        gets one), each after ``setup()`` and an eviction, neither timed.
+        ``warmup`` calls first, untimed, as for the counts (CPython specialises
+        a function after 8 calls)."""
+        timed = 1 if repeats == 1 else self.repeats  # a step of an interval: timed once, as counted once
         for i in range(warmup + timed):
             if setup is not None:
                 setup()
