@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import gc
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
+
+from tools.instr.probe import gc_paused
 
 EVICT_BYTES = 32 << 20  # 8x this machine's 4 MiB L2; see docs/BENCHMARKS.md on the L3
 
@@ -43,15 +44,9 @@ class ColdProbe:
             self._fill = (self._fill + 1) & 0xFF
             ctypes.memset(self._buffer, self._fill, len(self._buffer))
 
-    @contextlib.contextmanager
-    def instrumented(self) -> Iterator[None]:
-        """No collection lands inside a timed call (it walks vLLM's whole heap)."""
-        gc.collect()
-        gc.disable()
-        try:
-            yield
-        finally:
-            gc.enable()
+    def instrumented(self) -> contextlib.AbstractContextManager[None]:
+        """No collection lands inside a timed call."""
+        return gc_paused()
 
     def pause(self) -> None:
         """Leave out what follows (a fake peer's answers) until ``resume``."""

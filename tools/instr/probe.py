@@ -59,6 +59,17 @@ def build_marker(out_dir: Path) -> Path:
     return lib
 
 
+@contextlib.contextmanager
+def gc_paused() -> Iterator[None]:
+    """No cyclic collection lands inside a measurement (one walks vLLM's whole heap)."""
+    gc.collect()
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
+
+
 class Probe:
     """Switches callgrind's collection around measured calls; records what each dump was."""
 
@@ -76,14 +87,12 @@ class Probe:
     @contextlib.contextmanager
     def instrumented(self) -> Iterator[None]:
         """Instrument the code inside (collection still off): a case's measurements, not its set-up."""
-        gc.collect()
-        gc.disable()  # no collection lands inside a measurement (they walk vLLM's whole heap)
-        self._lib.instr_start_instrumentation()
-        try:
-            yield
-        finally:
-            self._lib.instr_stop_instrumentation()
-            gc.enable()
+        with gc_paused():
+            self._lib.instr_start_instrumentation()
+            try:
+                yield
+            finally:
+                self._lib.instr_stop_instrumentation()
 
     # -- collection (one measurement) -------------------------------------------
     def resume(self) -> None:
