@@ -15,10 +15,10 @@ CORE_SOURCES := setup.py pyproject.toml $(wildcard vllm_nixl_lease/*/*.pyx vllm_
 
 CPU_VENV := .venv-cpu
 CPU_VPY := $(CPU_VENV)/bin/python
-CONNECTOR_TESTS := tests/test_connector_differential.py tests/test_connector_heartbeat.py \
-	tests/test_connector_metrics.py tests/test_push_fix.py tests/test_config_lease.py tests/test_hook.py \
-	tests/test_doctor.py tests/test_connector_fencing.py tests/test_connector_idle.py tests/test_components.py \
-	tests/test_acks.py tests/test_read_pacer.py tests/test_protocol_versions.py
+CONNECTOR_TESTS := tests/adapter/test_connector_differential.py tests/adapter/test_connector_heartbeat.py \
+	tests/adapter/test_connector_metrics.py tests/adapter/test_push_fix.py tests/adapter/test_config_lease.py tests/adapter/test_hook.py \
+	tests/adapter/test_doctor.py tests/adapter/test_connector_fencing.py tests/adapter/test_connector_idle.py tests/adapter/test_components.py \
+	tests/adapter/test_acks.py tests/adapter/test_read_pacer.py tests/adapter/test_protocol_versions.py
 
 ROUTER_VENV := .venv-router
 DIST_VENV := .venv-dist
@@ -82,7 +82,7 @@ prometheus:
 	$(call apt_install,promtool prometheus,prometheus,rule tests and demo Prometheus skip,\
 	  { service prometheus stop || true; } >/dev/null 2>&1;)
 
-# Debian's spin model checker: tests/test_protocol_model.py checks vllm_nixl_lease/protocol.pml
+# Debian's spin model checker: tests/spec/test_protocol_model.py checks spec/protocol.pml
 # with it (docs/PROTOCOL.md section 7). Installed when we are root on Debian/Ubuntu; otherwise the
 # model tests skip, saying how to install it.
 # After prometheus: apt-get takes one lock at a time.
@@ -90,7 +90,7 @@ spin: prometheus
 	$(call apt_install,spin gcc,spin gcc libc6-dev,the protocol model tests skip)
 
 # Debian's nftables: one-way partitions (a host's inbound traffic dropped) in `make chaos` and in
-# tests/test_chaos_regressions.py. Installed when we are root on Debian/Ubuntu; otherwise those
+# tests/nixl/test_chaos_regressions.py. Installed when we are root on Debian/Ubuntu; otherwise those
 # tests skip and the chaos nemesis leaves one-way partitions out, both saying why.
 # After spin: apt-get takes one lock at a time.
 nftables: spin

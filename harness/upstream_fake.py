@@ -1,7 +1,7 @@
 """The one fake of vLLM's NIXL worker, shared by the unit tests and the benchmarks.
 
 - ``FakeNixlWrapper``: NIXL's agent (notifications, agent metadata), in memory.
-- ``FakeUpstreamWorker``: exactly what ``vllm_nixl_lease.vllm.upstream.UpstreamWorker``
+- ``FakeUpstreamWorker``: exactly what ``vllm_nixl_lease.adapter.upstream.UpstreamWorker``
   names, for unit tests of one adapter component with no vLLM worker at all.
 - ``make_upstream_worker``: a real vLLM worker class (stock or ours) built the
   way vLLM's own unit tests build them, ``object.__new__`` plus the attributes
@@ -21,7 +21,7 @@ from collections import defaultdict
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
-from vllm_nixl_lease.vllm.stats import LeaseKVConnectorStats
+from vllm_nixl_lease.adapter.stats import LeaseKVConnectorStats
 
 NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 

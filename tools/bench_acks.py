@@ -35,8 +35,8 @@ INSTANCE = "0123456789abcdef"  # the P process answers name
 
 
 def our_worker(name: str):
-    from vllm_nixl_lease.vllm.config import LeaseConfig
-    from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
+    from vllm_nixl_lease.adapter.config import LeaseConfig
+    from vllm_nixl_lease.adapter.workers import LeaseNixlPullConnectorWorker
 
     w = make_upstream_worker(
         LeaseNixlPullConnectorWorker, EXTENSION, FakeNixlWrapper(keep_sent=False, name=name)
@@ -80,7 +80,7 @@ def p_round(leases: int) -> dict[str, float]:
 
 
 def d_round(leases: int) -> dict[str, float]:
-    from vllm_nixl_lease.vllm.metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
+    from vllm_nixl_lease.adapter.metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
 
     ids = req_ids(leases)
     hb = encode_heartbeats(ids, MAX_BYTES - ACKED_HEARTBEAT_OVERHEAD)

@@ -326,7 +326,7 @@ def d_build(n: int, quick: bool) -> dict[str, float]:
 def d_pickle(n: int, quick: bool) -> dict[str, float]:
     """Round trip of the heartbeat data the scheduler->worker metadata carries."""
     metadata = importlib.import_module(f"{NIXL}.metadata")
-    from vllm_nixl_lease.vllm.metadata import EngineHeartbeats
+    from vllm_nixl_lease.adapter.metadata import EngineHeartbeats
 
     engines = [f"engine-{e}" for e in range(8)]
     ids = req_ids(n, "d")

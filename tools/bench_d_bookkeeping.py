@@ -124,9 +124,9 @@ class D:
         self.acked = "LHB" in case
         self.clock = clock
         if self.ours:
-            from vllm_nixl_lease.vllm.config import LeaseConfig
-            from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
-            from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
+            from vllm_nixl_lease.adapter.config import LeaseConfig
+            from vllm_nixl_lease.adapter.schedulers import LeaseNixlPullConnectorScheduler
+            from vllm_nixl_lease.adapter.workers import LeaseNixlPullConnectorWorker
 
             sched_cls: type = LeaseNixlPullConnectorScheduler
             self.worker = make_upstream_worker(
@@ -151,8 +151,8 @@ class D:
         self.hello_answered: set[str] = set()
         self.by_tag: dict[str, str] = {}  # what our P resolves LHBT: tags with
         # Each P engine's scheduler side (our P): its instance and tags, for the params.
-        from vllm_nixl_lease.vllm.config import LeaseConfig
-        from vllm_nixl_lease.vllm.p_scheduler.lease_params import LeaseParams
+        from vllm_nixl_lease.adapter.config import LeaseConfig
+        from vllm_nixl_lease.adapter.p_scheduler.lease_params import LeaseParams
 
         p_config = LeaseConfig.from_extra_config({"kv_lease_duration": LEASE})
         self.p_params = {engine: LeaseParams(p_config) for engine in engines}

@@ -388,7 +388,7 @@ def bursts(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
         return []
     rows = []
     # The last case scales the lease down to 2 s (extension 1 s): what a larger host
-    # and burst do in production, on this host (tests/test_nixl_burst.py).
+    # and burst do in production, on this host (tests/nixl/test_nixl_burst.py).
     for b, lease in [(b, LEASE) for b in args.bursts] + [(max(args.bursts), SCALED_LEASE)]:
         sub = os.path.join(workdir, f"burst-{b}-lease{lease}")
         os.makedirs(sub, exist_ok=True)

@@ -51,4 +51,4 @@ def __getattr__(name: str) -> object:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
     from importlib import import_module
 
-    return getattr(import_module(".vllm.connector", __name__), target)
+    return getattr(import_module(".adapter.connector", __name__), target)

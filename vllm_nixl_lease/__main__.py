@@ -22,7 +22,7 @@ def doctor(out: TextIO | None = None) -> int:
     # Import vLLM the way a CPU-only host must; never override a user choice.
     os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
     from . import IMPLEMENTATION, __version__, hook
-    from .vllm import compat
+    from .adapter import compat
 
     problems: list[str] = []
     print(f"vllm_nixl_lease {__version__}", file=out)
@@ -54,7 +54,7 @@ def doctor(out: TextIO | None = None) -> int:
                 f"plugin registered: {plugin.is_registered()} ({', '.join(plugin.LEASE_CONNECTOR_NAMES)})",
                 file=out,
             )
-            from .vllm import connector  # noqa: F401  (the adapters import cleanly)
+            from .adapter import connector  # noqa: F401  (the adapters import cleanly)
         except Exception as exc:  # report, don't crash: this is a diagnostic
             problems.append(f"adapters failed to load: {exc!r}")
     wants_hook = hook.env_requests_hook()

@@ -33,7 +33,7 @@ from types import ModuleType
 from typing import Any
 
 ENV_VAR = "VLLM_NIXL_LEASE"
-ADAPTER_MODULE = "vllm_nixl_lease.vllm.connector"
+ADAPTER_MODULE = "vllm_nixl_lease.adapter.connector"
 # stock name -> our class name in ADAPTER_MODULE
 STOCK_TO_LEASE: dict[str, str] = {
     "NixlConnector": "LeaseNixlConnector",

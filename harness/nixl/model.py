@@ -22,7 +22,7 @@ HEAD_DIM = 32
 
 
 def tiny_llama(kv_heads: int) -> dict[str, Any]:
-    # Same shape as tests/vllm_support.TINY_LLAMA, with a settable KV head
+    # Same shape as tests/adapter/vllm_support.TINY_LLAMA, with a settable KV head
     # count so heterogeneous TP has heads to split.
     return {
         "architectures": ["LlamaForCausalLM"],

@@ -15,7 +15,7 @@ import vllm.v1.worker.utils  # noqa: F401
 from vllm.config import set_current_vllm_config
 from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_backends
 
-import vllm_nixl_lease.vllm.connector  # noqa: F401
+import vllm_nixl_lease.adapter.connector  # noqa: F401
 
 from . import engine, model  # noqa: F401
 

@@ -36,7 +36,7 @@ def connector_class(spec: EngineSpec) -> type:
         from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPullConnector
 
         return NixlPullConnector
-    from vllm_nixl_lease.vllm.connector import LeaseNixlPullConnector
+    from vllm_nixl_lease.adapter.connector import LeaseNixlPullConnector
 
     return LeaseNixlPullConnector
 

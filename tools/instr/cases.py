@@ -79,8 +79,8 @@ def stock_p_worker() -> Any:
 
 
 def our_worker(name: str = "P") -> Any:
-    from vllm_nixl_lease.vllm.config import LeaseConfig
-    from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
+    from vllm_nixl_lease.adapter.config import LeaseConfig
+    from vllm_nixl_lease.adapter.workers import LeaseNixlPullConnectorWorker
 
     w = make_upstream_worker(
         LeaseNixlPullConnectorWorker, EXTENSION, FakeNixlWrapper(keep_sent=False, name=name)
@@ -271,7 +271,7 @@ class Engines:
         from vllm.config import set_current_vllm_config
 
         if ours:
-            from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler as cls
+            from vllm_nixl_lease.adapter.schedulers import LeaseNixlPullConnectorScheduler as cls
         else:
             from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
                 NixlPullConnectorScheduler as cls,
@@ -559,7 +559,7 @@ def _send_and_take(probe: Probe, d: Any) -> Callable[[Any], None]:
     P's answer to every message of it (P's part not counted).  Its imports
     happen here, outside the counted calls."""
     from vllm_nixl_lease._wire import heartbeat_ack_message
-    from vllm_nixl_lease.vllm.metadata import LEASE_HEARTBEATS_ATTR
+    from vllm_nixl_lease.adapter.metadata import LEASE_HEARTBEATS_ATTR
 
     def send_and_take(hbs: Any) -> None:
         d._send_heartbeats(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {"P": hbs}}))
@@ -577,7 +577,7 @@ def ack_d(probe: Probe, env: Any) -> None:
     ``LACK:`` answers (its views renewed); stock sends the round as ``HB:``."""
     from vllm_nixl_lease import encode_heartbeats
     from vllm_nixl_lease._wire import ACKED_HEARTBEAT_OVERHEAD
-    from vllm_nixl_lease.vllm.metadata import EngineHeartbeats
+    from vllm_nixl_lease.adapter.metadata import EngineHeartbeats
 
     ids = req_ids(ACK_LEASES)
     hb = encode_heartbeats(ids, MAX_BYTES - ACKED_HEARTBEAT_OVERHEAD)
@@ -612,8 +612,8 @@ def ack_d_chunked(probe: Probe, env: Any) -> None:
     name count) and takes P's ``LACK:`` answers (each renews its chunk's views
     at once); stock sends the round as ``HB:``."""
     from vllm_nixl_lease._wire import ACKED_HEARTBEAT_OVERHEAD
+    from vllm_nixl_lease.adapter.metadata import EngineHeartbeats
     from vllm_nixl_lease.decode.heartbeat_tracker import HeartbeatTracker
-    from vllm_nixl_lease.vllm.metadata import EngineHeartbeats
 
     ids = req_ids(ACK_LEASES)
     clock = PerfCounter(NOW)

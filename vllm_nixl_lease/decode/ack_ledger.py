@@ -20,7 +20,7 @@ ever proves something about the send it names, a second answer from the same
 rank is ignored, and a lost one only leaves the view where it was (D may then
 fence a read it could have made: safe, and counted).
 
-No vLLM imports: ``vllm/d_worker/ack_requester.py`` feeds it.
+No vLLM imports: ``adapter/d_worker/ack_requester.py`` feeds it.
 """
 
 from __future__ import annotations

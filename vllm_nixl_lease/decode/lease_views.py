@@ -47,8 +47,8 @@ answer to the message of chunk ``key`` at version ``v`` sent at ``s``
 A break in the chain (an extension without an answer) leaves the views where
 they were: they lapse.
 
-No vLLM imports: the vLLM adapter feeds it (``vllm/d_worker/read_fence.py``,
-``vllm/d_worker/ack_requester.py``).
+No vLLM imports: the vLLM adapter feeds it (``adapter/d_worker/read_fence.py``,
+``adapter/d_worker/ack_requester.py``).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Pure-Python twin of the P-side lease table (the readable reference).
 
 The Cython module ``_lease_table_c`` must behave exactly like this one; the
-property tests in ``tests/test_core_properties.py`` hold them to it.
+property tests in ``tests/core/test_core_properties.py`` hold them to it.
 
 Data structure: a dict ``req_id -> [deadline, seq]`` plus a lazy min-heap of
 ``(deadline, seq, req_id)``.  ``extend`` only raises the deadline in the dict

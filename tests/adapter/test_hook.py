@@ -25,7 +25,7 @@ def _factory():
 
 
 def _lease_classes():
-    from vllm_nixl_lease.vllm import connector
+    from vllm_nixl_lease.adapter import connector
 
     return connector
 
@@ -148,7 +148,7 @@ def test_hook_in_fresh_process_with_only_the_env_var(env_value: str | None, tmp_
         env[hook.ENV_VAR] = env_value
     # cwd not the repo: the installed package must be found
     out = _run_child([_CHILD], env, tmp_path)
-    ours = "vllm_nixl_lease.vllm.connector."
+    ours = "vllm_nixl_lease.adapter.connector."
     assert out["LeaseNixlConnector"] == ours + "LeaseNixlPullConnector"
     if env_value:
         assert out["NixlConnector"] == ours + "LeaseNixlPullConnector"
@@ -164,8 +164,8 @@ _ORDERS = {
     "hook, then vLLM's nixl": "vllm_nixl_lease.install()",
     "vLLM's nixl, then hook": f"import {NIXL}\nvllm_nixl_lease.install()",
     "vLLM's nixl.connector, then hook": f"import {NIXL}.connector\nvllm_nixl_lease.install()",
-    "our adapter, then hook": "import vllm_nixl_lease.vllm.connector\nvllm_nixl_lease.install()",
-    "hook, then our adapter": "vllm_nixl_lease.install()\nimport vllm_nixl_lease.vllm.connector",
+    "our adapter, then hook": "import vllm_nixl_lease.adapter.connector\nvllm_nixl_lease.install()",
+    "hook, then our adapter": "vllm_nixl_lease.install()\nimport vllm_nixl_lease.adapter.connector",
     "hook, then our lazy name": "vllm_nixl_lease.install()\nvllm_nixl_lease.NixlConnector",
     "plugin with the env var": "import os\nos.environ['VLLM_NIXL_LEASE'] = '1'\nplugin.register()",
     "vLLM's nixl, then plugin with the env var": (
@@ -207,9 +207,9 @@ print("RESULT" + json.dumps({"installed": installed, "after": names(), "finder_l
 def test_every_import_form_in_every_order(order: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != hook.ENV_VAR}
     env.setdefault("VLLM_TARGET_DEVICE", "cpu")
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = _run_child([_ORDER_CHILD, _ORDERS[order]], env, root)
-    ours = "vllm_nixl_lease.vllm.connector.LeaseNixl"
+    ours = "vllm_nixl_lease.adapter.connector.LeaseNixl"
     for form, cls in out["installed"].items():
         want = ours + ("PushConnector" if "Push" in form else "PullConnector")
         assert cls == want, (form, cls)

@@ -26,10 +26,10 @@ from vllm_nixl_lease._wire import (
     heartbeat_message,
     heartbeat_payload,
 )
-from vllm_nixl_lease.vllm.d_scheduler.heartbeat_schedule import pace_phase
-from vllm_nixl_lease.vllm.metadata import EngineHeartbeats
-from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
-from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
+from vllm_nixl_lease.adapter.d_scheduler.heartbeat_schedule import pace_phase
+from vllm_nixl_lease.adapter.metadata import EngineHeartbeats
+from vllm_nixl_lease.adapter.schedulers import LeaseNixlPullConnectorScheduler
+from vllm_nixl_lease.adapter.workers import LeaseNixlPullConnectorWorker
 
 
 @pytest.fixture(scope="module")
@@ -207,7 +207,7 @@ def test_acknowledged_chunk_renews_its_views_end_to_end(scheduler_factory, clock
     """Real scheduler and worker: P's answer to a chunk's LHB (LHBT: by tag,
     where the lease's params carry one) renews the views of the requests in it
     when the message was built, and no later joiner."""
-    from vllm_nixl_lease.vllm.p_scheduler.lease_params import LeaseParams
+    from vllm_nixl_lease.adapter.p_scheduler.lease_params import LeaseParams
 
     # lease 12: extension 8, interval 2, margin 2
     sched = scheduler_factory({"kv_lease_duration": 12, "heartbeat_tags": mode != "tags-off-on-D"})
@@ -260,7 +260,7 @@ def test_tagged_engine_with_a_non_string_remote_id_is_skipped_not_raised(
 ) -> None:
     """P's kv_transfer_params are P's to write: a request whose remote id is of
     the wrong type costs that request its heartbeats, not the step."""
-    from vllm_nixl_lease.vllm.p_scheduler.lease_params import LeaseParams
+    from vllm_nixl_lease.adapter.p_scheduler.lease_params import LeaseParams
 
     sched = scheduler_factory()
     p = LeaseParams(sched.lease_config)

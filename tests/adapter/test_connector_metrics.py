@@ -8,9 +8,9 @@ import prometheus_client
 from vllm_support import Clock, make_worker, p_idle, p_meta, p_step
 
 from vllm_nixl_lease._wire import heartbeat_message
-from vllm_nixl_lease.vllm.connector import LeaseNixlPullConnector
-from vllm_nixl_lease.vllm.stats import LEASE_COUNTERS, LeaseKVConnectorStats
-from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
+from vllm_nixl_lease.adapter.connector import LeaseNixlPullConnector
+from vllm_nixl_lease.adapter.stats import LEASE_COUNTERS, LeaseKVConnectorStats
+from vllm_nixl_lease.adapter.workers import LeaseNixlPullConnectorWorker
 
 LABELS = {"model_name": "tiny", "engine": "0"}
 

@@ -11,12 +11,10 @@ from vllm_support import Clock, make_worker, p_meta, p_step
 
 from harness.upstream_fake import FakeUpstreamWorker
 from vllm_nixl_lease._wire import completion_message, heartbeat_message, heartbeat_payload
-from vllm_nixl_lease.decode.lease_views import LeaseViews
-from vllm_nixl_lease.lease_tags import lease_tag
-from vllm_nixl_lease.vllm.config import LeaseConfig
-from vllm_nixl_lease.vllm.d_worker.heartbeat_sender import HeartbeatSender
-from vllm_nixl_lease.vllm.d_worker.read_fence import ReadFence
-from vllm_nixl_lease.vllm.metadata import (
+from vllm_nixl_lease.adapter.config import LeaseConfig
+from vllm_nixl_lease.adapter.d_worker.heartbeat_sender import HeartbeatSender
+from vllm_nixl_lease.adapter.d_worker.read_fence import ReadFence
+from vllm_nixl_lease.adapter.metadata import (
     LEASE_HEARTBEATS_ATTR,
     LEASE_INSTANCE_ATTR,
     LEASE_VIEWS_ATTR,
@@ -25,8 +23,10 @@ from vllm_nixl_lease.vllm.metadata import (
     LeaseViewUpdates,
     NewView,
 )
-from vllm_nixl_lease.vllm.p_worker.idle_pause import IdlePause
-from vllm_nixl_lease.vllm.p_worker.lease_keeper import HeartbeatForm, LeaseKeeper
+from vllm_nixl_lease.adapter.p_worker.idle_pause import IdlePause
+from vllm_nixl_lease.adapter.p_worker.lease_keeper import HeartbeatForm, LeaseKeeper
+from vllm_nixl_lease.decode.lease_views import LeaseViews
+from vllm_nixl_lease.lease_tags import lease_tag
 
 CONFIG = LeaseConfig.from_extra_config({"kv_lease_duration": 12})  # extension 8, interval 2, margin 2
 KEY = b"tag-key-16-bytes"
@@ -96,7 +96,7 @@ def test_keeper_extend_answers_by_heartbeat_form(clock: Clock) -> None:
 def test_upstreams_handle_heartbeat_extends_by_p_id(role: str, clock: Clock) -> None:
     """Upstream's ``_handle_heartbeat`` entry (our ``_get_new_notifs`` never
     calls it) extends by P's id through ``LeaseKeeper.extend``, counted."""
-    from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker, LeaseNixlPushConnectorWorker
+    from vllm_nixl_lease.adapter.workers import LeaseNixlPullConnectorWorker, LeaseNixlPushConnectorWorker
 
     cls = LeaseNixlPullConnectorWorker if role == "pull" else LeaseNixlPushConnectorWorker
     worker = make_worker(cls, 12)
@@ -226,7 +226,7 @@ def test_sender_takes_the_schedulers_name_counts_and_merges_them() -> None:
     does not scan the messages); a tick merged with one that waited on a
     handshake keeps each message's count beside it, or counts them itself
     when either tick came without."""
-    from vllm_nixl_lease.vllm.d_worker.heartbeat_sender import merged
+    from vllm_nixl_lease.adapter.d_worker.heartbeat_sender import merged
 
     up = FakeUpstreamWorker()
     up.connect("P")

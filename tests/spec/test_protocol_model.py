@@ -1,4 +1,4 @@
-"""The lease protocol's model (``vllm_nixl_lease/protocol.pml``, ``docs/PROTOCOL.md``
+"""The lease protocol's model (``spec/protocol.pml``, ``docs/PROTOCOL.md``
 section 7) under spin: every check exhaustive, and every mutation caught.
 
 - Safety S (no READ completes over blocks P freed or another process holds) and
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-MODEL = Path(__file__).resolve().parent.parent / "vllm_nixl_lease" / "protocol.pml"
+MODEL = Path(__file__).resolve().parents[2] / "spec" / "protocol.pml"
 SCOPES = ("SCOPE_NET", "SCOPE_RANKS", "SCOPE_RESTART")
 # mutation -> the scope whose faults expose it
 MUTATIONS = {

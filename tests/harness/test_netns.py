@@ -165,7 +165,7 @@ os._exit(0)  # dies without cleaning up
 
 
 def test_sweep_stale_removes_what_a_dead_process_left() -> None:
-    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, "-c", STALE], cwd=repo, capture_output=True, text=True, timeout=60)
     token = out.stdout.strip()
     assert token, out.stderr

@@ -12,7 +12,7 @@ from pathlib import Path
 from tools.bench_instr import TOLERANCE, check
 from tools.instr.cases import CASES
 
-BASELINE = Path(__file__).resolve().parent.parent / "bench" / "instr-baseline.json"
+BASELINE = Path(__file__).resolve().parents[2] / "bench" / "instr-baseline.json"
 
 
 def summary_of(baseline: dict) -> dict:

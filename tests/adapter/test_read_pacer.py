@@ -10,9 +10,9 @@ import pytest
 from vllm_support import STOCK_PULL_WORKER, Clock, WorkerMeta, make_worker
 
 from vllm_nixl_lease._wire import heartbeat_message
-from vllm_nixl_lease.vllm.d_worker.read_pacer import ReadPacer
-from vllm_nixl_lease.vllm.metadata import EngineHeartbeats
-from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
+from vllm_nixl_lease.adapter.d_worker.read_pacer import ReadPacer
+from vllm_nixl_lease.adapter.metadata import EngineHeartbeats
+from vllm_nixl_lease.adapter.workers import LeaseNixlPullConnectorWorker
 
 LEASE = 12  # extension 8, interval 2, margin 2
 READ_COST_S = 0.03  # what posting one READ costs in these tests
@@ -118,7 +118,7 @@ def test_a_carried_read_is_fenced_when_its_view_lapsed_meanwhile(d_worker, clock
 
 
 def test_carried_reads_keep_an_idle_step_from_pausing(d_worker, clock: Clock, monkeypatch) -> None:
-    import vllm_nixl_lease.vllm.p_worker.idle_pause as idle_pause
+    import vllm_nixl_lease.adapter.p_worker.idle_pause as idle_pause
 
     pauses: list[float] = []
     monkeypatch.setattr(idle_pause.time, "sleep", pauses.append)

@@ -12,7 +12,7 @@ from vllm_support import STOCK_PULL_WORKER as NixlPullConnectorWorker
 from vllm_support import Clock, make_worker, p_idle, p_meta, p_step
 
 from vllm_nixl_lease._wire import heartbeat_message
-from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
+from vllm_nixl_lease.adapter.workers import LeaseNixlPullConnectorWorker
 
 LEASE = 12  # extension 8, like upstream's d * 2 // 3
 
@@ -68,7 +68,7 @@ def _scenario(seed: int, steps: int = 60):
                     notifs[agent] = msgs
         # P steps within half the extension: a longer gap is P's own stall, after
         # which ours deliberately gives D's heartbeats a grace stock does not
-        # (tests/test_acks.py::test_p_stall_waits_for_the_heartbeats_sent_meanwhile).
+        # (tests/adapter/test_acks.py::test_p_stall_waits_for_the_heartbeats_sent_meanwhile).
         dt = rng.choice((0.0, 0.5, 1.0, 2.5, 3.5))
         offset = rng.uniform(-1e5, 1e5)  # unrelated scheduler clock
         kwargs = dict(

@@ -7,7 +7,7 @@ import pytest
 from vllm_support import STOCK_PUSH_WORKER, Clock, make_worker, p_idle, p_meta, p_step
 
 from vllm_nixl_lease._wire import heartbeat_message
-from vllm_nixl_lease.vllm.workers import LeaseNixlPushConnectorWorker
+from vllm_nixl_lease.adapter.workers import LeaseNixlPushConnectorWorker
 
 LEASE = 12  # extension 8
 P_ID = "cmpl-4b1d2c-0-1a2b3c4d"  # P's internal id: router id + "-<8 hex>"

@@ -12,7 +12,7 @@ import pytest
 
 from harness.serve import plog, procs
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 T = 1796000000.0  # log lines carry epoch seconds
 
 

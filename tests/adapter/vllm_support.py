@@ -20,7 +20,7 @@ from harness.fake_clock import Clock  # noqa: F401  (re-exported for the connect
 from harness.tiny_model import tiny_model_dir
 from harness.upstream_fake import FakeNixlWrapper, make_upstream_worker  # noqa: F401
 from vllm_nixl_lease._wire import default_lease_extension
-from vllm_nixl_lease.vllm.config import LeaseConfig
+from vllm_nixl_lease.adapter.config import LeaseConfig
 
 # Stock classes, re-exported for the connector tests.
 STOCK_PULL_WORKER = NixlPullConnectorWorker

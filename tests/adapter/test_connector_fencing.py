@@ -35,9 +35,9 @@ from vllm_nixl_lease._wire import (
     is_tag,
     parse_heartbeat_ack,
 )
-from vllm_nixl_lease.vllm.metadata import EngineHeartbeats, LeaseViewUpdates, NewView
-from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
-from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
+from vllm_nixl_lease.adapter.metadata import EngineHeartbeats, LeaseViewUpdates, NewView
+from vllm_nixl_lease.adapter.schedulers import LeaseNixlPullConnectorScheduler
+from vllm_nixl_lease.adapter.workers import LeaseNixlPullConnectorWorker
 
 LEASE = 12  # extension 8, interval 2, default margin min(8 / 4, (8 - 2) / 2) = 2
 

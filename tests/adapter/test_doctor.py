@@ -7,7 +7,7 @@ import io
 import vllm_support  # noqa: F401  (sets VLLM_TARGET_DEVICE before vLLM loads)
 
 from vllm_nixl_lease.__main__ import doctor, main
-from vllm_nixl_lease.vllm import compat
+from vllm_nixl_lease.adapter import compat
 
 
 def test_doctor_reports_supported_setup(monkeypatch) -> None:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from vllm_nixl_lease.vllm.config import CONFIG_KEYS, ConfigKey, LeaseConfig, LeaseConfigError
+from vllm_nixl_lease.adapter.config import CONFIG_KEYS, ConfigKey, LeaseConfig, LeaseConfigError
 
 # Values of the wrong type for each kind (a bool is never a number, nor a number a bool).
 WRONG_TYPE: dict[type, list[Any]] = {

@@ -16,9 +16,9 @@ from vllm_support import (
 )
 
 from vllm_nixl_lease._wire import heartbeat_message
-from vllm_nixl_lease.vllm.metadata import LEASE_IDLE_ATTR, LeaseConnectorMetadata, executor_pickles
-from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
-from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
+from vllm_nixl_lease.adapter.metadata import LEASE_IDLE_ATTR, LeaseConnectorMetadata, executor_pickles
+from vllm_nixl_lease.adapter.schedulers import LeaseNixlPullConnectorScheduler
+from vllm_nixl_lease.adapter.workers import LeaseNixlPullConnectorWorker
 
 LEASE = 30
 

@@ -9,7 +9,7 @@ import pytest
 from vllm_support import Clock
 
 from harness.upstream_fake import FakeUpstreamWorker, make_upstream_worker, stock_worker_class
-from vllm_nixl_lease.vllm.d_worker.engine_reaper import (
+from vllm_nixl_lease.adapter.d_worker.engine_reaper import (
     INVALID_BACKOFF_MEMORY_S,
     STEPS_PER_CLOCK_READ,
     EngineReaper,

@@ -41,10 +41,10 @@ from vllm_nixl_lease._wire import (
     lease_terms,
     new_instance,
 )
-from vllm_nixl_lease.vllm.config import LeaseConfig
-from vllm_nixl_lease.vllm.p_scheduler.lease_params import LeaseParams
-from vllm_nixl_lease.vllm.schedulers import LeaseNixlPullConnectorScheduler
-from vllm_nixl_lease.vllm.workers import LeaseNixlPullConnectorWorker
+from vllm_nixl_lease.adapter.config import LeaseConfig
+from vllm_nixl_lease.adapter.p_scheduler.lease_params import LeaseParams
+from vllm_nixl_lease.adapter.schedulers import LeaseNixlPullConnectorScheduler
+from vllm_nixl_lease.adapter.workers import LeaseNixlPullConnectorWorker
 
 LEASE = 12  # extension 8, interval 2
 EXT = 8.0

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Inline-code paths may be written from the repository root, the package or its adapter.
-PATH_ROOTS = [ROOT, ROOT / "vllm_nixl_lease", ROOT / "vllm_nixl_lease" / "vllm"]
+PATH_ROOTS = [ROOT, ROOT / "vllm_nixl_lease", ROOT / "vllm_nixl_lease" / "adapter"]
 # Written by the commands the docs describe, not part of a checkout.
 GENERATED_PREFIXES = (".build/", "dist/", "build/", ".venv")
 

@@ -6,8 +6,8 @@ import pytest
 import vllm_support  # noqa: F401  (sets VLLM_TARGET_DEVICE before vLLM loads)
 from vllm_support import make_kv_cache_config, shared_vllm_config
 
-from vllm_nixl_lease.vllm import compat
-from vllm_nixl_lease.vllm.config import LeaseConfig, LeaseConfigError
+from vllm_nixl_lease.adapter import compat
+from vllm_nixl_lease.adapter.config import LeaseConfig, LeaseConfigError
 
 
 def test_defaults_match_upstream() -> None:
@@ -100,7 +100,7 @@ def test_connector_construction_fails_on_bad_config(role_name: str, tmp_path_fac
     from vllm.config import set_current_vllm_config
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-    from vllm_nixl_lease.vllm.connector import LeaseNixlPullConnector, LeaseNixlPushConnector
+    from vllm_nixl_lease.adapter.connector import LeaseNixlPullConnector, LeaseNixlPushConnector
 
     vc = shared_vllm_config(tmp_path_factory.mktemp("cfg"), {"kv_lease_duration": "soon"})
     for cls in (LeaseNixlPullConnector, LeaseNixlPushConnector):
@@ -112,7 +112,7 @@ def test_unsupported_vllm_version_fails_at_construction(monkeypatch, tmp_path_fa
     from vllm.config import set_current_vllm_config
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-    from vllm_nixl_lease.vllm.connector import LeaseNixlPullConnector
+    from vllm_nixl_lease.adapter.connector import LeaseNixlPullConnector
 
     monkeypatch.setattr(compat, "vllm_version", lambda: "0.34.1")
     vc = shared_vllm_config(tmp_path_factory.mktemp("cfg"), {})

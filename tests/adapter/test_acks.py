@@ -34,27 +34,27 @@ from vllm_nixl_lease._wire import (
     lease_terms,
     parse_heartbeat_ack,
 )
-from vllm_nixl_lease.decode.lease_views import LeaseViews
-from vllm_nixl_lease.vllm.config import LeaseConfig
-from vllm_nixl_lease.vllm.d_scheduler.lease_view_collector import LeaseViewCollector
-from vllm_nixl_lease.vllm.d_worker.ack_requester import OTHER, PENDING, PROVEN, AckRequester
-from vllm_nixl_lease.vllm.d_worker.heartbeat_sender import HeartbeatSender
-from vllm_nixl_lease.vllm.d_worker.read_fence import ReadFence
-from vllm_nixl_lease.vllm.metadata import (
+from vllm_nixl_lease.adapter.config import LeaseConfig
+from vllm_nixl_lease.adapter.d_scheduler.lease_view_collector import LeaseViewCollector
+from vllm_nixl_lease.adapter.d_worker.ack_requester import OTHER, PENDING, PROVEN, AckRequester
+from vllm_nixl_lease.adapter.d_worker.heartbeat_sender import HeartbeatSender
+from vllm_nixl_lease.adapter.d_worker.read_fence import ReadFence
+from vllm_nixl_lease.adapter.metadata import (
     LEASE_HEARTBEATS_ATTR,
     LEASE_VIEWS_ATTR,
     EngineHeartbeats,
     NewView,
 )
-from vllm_nixl_lease.vllm.p_scheduler.lease_params import LeaseParams
-from vllm_nixl_lease.vllm.p_worker.ack_answerer import (
+from vllm_nixl_lease.adapter.p_scheduler.lease_params import LeaseParams
+from vllm_nixl_lease.adapter.p_worker.ack_answerer import (
     MAX_AGENT_LOADS,
     MAX_NOT_EXTENDED_BYTES,
     MAX_PACED_ANSWERS_PER_STEP,
     MAX_SEQS_PER_ANSWER,
     AckAnswerer,
 )
-from vllm_nixl_lease.vllm.p_worker.lease_keeper import LeaseKeeper
+from vllm_nixl_lease.adapter.p_worker.lease_keeper import LeaseKeeper
+from vllm_nixl_lease.decode.lease_views import LeaseViews
 
 CONFIG = LeaseConfig.from_extra_config({"kv_lease_duration": 12})  # extension 8, interval 2, margin 2
 EXT = CONFIG.lease_extension
@@ -542,7 +542,7 @@ def test_hello_flood_is_bounded(clock: Clock) -> None:
 def test_repeated_hellos_cost_one_parse_per_step_and_one_welcome_per_gap(clock: Clock) -> None:
     """An agent that repeats its hello (a flood, or a D that lacks proof) gets
     one hello handled per step and one welcome per welcome gap, not one each."""
-    from vllm_nixl_lease.vllm.p_worker.ack_answerer import MAX_WELCOME_GAP_S
+    from vllm_nixl_lease.adapter.p_worker.ack_answerer import MAX_WELCOME_GAP_S
 
     net = Pair(clock)
     keeper, acker, p = net.keepers[0], net.ackers[0], net.p[0]
@@ -561,7 +561,7 @@ def test_repeated_hellos_cost_one_parse_per_step_and_one_welcome_per_gap(clock: 
 
 
 def test_least_useful_agent_is_evicted_first(clock: Clock, monkeypatch: pytest.MonkeyPatch) -> None:
-    from vllm_nixl_lease.vllm.p_worker import ack_answerer
+    from vllm_nixl_lease.adapter.p_worker import ack_answerer
 
     monkeypatch.setattr(ack_answerer, "MAX_AGENTS", 2)
     net = Pair(clock)
@@ -611,7 +611,7 @@ def test_a_remembered_rehandshake_is_forgotten_after_its_connection_is_gone(cloc
     """D releases a connection proven to reach another P process once per
     (engine, instance) a minute.  When that connection is gone by then (upstream
     evicted the idle engine), D's steps with no message must still forget it."""
-    from vllm_nixl_lease.vllm.d_worker.ack_requester import REHANDSHAKE_ONCE_PER_S
+    from vllm_nixl_lease.adapter.d_worker.ack_requester import REHANDSHAKE_ONCE_PER_S
 
     net = Pair(clock)
     net.grant("p1", "d1")
