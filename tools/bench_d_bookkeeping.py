@@ -203,7 +203,7 @@ class D:
         for D's next step); ``last_sent``: P's id -> this step's time for each
         id heartbeated.  Returns (heartbeat messages, ids) sent."""
         from vllm_nixl_lease._wire import (
-            EXTENSION_PREFIX,
+            ESCAPE_PREFIX,
             HELLO_KIND,
             heartbeat_ack_message,
             parse_acked_heartbeat,
@@ -214,12 +214,12 @@ class D:
         seqs: dict[str, list[int]] = {}
         msgs = ids = 0
         for agent, msg in sent:
-            if msg.startswith(EXTENSION_PREFIX + HELLO_KIND):  # our P welcomes D at once
+            if msg.startswith(ESCAPE_PREFIX + HELLO_KIND):  # our P welcomes D at once
                 wrapper.deliver(agent, heartbeat_ack_message(self.instance_of[agent], []))
                 continue
             msgs += 1
             tagged = False
-            if msg.startswith(EXTENSION_PREFIX):
+            if msg.startswith(ESCAPE_PREFIX):
                 parsed = parse_acked_heartbeat(msg)
                 assert parsed is not None
                 seqs.setdefault(agent, []).append(parsed[0])

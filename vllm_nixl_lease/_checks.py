@@ -12,7 +12,7 @@ import math
 import sys
 from collections.abc import Iterable
 
-from ._wire import EXTENSION_PREFIX, HEARTBEAT_PREFIX, request_id_bytes
+from ._wire import ESCAPE_PREFIX, HEARTBEAT_PREFIX, request_id_bytes
 
 # What an agent's messages may come as in a notification batch; anything else
 # counts as one malformed entry.
@@ -86,17 +86,17 @@ def check_max_tombstones(max_tombstones: int) -> int:
 
 
 def check_passthrough_prefixes(prefixes: Iterable[bytes]) -> tuple[bytes, ...]:
-    """The prefixes a router passes through, ``EXTENSION_PREFIX`` always among
+    """The prefixes a router passes through, ``ESCAPE_PREFIX`` always among
     them; ValueError for an empty one, or one that would take plain ``HB:``
     heartbeats (a prefix may start with ``HB:`` only if it starts with the escape)."""
     out = tuple(bytes(p) for p in prefixes)
     for p in out:
-        if not p or (p.startswith(HEARTBEAT_PREFIX) and not p.startswith(EXTENSION_PREFIX)):
+        if not p or (p.startswith(HEARTBEAT_PREFIX) and not p.startswith(ESCAPE_PREFIX)):
             raise ValueError(
                 f"passthrough prefixes must be non-empty and not start with {HEARTBEAT_PREFIX.decode()} "
-                f"unless they start with {EXTENSION_PREFIX.decode()}, got {p!r}"
+                f"unless they start with {ESCAPE_PREFIX.decode()}, got {p!r}"
             )
-    return out if EXTENSION_PREFIX in out else (*out, EXTENSION_PREFIX)
+    return out if ESCAPE_PREFIX in out else (*out, ESCAPE_PREFIX)
 
 
 def check_deadline(deadline: float) -> float:

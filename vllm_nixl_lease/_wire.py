@@ -46,20 +46,20 @@ HEARTBEAT_SEPARATOR = b","
 # The lease protocol's escape (docs/PROTOCOL.md section 2): a heartbeat whose
 # first id is empty, which no D names; our P passes every such message to the
 # protocol's components, and a stock P parses it as a harmless heartbeat.
-EXTENSION_PREFIX = HEARTBEAT_PREFIX + HEARTBEAT_SEPARATOR
+ESCAPE_PREFIX = HEARTBEAT_PREFIX + HEARTBEAT_SEPARATOR
 PUSH_REG_PREFIX = b"PUSH_REG:"
 HELLO_KIND = b"LHELLO:"
 ACKED_HEARTBEAT_KIND = b"LHB:"
 TAGGED_HEARTBEAT_KIND = b"LHBT:"
 HEARTBEAT_ACK_PREFIX = b"LACK:"
 # Messages P's router passes on to the acknowledgement components instead of the core.
-ACK_PREFIXES = (EXTENSION_PREFIX, HEARTBEAT_ACK_PREFIX)
+ACK_PREFIXES = (ESCAPE_PREFIX, HEARTBEAT_ACK_PREFIX)
 # "None of the keys counts as extended" (the answer's list would be too long).
 ACK_NONE = b"*"
 # Bytes the longest acknowledged header, ``HB:,LHBT:<seq>,`` (seq < 2**64), adds
 # over ``HB:``: heartbeats are chunked this much smaller, so every form fits
 # ``max_heartbeat_bytes``.
-ACKED_HEARTBEAT_OVERHEAD = len(EXTENSION_PREFIX) + len(TAGGED_HEARTBEAT_KIND) + 20 + 1 - len(HEARTBEAT_PREFIX)
+ACKED_HEARTBEAT_OVERHEAD = len(ESCAPE_PREFIX) + len(TAGGED_HEARTBEAT_KIND) + 20 + 1 - len(HEARTBEAT_PREFIX)
 # Largest hello accepted (NIXL's connection info over UCX is a few hundred bytes).
 MAX_HELLO_BYTES = 4096
 INSTANCE_HEX_DIGITS = 16
@@ -116,9 +116,9 @@ def is_instance(value: object) -> TypeGuard[str]:
 _LOWER_HEX = frozenset("0123456789abcdef")
 
 
-def is_extension(msg: bytes) -> bool:
+def is_escape(msg: bytes) -> bool:
     """Is this one of our D -> P messages (behind the ``HB:,`` escape)?"""
-    return msg.startswith(EXTENSION_PREFIX)
+    return msg.startswith(ESCAPE_PREFIX)
 
 
 class Hello(NamedTuple):
@@ -134,16 +134,16 @@ def hello_message(
     """``HB:,LHELLO:<ver>:<interval_ms>:<metadata>:<key>``."""
     b64 = urlsafe_b64encode(metadata).rstrip(b"=")
     interval_ms = max(0, round(interval_s * 1000))
-    return b"%s%s%d:%d:%s:%s" % (EXTENSION_PREFIX, HELLO_KIND, version, interval_ms, b64, key.encode("utf-8"))
+    return b"%s%s%d:%d:%s:%s" % (ESCAPE_PREFIX, HELLO_KIND, version, interval_ms, b64, key.encode("utf-8"))
 
 
 def parse_hello(msg: bytes) -> Hello | None:
     """The fields of a hello (``msg`` with its escape); None when malformed or
     longer than ``MAX_HELLO_BYTES``.  A version this side does not speak parses:
     the caller decides."""
-    if len(msg) > MAX_HELLO_BYTES or not msg.startswith(EXTENSION_PREFIX + HELLO_KIND):
+    if len(msg) > MAX_HELLO_BYTES or not msg.startswith(ESCAPE_PREFIX + HELLO_KIND):
         return None
-    fields = msg[len(EXTENSION_PREFIX) + len(HELLO_KIND) :].split(b":", 3)
+    fields = msg[len(ESCAPE_PREFIX) + len(HELLO_KIND) :].split(b":", 3)
     if len(fields) != 4:
         return None
     version, interval_ms = _seq(fields[0]), _seq(fields[1])
@@ -163,15 +163,15 @@ def acked_heartbeat_message(seq: int, heartbeat: bytes, tagged: bool = False) ->
     """The acknowledged form of an ``HB:`` message, asking for answer ``seq``:
     ``HB:,LHB:<seq>,<ids>``, or ``HB:,LHBT:<seq>,<tags>`` when it names tags."""
     kind = TAGGED_HEARTBEAT_KIND if tagged else ACKED_HEARTBEAT_KIND
-    return b"%s%s%d,%s" % (EXTENSION_PREFIX, kind, seq, heartbeat_payload(heartbeat))
+    return b"%s%s%d,%s" % (ESCAPE_PREFIX, kind, seq, heartbeat_payload(heartbeat))
 
 
 def parse_acked_heartbeat(msg: bytes) -> tuple[int, bytes, bool] | None:
     """``(seq, names, tagged)`` of an acknowledged heartbeat (with its escape);
     None when it is none or malformed."""
-    if not msg.startswith(EXTENSION_PREFIX):
+    if not msg.startswith(ESCAPE_PREFIX):
         return None
-    body = msg[len(EXTENSION_PREFIX) :]
+    body = msg[len(ESCAPE_PREFIX) :]
     if body.startswith(TAGGED_HEARTBEAT_KIND):
         tagged, body = True, body[len(TAGGED_HEARTBEAT_KIND) :]
     elif body.startswith(ACKED_HEARTBEAT_KIND):

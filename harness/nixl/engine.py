@@ -26,7 +26,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from vllm_nixl_lease._wire import (
-    EXTENSION_PREFIX,
+    ESCAPE_PREFIX,
     HEARTBEAT_ACK_PREFIX,
     HELLO_KIND,
     PARAM_LEASE_TAG,
@@ -50,7 +50,7 @@ SLOW_KEEP = 2000
 # Per-step timings and heartbeat message records kept until drained
 # (``timings``): a few minutes of steps at 50 per second.
 TIMING_KEEP = 100_000
-HELLO = EXTENSION_PREFIX + HELLO_KIND
+HELLO = ESCAPE_PREFIX + HELLO_KIND
 HB_UNMATCHED_MAX = 4096  # heartbeat messages held for ``report`` (up to 32 KiB each)
 
 

@@ -27,7 +27,7 @@ import traceback
 from typing import Any
 
 from vllm_nixl_lease._wire import (
-    EXTENSION_PREFIX,
+    ESCAPE_PREFIX,
     HELLO_KIND,
     heartbeat_ack_message,
     hello_message,
@@ -40,7 +40,7 @@ from .mesh import PROGRESS_DELAY_US
 from .rogue import agent_result
 from .scenarios import LEASE, d_id, data_mismatches, hand_to_d, prefill, wait_freed, wait_loaded
 
-HELLO = EXTENSION_PREFIX + HELLO_KIND
+HELLO = ESCAPE_PREFIX + HELLO_KIND
 TAG_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
 
 

@@ -19,10 +19,10 @@ import zlib
 from typing import Any
 
 from vllm_nixl_lease._wire import (
-    EXTENSION_PREFIX,
+    ESCAPE_PREFIX,
     HELLO_KIND,
     heartbeat_payload,
-    is_extension,
+    is_escape,
     is_heartbeat,
     parse_acked_heartbeat,
 )
@@ -308,7 +308,7 @@ class Rank:
 
 def is_any_heartbeat(msg: bytes) -> bool:
     """Upstream's ``HB:`` or our acknowledged ``LHB:`` / ``LHBT:`` (not our hello)."""
-    return is_heartbeat(msg) and not msg.startswith(EXTENSION_PREFIX + HELLO_KIND)
+    return is_heartbeat(msg) and not msg.startswith(ESCAPE_PREFIX + HELLO_KIND)
 
 
 def preemptions() -> int:
@@ -318,7 +318,7 @@ def preemptions() -> int:
 
 def heartbeat_ids_of(msg: bytes) -> bytes:
     """The id (or, for ``LHBT:``, tag) payload of any heartbeat form."""
-    if is_extension(msg):
+    if is_escape(msg):
         parsed = parse_acked_heartbeat(msg)
         return parsed[1] if parsed else b""
     return heartbeat_payload(msg) if is_heartbeat(msg) else b""

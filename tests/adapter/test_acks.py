@@ -18,7 +18,7 @@ from vllm_support import Clock
 
 from harness.upstream_fake import FakeUpstreamWorker
 from vllm_nixl_lease._wire import (
-    EXTENSION_PREFIX,
+    ESCAPE_PREFIX,
     HEARTBEAT_ACK_PREFIX,
     HELLO_KIND,
     LEASE_PROTOCOL_VERSION,
@@ -59,7 +59,7 @@ from vllm_nixl_lease.decode.lease_views import LeaseViews
 CONFIG = LeaseConfig.from_extra_config({"kv_lease_duration": 12})  # extension 8, interval 2, margin 2
 EXT = CONFIG.lease_extension
 READ = SimpleNamespace(remote=SimpleNamespace(engine_id="P"), local_block_ids=[[1]])
-HELLO = EXTENSION_PREFIX + HELLO_KIND
+HELLO = ESCAPE_PREFIX + HELLO_KIND
 
 
 def hello(agent: str, key: str, version: int = LEASE_PROTOCOL_VERSION) -> bytes:
@@ -370,7 +370,7 @@ def test_hostile_tagged_heartbeats_are_counted_not_applied(clock: Clock) -> None
     keeper, acker, p = net.keepers[0], net.ackers[0], net.p[0]
     before = keeper.table.deadline("p1")
     clock.advance(1)
-    lhbt = EXTENSION_PREFIX + TAGGED_HEARTBEAT_KIND
+    lhbt = ESCAPE_PREFIX + TAGGED_HEARTBEAT_KIND
     crafted = [lhbt, lhbt + b"x," + net.names["p1"].encode(), lhbt + b"2,\xff\xfe"]
     crafted.append(lhbt + b"3,p1,,zz," + b"A" * 5000)
     _, msgs = keeper.route({"D-agent": [hello("D-agent", net.names["p1"]), *crafted]})

@@ -18,7 +18,7 @@ from vllm_support import (
 )
 
 from vllm_nixl_lease._wire import (
-    EXTENSION_PREFIX,
+    ESCAPE_PREFIX,
     HELLO_KIND,
     PARAM_LEASE_TAG,
     acked_heartbeat_message,
@@ -231,11 +231,11 @@ def test_acknowledged_chunk_renews_its_views_end_to_end(scheduler_factory, clock
         worker.read_fence.add_views(meta)
         worker.heartbeat_sender.send(meta)
         sent, worker.nixl_wrapper.sent = worker.nixl_wrapper.sent, []
-        return [m for _, m in sent if m.startswith(EXTENSION_PREFIX)]
+        return [m for _, m in sent if m.startswith(ESCAPE_PREFIX)]
 
     new("d1", "p-1")
     new("d2", "p-2")
-    assert [m[: len(EXTENSION_PREFIX + HELLO_KIND)] for m in step()] == [EXTENSION_PREFIX + HELLO_KIND]
+    assert [m[: len(ESCAPE_PREFIX + HELLO_KIND)] for m in step()] == [ESCAPE_PREFIX + HELLO_KIND]
     worker.nixl_wrapper.deliver("p-agent-0", heartbeat_ack_message(p.instance.instance, []))  # welcome
     worker._get_new_notifs()
     started = clock.now

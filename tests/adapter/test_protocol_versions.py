@@ -28,7 +28,7 @@ from vllm_support import (
 )
 
 from vllm_nixl_lease._wire import (
-    EXTENSION_PREFIX,
+    ESCAPE_PREFIX,
     LEASE_PROTOCOL_VERSION,
     PARAM_LEASE_DEADLINE,
     PARAM_LEASE_EXTENSION,
@@ -137,7 +137,7 @@ def test_our_d_treats_an_older_or_newer_p_as_plain(scheduler_factory, clock: Clo
     sent, left = _plain_d_run(d, clock)
     assert sent, "D never heartbeated"
     assert all(m == heartbeat_message(["p-1"]) for m in sent), sent
-    assert not any(m.startswith(EXTENSION_PREFIX) for m in sent)
+    assert not any(m.startswith(ESCAPE_PREFIX) for m in sent)
     # Renewed on send (the deadline in the params was 5 s ahead, 6 s ago).
     assert left is not None and left > 0
     assert not d.worker.read_fence.fenced("d1", _read("P1"))

@@ -108,7 +108,7 @@ def test_stale_heap_entries_are_bounded(core):
         t.release(f"tmp{i}")
         t.grant(f"live{i % 50}", 1e9 + i)  # overwrite orphans an entry too
     assert len(t) == 50
-    assert t.heap_size() <= 2 * 50 + 64 + 2
+    assert t.scheduled_entries() <= 2 * 50 + 64 + 2
 
 
 def test_extensions_do_not_grow_heap(core):
@@ -119,7 +119,7 @@ def test_extensions_do_not_grow_heap(core):
     for step in range(1000):
         t.extend(payload, float(step))
         assert t.pop_expired(float(step)) == []
-    assert t.heap_size() == 100
+    assert t.scheduled_entries() == 100
 
 
 def test_seq_renumbering_keeps_tie_order():
@@ -184,7 +184,7 @@ def test_memory_follows_live_count_after_burst(core):
         assert t.tombstones() == 0
         assert len(t) == 100 and sorted(t.ids()) == keep
         assert t.nbytes() <= 2 * fresh.nbytes() < peak
-        assert t.heap_size() <= 2 * len(t) + 64
+        assert t.scheduled_entries() <= 2 * len(t) + 64
         assert t.extend(",".join(keep), 3.0) == 100 and t.pop_expired(1e8) == []
 
 
@@ -211,7 +211,7 @@ def test_limited_sweeps_pop_in_the_twins_order():
             got[id(t)].append(t.next_deadline())
         got[id(t)].append(t.pop_expired(1e9))
     assert got[id(fast)] == got[id(twin)]
-    assert len(fast) == 0 and fast.heap_size() == 0
+    assert len(fast) == 0 and fast.scheduled_entries() == 0
 
 
 def test_limit_contract(core):

@@ -23,7 +23,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from vllm_nixl_lease._wire import EXTENSION_PREFIX, heartbeat_message, heartbeat_payload
+from vllm_nixl_lease._wire import ESCAPE_PREFIX, heartbeat_message, heartbeat_payload
 from vllm_nixl_lease.lease_tags import lease_tag
 
 IDS = ["a", "b", "c:1", "réq", "x" * 40, "cmpl-7:0", "z", "ü" * 70, "y" * 90, "a,b"]
@@ -51,9 +51,9 @@ id_list_st = st.lists(
 hb_st = st.builds(heartbeat_message, id_list_st)
 # the lease protocol's escape: never a heartbeat, whatever follows it
 escape_st = st.one_of(
-    st.just(EXTENSION_PREFIX),
-    st.builds(lambda ids: EXTENSION_PREFIX + b"LHB:1," + b",".join(ids), id_list_st),
-    st.sampled_from([EXTENSION_PREFIX + b"a:1", EXTENSION_PREFIX + b"\xff", b"HB:", b"HB:a,", b"HB:,,a"]),
+    st.just(ESCAPE_PREFIX),
+    st.builds(lambda ids: ESCAPE_PREFIX + b"LHB:1," + b",".join(ids), id_list_st),
+    st.sampled_from([ESCAPE_PREFIX + b"a:1", ESCAPE_PREFIX + b"\xff", b"HB:", b"HB:a,", b"HB:,,a"]),
 )
 acked_st = id_list_st.map(b",".join) | st.sampled_from([b"\xff,a", b"a,\xfe\xff,b", b"a,,b,"])
 # LHBT: payloads: tags of known ids (under either key), of ids never granted, near-tags, junk

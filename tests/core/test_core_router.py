@@ -165,27 +165,27 @@ def test_batch_membership_survives_direct_table_calls(core):
     assert router.in_batch_count() == 3 and all(router.is_in_batch(r) for r in "abc")
 
 
-def test_extension_escape_is_passed_through_not_heartbeated(core):
+def test_escape_is_passed_through_not_heartbeated(core):
     """``HB:,`` (the lease protocol's escape) goes to ``passthrough``, per
     agent in arrival order, whatever follows it and whichever prefixes the
     router was given; every other ``HB:`` message is a heartbeat as ever."""
-    from vllm_nixl_lease._wire import EXTENSION_PREFIX, PUSH_REG_PREFIX
+    from vllm_nixl_lease._wire import ESCAPE_PREFIX, PUSH_REG_PREFIX
 
     for prefixes in (
         (),
         (PUSH_REG_PREFIX,),
-        (PUSH_REG_PREFIX, EXTENSION_PREFIX),
-        (EXTENSION_PREFIX + b"LHB:",),
+        (PUSH_REG_PREFIX, ESCAPE_PREFIX),
+        (ESCAPE_PREFIX + b"LHB:",),
     ):
         table = core.LeaseTable(10.0)
         router = core.NotificationRouter(table, prefixes)
         router.add_in_batch("a")
         router.grant("a", 1.0)
         ours = [
-            EXTENSION_PREFIX + b"LHB:7,a",
-            EXTENSION_PREFIX,
-            EXTENSION_PREFIX + b"\xff",
-            EXTENSION_PREFIX + b"a:1",
+            ESCAPE_PREFIX + b"LHB:7,a",
+            ESCAPE_PREFIX,
+            ESCAPE_PREFIX + b"\xff",
+            ESCAPE_PREFIX + b"a:1",
         ]
         res = router.route(
             {"d0": [ours[0], b"HB:a", ours[1]], "d1": [ours[2], b"HB:", b"HB:zz,", ours[3]]}, 5.0
@@ -196,9 +196,9 @@ def test_extension_escape_is_passed_through_not_heartbeated(core):
 
 
 def test_passthrough_prefixes_may_not_take_heartbeats(core):
-    from vllm_nixl_lease._wire import EXTENSION_PREFIX
+    from vllm_nixl_lease._wire import ESCAPE_PREFIX
 
     for bad in (b"HB:", b"HB:x", b"HB:LHB:", b""):
         with pytest.raises(ValueError):
             core.NotificationRouter(core.LeaseTable(1.0), (bad,))
-    core.NotificationRouter(core.LeaseTable(1.0), (EXTENSION_PREFIX,))
+    core.NotificationRouter(core.LeaseTable(1.0), (ESCAPE_PREFIX,))

@@ -48,8 +48,8 @@ cdef extern from "tombstones.h":
     void vnl_tomb_clear(vnl_tombs* t) nogil
 
 
-ctypedef pair[double, uint64_t] HeapEntry   # (deadline, seq << 32 | slot)
-ctypedef vector[HeapEntry] Bucket
+ctypedef pair[double, uint64_t] WheelEntry   # (deadline, seq << 32 | slot)
+ctypedef vector[WheelEntry] Bucket
 ctypedef cmap[int64_t, Bucket] Wheel
 
 
@@ -90,7 +90,7 @@ cdef class LeaseTable:
     cdef double _extension
     cdef vector[Slot] _slots
     cdef Wheel _wheel
-    cdef vector[HeapEntry] _backlog  # due leases a limited sweep left: a min-heap
+    cdef vector[WheelEntry] _backlog  # due leases a limited sweep left: a min-heap
     cdef size_t _entries             # in the wheel, live and stale
     cdef double _width               # of a bucket, seconds
     cdef double _lower               # no stored deadline is below this
@@ -201,12 +201,12 @@ cdef class LeaseTable:
     cdef inline int64_t _bucket(self, double deadline) noexcept
     cdef inline bint _orphaned(self, uint64_t entry) noexcept
     cdef inline void _push(self, double deadline, uint32_t seq, uint32_t idx) except *
-    cdef void _maybe_rebuild_heap(self, bint force=*) except *
+    cdef void _maybe_rebuild_wheel(self, bint force=*) except *
     cdef double _first_lower(self) noexcept
-    cdef bint _clean_bucket(self, Wheel.iterator it, double t, vector[HeapEntry]* due,
-                            vector[HeapEntry]* refile) except -1
+    cdef bint _clean_bucket(self, Wheel.iterator it, double t, vector[WheelEntry]* due,
+                            vector[WheelEntry]* refile) except -1
     cdef void _renumber(self) except *
     cdef void _compact(self) except *
-    cdef void _from_backlog(self, vector[HeapEntry]& due, double t, Py_ssize_t cap) except *
+    cdef void _from_backlog(self, vector[WheelEntry]& due, double t, Py_ssize_t cap) except *
     cdef double _settle_backlog(self) except? -1.0
     cdef double _settle_first(self) except? -1.0

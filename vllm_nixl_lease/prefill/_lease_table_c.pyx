@@ -464,12 +464,12 @@ cdef class LeaseTable:
         return (self._slots[entry & LOW32].seq & SEQ_BITS) != <uint32_t>(entry >> 32)
 
     cdef inline void _push(self, double deadline, uint32_t seq, uint32_t idx) except *:
-        self._wheel[self._bucket(deadline)].push_back(HeapEntry(deadline, (<uint64_t>seq << 32) | idx))
+        self._wheel[self._bucket(deadline)].push_back(WheelEntry(deadline, (<uint64_t>seq << 32) | idx))
         self._entries += 1
         if deadline < self._lower:
             self._lower = deadline
 
-    cdef void _maybe_rebuild_heap(self, bint force=False) except *:
+    cdef void _maybe_rebuild_wheel(self, bint force=False) except *:
         cdef size_t i
         if force or (self._stale > MIN_STALE_FOR_REBUILD and self._stale > self._live):
             self._wheel.clear()
@@ -494,8 +494,8 @@ cdef class LeaseTable:
                 m = bucket[0][j].first
         return m
 
-    cdef bint _clean_bucket(self, Wheel.iterator it, double t, vector[HeapEntry]* due,
-                            vector[HeapEntry]* refile) except -1:
+    cdef bint _clean_bucket(self, Wheel.iterator it, double t, vector[WheelEntry]* due,
+                            vector[WheelEntry]* refile) except -1:
         """Drop orphans from bucket ``it``, move entries whose lease was
         extended to another bucket into ``refile`` and those due at ``t`` into
         ``due`` (with their real deadline).  Entries stored after ``t`` are
@@ -506,7 +506,7 @@ cdef class LeaseTable:
         cdef size_t j, keep = 0
         if due != NULL and due.capacity() < due.size() + bucket.size():
             due.reserve(2 * (due.size() + bucket.size()))  # a dead D's bucket: no copy per doubling
-        cdef HeapEntry e
+        cdef WheelEntry e
         cdef uint32_t idx
         cdef double d
         for j in range(bucket.size()):
@@ -522,13 +522,13 @@ cdef class LeaseTable:
             idx = <uint32_t>(e.second & LOW32)
             d = self._slots[idx].deadline
             if due != NULL and d <= t:
-                due.push_back(HeapEntry(d, e.second))
+                due.push_back(WheelEntry(d, e.second))
                 self._entries -= 1
             elif self._bucket(d) == deref(it).first:
-                bucket[0][keep] = HeapEntry(d, e.second)
+                bucket[0][keep] = WheelEntry(d, e.second)
                 keep += 1
             else:
-                refile.push_back(HeapEntry(d, e.second))
+                refile.push_back(WheelEntry(d, e.second))
                 self._entries -= 1
         bucket.resize(keep)
         return keep == 0
@@ -546,7 +546,7 @@ cdef class LeaseTable:
             self._slots[idx].seq = (self._slots[idx].seq & IN_BATCH) | <uint32_t>(i + 1)
         self._seq = <uint32_t>order.size()
         self._stale = self._live + 1  # force the rebuild: old entries carry old seqs
-        self._maybe_rebuild_heap(True)
+        self._maybe_rebuild_wheel(True)
 
     def _debug_set_seq(self, seq):
         """Test hook: jump the grant counter (to reach renumbering quickly)."""
@@ -609,7 +609,7 @@ cdef class LeaseTable:
         slot.deadline = d
         slot.seq = (slot.seq & IN_BATCH) | self._seq
         self._push(d, self._seq, <uint32_t>idx)
-        self._maybe_rebuild_heap()
+        self._maybe_rebuild_wheel()
         return idx
 
     cdef (Py_ssize_t, Py_ssize_t) _extend_span(self, const char* p, Py_ssize_t n, double new_deadline,
@@ -864,7 +864,7 @@ cdef class LeaseTable:
         """Release without compacting (slot numbers stay valid for the caller)."""
         self._unlink(idx)
         self._stale += 1
-        self._maybe_rebuild_heap()
+        self._maybe_rebuild_wheel()
 
     cdef void _maybe_compact(self) except *:
         """After a burst has drained, give back what only the peak needed."""
@@ -893,7 +893,7 @@ cdef class LeaseTable:
         for i in range(self._slots.size()):
             if self._slots[i].tag_next:
                 self._slots[i].tag_next = moved[self._slots[i].tag_next - 1]
-        self._maybe_rebuild_heap(True)
+        self._maybe_rebuild_wheel(True)
 
     def pop_expired(self, now, limit=None):
         """Remove and return the leases with deadline <= now, earliest first:
@@ -908,7 +908,7 @@ cdef class LeaseTable:
     cdef void _pop_due(self, double t, Py_ssize_t cap, list expired, list others, bint marked) except *:
         """``pop_expired`` into ``expired``; with ``others``, also the ids
         among them whose slot was (``marked``) or was not marked IN_BATCH."""
-        cdef vector[HeapEntry] due, refile
+        cdef vector[WheelEntry] due, refile
         cdef Wheel.iterator it
         cdef int64_t last
         cdef size_t j, cell
@@ -954,11 +954,11 @@ cdef class LeaseTable:
         if due.size():
             self._maybe_compact()
 
-    cdef void _from_backlog(self, vector[HeapEntry]& due, double t, Py_ssize_t cap) except *:
+    cdef void _from_backlog(self, vector[WheelEntry]& due, double t, Py_ssize_t cap) except *:
         """More is due than a limited sweep takes (a dead D's leases): heap
         the due entries into the backlog (O(n) once, not a sort per sweep) and
         leave in ``due`` the ``cap`` earliest still due, in order."""
-        cdef greater[HeapEntry] later
+        cdef greater[WheelEntry] later
         cdef size_t j
         if self._backlog.empty():
             self._backlog.swap(due)
@@ -976,8 +976,8 @@ cdef class LeaseTable:
     cdef double _settle_backlog(self) except? -1.0:
         """Earliest deadline in the backlog, after dropping orphans and
         re-placing extended entries from its top (INFINITY if empty)."""
-        cdef greater[HeapEntry] later
-        cdef HeapEntry e
+        cdef greater[WheelEntry] later
+        cdef WheelEntry e
         cdef double d
         cdef bint orphaned
         while not self._backlog.empty():
@@ -991,14 +991,14 @@ cdef class LeaseTable:
             if orphaned:
                 self._stale -= 1  # released or granted again since
             else:  # extended since: back at its place
-                self._backlog.push_back(HeapEntry(d, e.second))
+                self._backlog.push_back(WheelEntry(d, e.second))
                 push_heap(self._backlog.begin(), self._backlog.end(), later)
         return INFINITY
 
     cdef double _settle_first(self) except? -1.0:
         """Clean buckets from the front until the first holds a live entry at
         its real deadline; return the earliest deadline (live leases exist)."""
-        cdef vector[HeapEntry] refile
+        cdef vector[WheelEntry] refile
         cdef Wheel.iterator it
         cdef size_t j
         while not self._wheel.empty():
@@ -1075,8 +1075,8 @@ cdef class LeaseTable:
         cdef size_t i
         return [<object>self._slots[i].req_id for i in range(self._slots.size()) if self._slots[i].seq != 0]
 
-    def heap_size(self):
-        """Entries in the wheel and the backlog, live and stale (for memory-bound tests)."""
+    def scheduled_entries(self):
+        """Entries in the expiry schedule (the wheel and the backlog), live and stale (for memory-bound tests)."""
         return self._entries + self._backlog.size()
 
     def nbytes(self):
@@ -1085,10 +1085,10 @@ cdef class LeaseTable:
         cdef Wheel.iterator it = self._wheel.begin()
         while it != self._wheel.end():
             # entries, plus a map node: key, vector header, three pointers and a colour
-            wheel += deref(it).second.capacity() * sizeof(HeapEntry) + 64
+            wheel += deref(it).second.capacity() * sizeof(WheelEntry) + 64
             inc(it)
         return (type(self).__basicsize__ + self._slots.capacity() * sizeof(Slot)
-                + wheel + self._backlog.capacity() * sizeof(HeapEntry)
+                + wheel + self._backlog.capacity() * sizeof(WheelEntry)
                 + self._index.capacity() * sizeof(uint32_t)
                 + self._tag_keys.capacity() * sizeof(uint64_t) + self._tag_heads.capacity() * sizeof(uint32_t)
                 + (self._tombs.size + self._tombs.old_size + self._tombs.next_size) * 16

@@ -375,8 +375,8 @@ class LeaseTable:
         """Ids of all live leases (no particular order)."""
         return list(self._leases)
 
-    def heap_size(self) -> int:
-        """Entries in the heap, live and stale (for memory-bound tests)."""
+    def scheduled_entries(self) -> int:
+        """Entries in the expiry schedule (the heap), live and stale (for memory-bound tests)."""
         return len(self._heap)
 
     def nbytes(self) -> int:

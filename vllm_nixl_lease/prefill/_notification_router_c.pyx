@@ -19,13 +19,13 @@ from .._checks import MESSAGES_TYPES, check_passthrough_prefixes
 from .route_result import (
     MALFORMED_SAMPLE_SIZE, UNKNOWN_SAMPLE_SIZE, Expiry, RouteResult, malformed_sample, unknown_sample_id,
 )
-from .._wire import EXTENSION_PREFIX, HEARTBEAT_PREFIX, PUSH_REG_PREFIX
+from .._wire import ESCAPE_PREFIX, HEARTBEAT_PREFIX, PUSH_REG_PREFIX
 from .._wire import MAX_EXPECTED_CONSUMERS as _MAX_CONSUMERS
 
 # The heartbeat prefix, matched in place on each message (the wire format lives in _wire.py).
 cdef bytes _HB = HEARTBEAT_PREFIX
 cdef Py_ssize_t _HB_LEN = len(_HB)
-cdef bytes _ESC = EXTENSION_PREFIX  # starts with _HB
+cdef bytes _ESC = ESCAPE_PREFIX  # starts with _HB
 cdef Py_ssize_t _ESC_LEN = len(_ESC)
 cdef long MAX_EXPECTED_CONSUMERS = _MAX_CONSUMERS
 

@@ -12,7 +12,7 @@ an agent's message list that is not a list/tuple counts as malformed.  So
 A partial read count lives only as long as its request is leased or in a
 batch: ``release`` and ``discard_in_batch`` drop it when neither holds.
 
-``HB:,`` (``_wire.EXTENSION_PREFIX``, a heartbeat whose first id is empty)
+``HB:,`` (``_wire.ESCAPE_PREFIX``, a heartbeat whose first id is empty)
 is the lease protocol's escape (``docs/PROTOCOL.md`` section 2): no D names
 an empty id, so every such message is one of ours and goes to
 ``passthrough`` with the other prefixes the router does not own.  Every
@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import ItemsView, Iterable, Mapping
 
 from .._checks import MESSAGES_TYPES, check_now, check_passthrough_prefixes
-from .._wire import EXTENSION_PREFIX, HEARTBEAT_PREFIX, PUSH_REG_PREFIX, heartbeat_payload, parse_completion
+from .._wire import ESCAPE_PREFIX, HEARTBEAT_PREFIX, PUSH_REG_PREFIX, heartbeat_payload, parse_completion
 from ._lease_table_py import LeaseTable
 from .route_result import (
     MALFORMED_SAMPLE_SIZE,
@@ -118,7 +118,7 @@ class NotificationRouter:
                 if not isinstance(msg, bytes):
                     _count_malformed(result, msg)
                     continue
-                if msg.startswith(HEARTBEAT_PREFIX) and not msg.startswith(EXTENSION_PREFIX):
+                if msg.startswith(HEARTBEAT_PREFIX) and not msg.startswith(ESCAPE_PREFIX):
                     extended, seen = table.extend_counted(heartbeat_payload(msg), now)
                     result.heartbeat_messages += 1
                     result.heartbeat_ids += seen

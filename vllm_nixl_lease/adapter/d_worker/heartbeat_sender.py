@@ -37,7 +37,7 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-from ..._wire import EXTENSION_PREFIX, HELLO_KIND
+from ..._wire import ESCAPE_PREFIX, HELLO_KIND
 from ...decode.heartbeat_tracker import encode_heartbeats
 from ..metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
 from ..upstream import AgentName, StockHeartbeatInfo, UpstreamWorker
@@ -263,12 +263,12 @@ def is_disconnect(exc: BaseException) -> bool:
     return type(exc).__name__ == "nixlRemoteDisconnectError" or "REMOTE_DISCONNECT" in str(exc)
 
 
-_HELLO = EXTENSION_PREFIX + HELLO_KIND
+_HELLO = ESCAPE_PREFIX + HELLO_KIND
 
 
 def ids_in(msg: bytes) -> int:
     """How many names a heartbeat message carries (``HB:a,b`` or ``HB:,LHB:<seq>,a,b``;
     a hello, none)."""
-    if msg.startswith(EXTENSION_PREFIX):
+    if msg.startswith(ESCAPE_PREFIX):
         return 0 if msg.startswith(_HELLO) else msg.count(b",") - 1
     return msg.count(b",") + 1

@@ -47,7 +47,7 @@ from vllm.logger import init_logger
 
 from ..._wire import (
     ACK_NONE,
-    EXTENSION_PREFIX,
+    ESCAPE_PREFIX,
     HELLO_KIND,
     LEASE_PROTOCOL_VERSION,
     heartbeat_ack_message,
@@ -162,9 +162,9 @@ class AckAnswerer:
         for agent, msgs in messages.items():
             said_hello = False
             for msg in msgs:
-                if not msg.startswith(EXTENSION_PREFIX):
+                if not msg.startswith(ESCAPE_PREFIX):
                     continue
-                if msg.startswith(HELLO_KIND, len(EXTENSION_PREFIX)):
+                if msg.startswith(HELLO_KIND, len(ESCAPE_PREFIX)):
                     if said_hello:
                         # One hello per agent per step: a D repeats its hello at
                         # most every hello_retry_s, so more is a flood.
