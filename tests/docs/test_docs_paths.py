@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "spec" / "README.md"]
 # Inline-code paths may be written from the repository root, the package or its adapter.
 PATH_ROOTS = [ROOT, ROOT / "vllm_nixl_lease", ROOT / "vllm_nixl_lease" / "adapter"]
 # Written by the commands the docs describe, not part of a checkout.
@@ -133,7 +133,5 @@ def test_architecture_listing_places_every_package_file() -> None:
         for p in (ROOT / "vllm_nixl_lease").rglob("*")
         if p.suffix in (".py", ".pyx", ".pxd") and "__pycache__" not in p.parts
     }
-    unplaced = sorted(
-        s for s in sources - listed if not s.endswith("/__init__.py") or s.count("/") == 1
-    )
+    unplaced = sorted(s for s in sources - listed if not s.endswith("/__init__.py") or s.count("/") == 1)
     assert not unplaced, f"docs/ARCHITECTURE.md's file listing does not place: {unplaced}"
