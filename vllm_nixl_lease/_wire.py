@@ -1,8 +1,8 @@
 """The wire protocol D and P speak as NIXL notifications, the lease fields P
 adds to ``kv_transfer_params``, and the lease arithmetic both sides derive
 from ``kv_lease_duration``.  This is its only home (``docs/PROTOCOL.md`` is
-its specification, ``protocol.pml`` its model): the core, the adapter, the
-tools and the tests all import it.
+its specification, ``spec/protocol.pml`` its spin model): the core, the
+adapter, the tools and the tests all import it.
 
 Upstream's messages (byte strings, kept exactly):
 - heartbeat, D -> P: ``HB:<id>,<id>,...`` -- extend each named lease;

@@ -11,16 +11,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "spec" / "README.md"]
 # Inline-code paths may be written from the repository root, the package or its adapter.
 PATH_ROOTS = [ROOT, ROOT / "vllm_nixl_lease", ROOT / "vllm_nixl_lease" / "adapter"]
 # Written by the commands the docs describe, not part of a checkout.
 GENERATED_PREFIXES = (".build/", "dist/", "build/", ".venv")
-
-# Documented as other branches of the same restructure leave them; the lead
-# empties these sets once those branches are merged.
-NOT_YET_MERGED: set[str] = set()
-ABOUT_TO_GO: set[str] = set()
 
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 INLINE_CODE = re.compile(r"`([^`\n]+)`")
@@ -64,8 +59,6 @@ def _resolve(written: str) -> str | None:
     for base in PATH_ROOTS:
         candidate = base / written
         if _exists(candidate):
-            return _rel(candidate)
-        if _rel(candidate) in NOT_YET_MERGED:
             return _rel(candidate)
     if "/" not in written and any(ROOT.rglob(written)):  # a bare file name, e.g. `_wire.py`
         return written
@@ -129,11 +122,7 @@ def _architecture_listing() -> list[str]:
 
 
 def test_architecture_listing_exists() -> None:
-    missing = [
-        p
-        for p in _architecture_listing()
-        if p.rstrip("/") not in NOT_YET_MERGED and p not in NOT_YET_MERGED and not _exists(ROOT / p)
-    ]
+    missing = [p for p in _architecture_listing() if not _exists(ROOT / p)]
     assert not missing, f"docs/ARCHITECTURE.md lists paths that do not exist: {missing}"
 
 
@@ -144,7 +133,5 @@ def test_architecture_listing_places_every_package_file() -> None:
         for p in (ROOT / "vllm_nixl_lease").rglob("*")
         if p.suffix in (".py", ".pyx", ".pxd") and "__pycache__" not in p.parts
     }
-    unplaced = sorted(
-        s for s in sources - listed - ABOUT_TO_GO if not s.endswith("/__init__.py") or s.count("/") == 1
-    )
+    unplaced = sorted(s for s in sources - listed if not s.endswith("/__init__.py") or s.count("/") == 1)
     assert not unplaced, f"docs/ARCHITECTURE.md's file listing does not place: {unplaced}"
