@@ -9,7 +9,7 @@ export VLLM_TARGET_DEVICE := cpu
 PIP_QUIET := -q --disable-pip-version-check
 
 BUILD_DEPS := "setuptools>=68" wheel "Cython>=3.0"
-TEST_DEPS := "pytest>=8" "pytest-xdist>=3" "hypothesis>=6" ruff "mypy>=1.11" "py-spy>=0.4"
+TEST_DEPS := "pytest>=8" "pytest-xdist>=3" "hypothesis>=6" ruff "mypy>=1.11" "py-spy>=0.4" "kubernetes-validate==1.37.0"
 DIST_DEPS := "build>=1.2" "twine>=5"
 CORE_SOURCES := setup.py pyproject.toml $(wildcard vllm_nixl_lease/*/*.pyx vllm_nixl_lease/*/*.pxd csrc/*.h)
 
