@@ -62,6 +62,7 @@ from typing import Any
 
 from harness.nixl import Fleet, dfleet, pfleet
 from harness.nixl.burst import burst
+from harness.nixl.progress import PROGRESS_DELAY_US
 from harness.nixl.scenarios import LEASE
 from vllm_nixl_lease._wire import default_lease_extension
 
@@ -888,7 +889,7 @@ def main(argv: list[str] | None = None) -> int:
             "extension_s": default_lease_extension(args.lease),
             "d_fleet_burst_lease_s": LEASE,
             "tokens_per_request": pfleet.TOKENS,
-            "progress_delay_us": pfleet.PROGRESS_DELAY_US,
+            "progress_delay_us": PROGRESS_DELAY_US,
             "core": vllm_nixl_lease.IMPLEMENTATION,
         },
         "rows": rows,

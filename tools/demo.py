@@ -28,9 +28,9 @@ import sys
 import time
 from pathlib import Path
 
+from harness.procs import install_signal_handlers
 from harness.serve import client, prom
 from harness.serve.launcher import BUILD, PDCluster, PDConfig
-from harness.serve.procs import install_signal_handlers
 from tools import demo_story as story
 from tools import demo_timeline as timeline
 

@@ -49,7 +49,7 @@ def burst(
 ) -> dict[str, Any]:
     """``progress_delay_us``: 0 is NIXL's default (each agent's progress thread
     spins a core, so on two cores posting READs is slow, as in the issue's
-    runs); ``mesh.PROGRESS_DELAY_US`` lets the engines have the cores."""
+    runs); ``progress.PROGRESS_DELAY_US`` lets the engines have the cores."""
     n = b + queued
     common = {"stock": stock, "progress_delay_us": progress_delay_us, "sampled_digest": True}
     blocks = -(-tokens // 32)

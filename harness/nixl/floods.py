@@ -26,17 +26,20 @@ import time
 import traceback
 from typing import Any
 
+from harness.procs import redirect_output
 from vllm_nixl_lease._wire import (
     ESCAPE_PREFIX,
     HELLO_KIND,
+    acked_heartbeat_message,
     heartbeat_ack_message,
+    heartbeat_message,
     hello_message,
     new_instance,
     parse_heartbeat_ack,
 )
 
-from .fleet import Fleet, wait_for
-from .mesh import PROGRESS_DELAY_US
+from .fleet import Fleet, context, wait_for
+from .progress import PROGRESS_DELAY_US, sleep_between_events
 from .rogue import agent_result
 from .scenarios import LEASE, d_id, data_mismatches, hand_to_d, prefill, wait_freed, wait_loaded
 
@@ -95,11 +98,7 @@ def _answers(agent: Any) -> list[bytes]:
 
 def flood_main(workdir: str, peer_metadata: bytes, plan: dict[str, Any], conn: Any) -> None:
     """Run one ``plan`` (``kind`` and its fields) against the peer; report counts."""
-    from .engine import redirect_output
-    from .progress import sleep_between_events
-    from .spec import EngineSpec
-
-    redirect_output(EngineSpec(role="flood", stock=False, workdir=workdir, side_channel_port=0), "agent")
+    redirect_output(os.path.join(workdir, "flood-agent.log"))
     sleep_between_events(PROGRESS_DELAY_US)
     counts = {"sent": 0, "failed": 0, "bytes": 0, "answers": 0, "welcomes": 0}
     try:
@@ -154,8 +153,6 @@ def _missing_tags(
     agent: Any, peer: str, plan: dict[str, Any], rnd: random.Random, counts: dict[str, int]
 ) -> None:
     """Say hello with a live key, wait for P's welcome, then name ``count`` tags P never issued."""
-    from vllm_nixl_lease._wire import acked_heartbeat_message, heartbeat_message
-
     md = _metadata(agent)
     deadline = time.monotonic() + 20
     welcomed = False
@@ -190,8 +187,6 @@ def _missing_tags(
 
 def run_flood(workdir: str, peer_metadata: bytes, plan: dict[str, Any]) -> tuple[Any, Any]:
     """Start one flood; ``collect_flood`` and ``end_flood`` finish it."""
-    from .fleet import context
-
     ctx = context()
     mine, theirs = ctx.Pipe()
     proc = ctx.Process(target=flood_main, args=(workdir, peer_metadata, plan, theirs), daemon=True)

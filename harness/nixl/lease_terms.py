@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .fleet import Engine, Fleet, wait_for
-from .mesh import PROGRESS_DELAY_US
+from .fleet import EngineProcess, Fleet, wait_for
+from .progress import PROGRESS_DELAY_US
 from .scenarios import d_id, data_mismatches, hand_to_d, prefill, wait_freed, wait_loaded
 
 
@@ -21,7 +21,7 @@ def _stat(stats: list[dict[str, Any]], key: str) -> int:
     return sum(s.get(key, 0) for s in stats)
 
 
-def _read_back(p: Engine, d: Engine, ids: list[str], during: dict[str, Any]) -> dict[str, Any]:
+def _read_back(p: EngineProcess, d: EngineProcess, ids: list[str], during: dict[str, Any]) -> dict[str, Any]:
     d.release()
     p_rep = wait_freed(p, ids, timeout=30)
     d_rep = wait_loaded(d, ids, 30)

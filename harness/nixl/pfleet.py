@@ -30,8 +30,8 @@ from typing import Any
 
 from vllm_nixl_lease._wire import default_heartbeat_interval, default_lease_extension
 
-from .fleet import Engine, Fleet, wait_for
-from .mesh import PROGRESS_DELAY_US
+from .fleet import EngineProcess, Fleet, wait_for
+from .progress import PROGRESS_DELAY_US
 from .scenarios import data_mismatches, hand_to_d, prefill, wait_loaded
 
 TOKENS = 32  # one 32-token KV block per request
@@ -41,8 +41,8 @@ WARM_IDS_PER_D = 4  # the first requests, heartbeated before the bulk arrives (h
 
 @dataclass
 class PFleet:
-    p: Engine
-    ds: list[Engine]
+    p: EngineProcess
+    ds: list[EngineProcess]
     stock: bool
     # P's request ids, per D.
     ids: list[list[str]] = field(default_factory=list)

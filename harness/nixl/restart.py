@@ -26,8 +26,8 @@ import time
 import uuid
 from typing import Any
 
-from .fleet import Engine, Fleet, wait_for
-from .mesh import PROGRESS_DELAY_US
+from .fleet import EngineProcess, Fleet, wait_for
+from .progress import PROGRESS_DELAY_US
 from .scenarios import d_id, hand_to_d, prefill
 
 SAMPLE_S = 0.25
@@ -77,7 +77,7 @@ def p_restarted(
     d_stats_before = d.stats()
     failed_sends = d.report()["hb_sent"]["failed"]
     t_kill = p.kill()
-    p2: Engine = fleet.start("P", "p-new", stock=new_p_stock, side_channel_port=port, **common)
+    p2: EngineProcess = fleet.start("P", "p-new", stock=new_p_stock, side_channel_port=port, **common)
     t_up = time.monotonic()
     # A real engine takes far longer than one heartbeat interval to restart:
     # D has seen its heartbeat to the dead P fail before the new P serves a

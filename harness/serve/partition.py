@@ -30,7 +30,8 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from harness.serve import client, plog, procs
+from harness import procs
+from harness.serve import client, plog
 from harness.serve.fencing import CHURN_PROMPT, FENCED
 from harness.serve.launcher import PDCluster
 from harness.serve.scenarios import (
@@ -357,8 +358,8 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
 
+    from harness.procs import install_signal_handlers
     from harness.serve.launcher import BUILD, PDConfig
-    from harness.serve.procs import install_signal_handlers
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--connector", default="lease", help="P's (and D's unless --d-connector)")
