@@ -2,7 +2,7 @@
 
 Each scenario times ours (Cython), ours (pure-Python twin) and upstream
 vLLM 0.33.0's own methods on identical state, takes the median of repeated
-runs and prints times, speed-ups and the issue's targets.  Not a test: the
+runs and prints times, speed-ups and the targets the core is held to.  Not a test: the
 targets are checked by reading the table (or ``--json``).
 
     python -m tools.bench_core [--quick] [--json FILE]

@@ -1,4 +1,5 @@
-"""P aborted inside UCX when a D dies while its READs from P are in flight (issue 24).
+"""P aborted inside UCX when a D dies while its READs from P are in flight (seen in the
+chaos runs; this tool reproduces it without vLLM).
 
 Raw NIXL agents (no vLLM), UCX over TCP on loopback.  One P agent registers a
 buffer and only serves; D agents, one after another, READ it in many

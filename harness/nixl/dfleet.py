@@ -1,4 +1,5 @@
-"""One D against M P engines over real NIXL (issue 11's D fleet).
+"""One D against M P engines over real NIXL (the D side of the fleet
+benchmark, ``tools/bench_fleet.py``).
 
 Each P prefills its share of one-block requests and hands them to the one D,
 which keeps them all queued (``hold=True``) and heartbeats each P's share to

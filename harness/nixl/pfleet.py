@@ -1,4 +1,5 @@
-"""One P against N D engines holding L leases over real NIXL (issue 11's P fleet).
+"""One P against N D engines holding L leases over real NIXL (the P side of
+the fleet benchmark, ``tools/bench_fleet.py``).
 
 P prefills requests of one 32-token block each and hands them round-robin to
 the D engines, which keep them queued (``hold=True``) and heartbeat their

@@ -1,8 +1,8 @@
 """Lease scenarios over real NIXL, shared by the ``test_nixl_*`` modules.
 
 Each function runs one scenario on a ``Fleet`` and returns what the tests
-assert on; it also prints the numbers the issue asks for (time from the last
-heartbeat P saw to the free, heartbeat messages/bytes D sent).
+assert on; it also prints the numbers a lease's life is judged by (time from the
+last heartbeat P saw to the free, heartbeat messages/bytes D sent).
 """
 
 from __future__ import annotations
