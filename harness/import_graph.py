@@ -98,7 +98,8 @@ def import_graph(root: Path, packages: Iterable[str]) -> dict[str, set[str]]:
 
 
 def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Each strongly connected component of more than one module, as one cycle through it.
+    """The cycles of ``graph``: per strongly connected component of more than one
+    module, shortest cycles through its members until each member is on one.
 
     A cycle is listed closed (its first module again at the end), so it reads as
     the chain of imports to break.
@@ -146,12 +147,20 @@ def find_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
                         break
                 if len(component) > 1:
                     components.append(sorted(component))
-    return [_cycle_within(graph, set(component)) for component in components]
+    cycles: list[list[str]] = []
+    for component in sorted(components):
+        members = set(component)
+        covered: set[str] = set()
+        for start in component:
+            if start not in covered:
+                cycle = _cycle_through(graph, members, start)
+                covered.update(cycle)
+                cycles.append(cycle)
+    return cycles
 
 
-def _cycle_within(graph: dict[str, set[str]], component: set[str]) -> list[str]:
-    """One closed path through the component, from its first module (breadth-first, so a shortest one)."""
-    start = min(component)
+def _cycle_through(graph: dict[str, set[str]], component: set[str], start: str) -> list[str]:
+    """A shortest closed path from ``start`` within its component (breadth-first)."""
     came_from: dict[str, str] = {}
     frontier = [start]
     while frontier:
