@@ -17,7 +17,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 _LIVE: list[Managed] = []
@@ -78,9 +78,9 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def _try(fn: object, *args: object) -> bool:
+def _try(fn: Callable[..., object], *args: object) -> bool:
     try:
-        fn(*args)  # type: ignore[operator]
+        fn(*args)
     except OSError:  # not permitted (nice < 0 without CAP_SYS_NICE) or no such CPU: run unpinned
         return False
     return True

@@ -25,6 +25,7 @@ import sys
 import tempfile
 import time
 import warnings
+from typing import Any
 from unittest import mock
 
 from harness.upstream_fake import FakeNixlWrapper, make_upstream_worker, stock_worker_class
@@ -128,6 +129,9 @@ def sweep_churn(n: int, quick: bool) -> dict[str, float]:
     for impl in ("cython", "python", "upstream"):
         live = ids[:n]
         deadlines = [float(i // per) for i in range(n)]  # per leases due at each step
+        # One of the two is filled, the other stays None: each impl drives its own.
+        w: Any = None
+        router: Any = None
         if impl == "upstream":
             w = fill_upstream(live, deadlines)
         else:
@@ -256,7 +260,7 @@ def mass_expiry(n: int, quick: bool) -> dict[str, float]:
         lg.setLevel(logging.INFO)
     out = {}
     for impl in ("cython", "python"):
-        state = {}
+        state: dict[str, Any] = {}
 
         def setup(impl=impl, state=state):
             state["r"] = fill_ours(impl, ids, deadlines)

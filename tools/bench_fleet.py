@@ -422,7 +422,7 @@ SCENARIOS: dict[str, Callable[[bool, argparse.Namespace, str], list[Row]]] = {
 # -- results ----------------------------------------------------------------------
 # Combining runs of one (scenario, leases, impl): the median of each figure,
 # except worst cases (largest) and counts (summed).
-WORST = (
+WORST: tuple[str, ...] = (
     "max_us",
     "step_max_us",
     "book_max_us",
@@ -432,7 +432,13 @@ WORST = (
     "book_max_unpreempted_us",
 )
 WORST += ("hb_latency_max_ms", "max_late_ms", "last_free_late_ms", "max_expiries_per_step", "step_gc_max_us")
-COUNTS = ("premature_expiries", "premature_expiries_before_crash", "errors", "d_silent", "hb_unmatched")
+COUNTS: tuple[str, ...] = (
+    "premature_expiries",
+    "premature_expiries_before_crash",
+    "errors",
+    "d_silent",
+    "hb_unmatched",
+)
 COUNTS += ("steps", "drain_steps", "expired", "hb_msgs", "hb_ids_sent", "gc_steps")
 
 
@@ -445,21 +451,23 @@ def combine(runs: list[Row]) -> list[Row]:
         row: Row = {"runs": len(group)}
         for key in group[0]:
             values = [r.get(key) for r in group]
+            numbers = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+            by_reason = [v for v in values if isinstance(v, dict)]
             if key == "run":
                 continue
             if key in ("leases", "d_engines"):  # what the group is, not a measurement
                 row[key] = values[0]
-            elif all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
-                finite = [v for v in values if not math.isnan(v)] or [math.nan]
+            elif len(numbers) == len(values):
+                finite = [v for v in numbers if not math.isnan(v)] or [math.nan]
                 if key in WORST:
                     row[key] = max(finite)
                 elif key in COUNTS:
-                    row[key] = sum(values)
+                    row[key] = sum(numbers)
                 else:
                     row[key] = round(statistics.median(finite), 3)
-            elif all(isinstance(v, dict) for v in values):  # counts by reason (freed_by)
+            elif len(by_reason) == len(values):  # counts by reason (freed_by)
                 merged: dict[str, int] = {}
-                for v in values:
+                for v in by_reason:
                     for k, n in v.items():
                         merged[k] = merged.get(k, 0) + n
                 row[key] = merged
@@ -748,16 +756,16 @@ def plot(rows: list[Row], path: Path, subtitle: str = "") -> bool:
         width = 0.4
         for i, (impl, color) in enumerate(colors.items()):
             for j, (lease, b) in enumerate(cases):
-                r = next(
+                case = next(
                     (r for r in bursts if r["impl"] == impl and (r["lease_s"], r["burst"]) == (lease, b)),
                     None,
                 )
-                if r is None or r["max_lease_gap_s"] is None:
+                if case is None or case["max_lease_gap_s"] is None:
                     continue
                 x = j + (i - 0.5) * width
-                frac = r["max_lease_gap_s"] / r["extension_s"]
+                frac = case["max_lease_gap_s"] / case["extension_s"]
                 ax2.bar(x, frac, width, color=color, label=impl if j == 0 else None)
-                ax2.text(x, frac, f"{r['premature_expiries']} lost", ha="center", va="bottom", fontsize=7)
+                ax2.text(x, frac, f"{case['premature_expiries']} lost", ha="center", va="bottom", fontsize=7)
         ax2.axhline(0.5, color="grey", linestyle=":", linewidth=0.8, label="target: half the extension")
         ax2.axhline(1.0, color="black", linestyle="--", linewidth=0.8, label="leases lapse")
         ax2.set_xticks(range(len(cases)), [f"{b}\nlease {lease:g} s" for lease, b in cases])

@@ -32,7 +32,7 @@ violation with the seed, the history around it and the faults active then.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -425,7 +425,7 @@ def check_leaks(
 def check_recovery(
     events: list[dict[str, Any]],
     served_after: Callable[[float], dict[str, float]],
-    expected: dict[str, tuple[str, ...]],
+    expected: Mapping[str, tuple[str, ...]],
     served: str,
     b: dict[str, float],
     violations: list[Violation],

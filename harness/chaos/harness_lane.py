@@ -229,7 +229,7 @@ def run(opts: Options) -> dict[str, Any]:
                 nem.stop()
             for n in all_nodes:
                 n.stop_thread()
-    nem_failed = list(nem.failed) if nem is not None else []
+    nem_failed = list(nem.failed)  # set: the try above raises on any path that leaves it None
     hist.close()
     head = {
         "seed": opts.seed,

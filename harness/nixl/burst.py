@@ -52,7 +52,7 @@ def burst(
     spins a core, so on two cores posting READs is slow, the worst case
     for heartbeats a burst delays); ``progress.PROGRESS_DELAY_US`` lets the engines have the cores."""
     n = b + queued
-    common = {"stock": stock, "progress_delay_us": progress_delay_us, "sampled_digest": True}
+    common: dict[str, Any] = {"stock": stock, "progress_delay_us": progress_delay_us, "sampled_digest": True}
     blocks = -(-tokens // 32)
     p = fleet.start("P", "p", num_blocks=n * blocks + 8, **common)
     # Room for the burst only: the queued requests wait for its blocks.

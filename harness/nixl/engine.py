@@ -429,8 +429,8 @@ class Engine:
                     wrote.add(req_id)
         if wrote and self._written_log is not None:
             for req_id in wrote:
-                rec = self.reqs[req_id]
-                line = {"id": req_id, "digest": _short(rec["digest"]), "t": rec["submitted_t"]}
+                written = self.reqs[req_id]
+                line = {"id": req_id, "digest": _short(written["digest"]), "t": written["submitted_t"]}
                 self._written_log.write(json.dumps(line) + "\n")
             self._written_log.flush()
         if sending or recving:
@@ -812,7 +812,7 @@ def engine_main(spec: EngineSpec, conn: Any) -> None:
         # vLLM reads time.perf_counter at call time: every deadline, the
         # handshake's clock echo and the sweeps move with it (not NIXL's own).
         real = time.perf_counter
-        time.perf_counter = lambda: real() + spec.clock_skew  # type: ignore[assignment]
+        time.perf_counter = lambda: real() + spec.clock_skew
     try:
         eng = Engine(spec)
         faulthandler.cancel_dump_traceback_later()

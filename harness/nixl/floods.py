@@ -137,13 +137,13 @@ def flood_main(workdir: str, peer_metadata: bytes, plan: dict[str, Any], conn: A
                     time.sleep(plan["pace_s"] / plan["count"])
         else:
             raise ValueError(kind)
-        counts["send_s"] = time.monotonic() - t0
+        send_s = time.monotonic() - t0
         for a in agents:
             for m in _answers(a):
                 counts["answers"] += 1
                 ack = parse_heartbeat_ack(m)
                 counts["welcomes"] += bool(ack is not None and not ack.seqs)
-        conn.send(("ok", counts))
+        conn.send(("ok", {**counts, "send_s": send_s}))
     except Exception:
         conn.send(("error", traceback.format_exc()))
     conn.recv()  # keep the agents alive until the test has looked

@@ -29,6 +29,7 @@ def sleep_between_events(delay_us: int) -> None:
     base = api.nixlBind.nixlAgentConfig
     floor = int(delay_us)
 
+    # NIXL's binding class is a runtime attribute (Any to mypy): nothing to type the subclass against.
     class SleepingProgressConfig(base):  # type: ignore[misc, valid-type]
         # The API assigns pthrDelay = 0 after construction; keep ours.
         @property

@@ -202,7 +202,7 @@ class Rank:
         conn = self.connector
         self.probe_s = self.nixl_s = self.nixl_send_s = self.nixl_send_cpu_s = 0.0
         self.nixl_sends = self.nixl_send_preempted = 0
-        self.nixl_send_agents: set = set()
+        self.nixl_send_agents = set()
         connector_s = 0.0
         gc_before = self.gc_s
         gc_s = cpu_s = 0.0

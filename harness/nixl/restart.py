@@ -64,7 +64,7 @@ def p_restarted(
 ) -> dict[str, Any]:
     """Run the scenario; return the counts the tests assert on (and print them)."""
     engine_id = f"p-fixed-{uuid.uuid4().hex[:8]}"
-    common = {"progress_delay_us": PROGRESS_DELAY_US, "engine_id": engine_id}
+    common: dict[str, Any] = {"progress_delay_us": PROGRESS_DELAY_US, "engine_id": engine_id}
     p = fleet.start("P", "p-old", stock=p_stock, **common)
     port = p.spec.side_channel_port
     d = fleet.start("D", "d", stock=d_stock, progress_delay_us=PROGRESS_DELAY_US)

@@ -378,7 +378,7 @@ def d_frozen(
     d_rep = wait_loaded(d, ids, 30)
     time.sleep(1.0)  # let P take in any late completion notification
     p_rep = p.report()
-    out = {
+    out: dict[str, Any] = {
         "ids": ids,
         "reuse_ids": reuse_ids,
         "frozen_s": frozen_s,
