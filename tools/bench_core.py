@@ -28,10 +28,9 @@ import warnings
 from typing import Any
 from unittest import mock
 
-from harness.upstream_fake import FakeNixlWrapper, make_upstream_worker, stock_worker_class
+from harness.upstream_fake import NIXL, FakeNixlWrapper, make_upstream_worker, stock_worker_class
 from vllm_nixl_lease._wire import heartbeat_message, heartbeat_payload
 
-NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # `tools` is importable from here
 EXTENSION = 20
 

@@ -41,7 +41,7 @@ from vllm_nixl_lease._wire import (
 from .fleet import Fleet, context, wait_for
 from .progress import PROGRESS_DELAY_US, sleep_between_events
 from .rogue import agent_result
-from .scenarios import LEASE, d_id, data_mismatches, hand_to_d, prefill, wait_freed, wait_loaded
+from .scenarios import LEASE, d_id, data_mismatches, hand_to_d, over_ranks, prefill, wait_freed, wait_loaded
 
 HELLO = ESCAPE_PREFIX + HELLO_KIND
 TAG_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
@@ -241,10 +241,6 @@ def _p99(values: list[float]) -> float:
     return sorted(values)[int(0.99 * (len(values) - 1))] if values else 0.0
 
 
-def _stat(stats: list[dict[str, Any]], key: str) -> int:
-    return sum(s.get(key, 0) for s in stats)
-
-
 def floods_on_p(
     fleet: Fleet, plans: list[dict[str, Any]], n: int = 4, baseline_s: float = 3.0
 ) -> dict[str, Any]:
@@ -285,7 +281,7 @@ def floods_on_p(
         d_gaps = [g for t, g in d.report()["step_gaps"] if t >= t0]
         res = {
             "d": {
-                key: _stat(d_stats_after, f"num_{key}") - _stat(d_stats_before, f"num_{key}")
+                key: over_ranks(d_stats_after, f"num_{key}") - over_ranks(d_stats_before, f"num_{key}")
                 for key in ("heartbeat_acks_recv", "heartbeat_views_renewed", "views_ended", "reads_fenced")
             },
             "kind": plan["kind"],
@@ -298,10 +294,11 @@ def floods_on_p(
             "max_outside_nixl_s": max(own, default=0.0),
             "max_step_s": max((s[1] for s in steps), default=0.0),
             "d_max_step_gap_s": max(d_gaps, default=0.0),  # D starved by the flood's processes?
-            "refused": _stat(p_stats, "num_hellos_refused") - _stat(p_stats0, "num_hellos_refused"),
-            "malformed": _stat(p_stats, "num_malformed_notifs") - _stat(p_stats0, "num_malformed_notifs"),
-            "acks_dropped": _stat(p_stats, "num_heartbeat_acks_dropped")
-            - _stat(p_stats0, "num_heartbeat_acks_dropped"),
+            "refused": over_ranks(p_stats, "num_hellos_refused") - over_ranks(p_stats0, "num_hellos_refused"),
+            "malformed": over_ranks(p_stats, "num_malformed_notifs")
+            - over_ranks(p_stats0, "num_malformed_notifs"),
+            "acks_dropped": over_ranks(p_stats, "num_heartbeat_acks_dropped")
+            - over_ranks(p_stats0, "num_heartbeat_acks_dropped"),
         }
         results.append(res)
     # The real D was heartbeating all along: past one lease, let it read.
@@ -329,7 +326,7 @@ def floods_on_p(
         "freed_by": {r: p_rep["reqs"][r].get("freed_reason") for r in ids},
         "wrong": data_mismatches(p_rep, d_rep, ids),
         "failed": sum(bool(d_rep["reqs"][d_id(r)].get("failed")) for r in ids),
-        "fenced": _stat(d_stats, "num_reads_fenced") - _stat(d_stats0, "num_reads_fenced"),
+        "fenced": over_ranks(d_stats, "num_reads_fenced") - over_ranks(d_stats0, "num_reads_fenced"),
         "p_errors": p_rep["errors"],
         "d_errors": d_rep["errors"],
     }
@@ -399,11 +396,11 @@ def rogue_p_answers_d(fleet: Fleet, n: int = 4, count: int = 2000) -> dict[str, 
         "sent": sent,
         "loaded": sum("read_t" in d_rep["reqs"][d_id(r)] for r in ids),
         "failed": sum(bool(d_rep["reqs"][d_id(r)].get("failed")) for r in ids),
-        "fenced": _stat(d_stats, "num_reads_fenced") - _stat(d_stats0, "num_reads_fenced"),
-        "ignored": _stat(d_stats, "num_heartbeat_acks_ignored")
-        - _stat(d_stats0, "num_heartbeat_acks_ignored"),
-        "renewed": _stat(d_stats, "num_heartbeat_views_renewed")
-        - _stat(d_stats0, "num_heartbeat_views_renewed"),
+        "fenced": over_ranks(d_stats, "num_reads_fenced") - over_ranks(d_stats0, "num_reads_fenced"),
+        "ignored": over_ranks(d_stats, "num_heartbeat_acks_ignored")
+        - over_ranks(d_stats0, "num_heartbeat_acks_ignored"),
+        "renewed": over_ranks(d_stats, "num_heartbeat_views_renewed")
+        - over_ranks(d_stats0, "num_heartbeat_views_renewed"),
         "d_errors": d_rep["errors"],
     }
     print(

@@ -29,6 +29,11 @@ def new_ids(tag: str, n: int) -> list[str]:
     return [f"cmpl-{tag}-{run}-{i}" for i in range(n)]
 
 
+def over_ranks(stats: list[dict[str, Any]], key: str) -> int:
+    """A connector counter summed over an engine's TP ranks (``EngineProcess.stats``: one dict per rank)."""
+    return sum(s.get(key, 0) for s in stats)
+
+
 def d_id(p_id: str) -> str:
     # D's local request id differs from P's, as behind a router.
     return f"d-{p_id}"

@@ -25,12 +25,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from harness.upstream_fake import FakeNixlWrapper, make_upstream_worker, stock_worker_class
+from harness.upstream_fake import NIXL, FakeNixlWrapper, make_upstream_worker, stock_worker_class
 from tools.bench_core import load_impl, req_ids
 from tools.instr.probe import Measurer, PerfCounter
 from vllm_nixl_lease._wire import default_heartbeat_interval, default_lease_extension, heartbeat_message
 
-NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 LEASE = 30  # s: upstream's default
 EXTENSION = default_lease_extension(LEASE)
 INTERVAL = default_heartbeat_interval(LEASE)
