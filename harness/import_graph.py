@@ -7,6 +7,12 @@ under ``if TYPE_CHECKING:`` are left out, since they never run. A Cython
 ``.pyx`` module counts by its Python-level imports (its ``cimport`` lines are
 resolved when it is compiled, not when it is imported).
 
+An import counts as an edge to the module it names (``from pkg import name``:
+to ``pkg.name`` when that is a module, else to ``pkg``), not to the packages
+above it that Python imports first: those are already in ``sys.modules`` (half
+initialised at worst) whenever one of their submodules runs, and a package
+whose ``__init__`` imports a submodule would otherwise form a cycle with it.
+
 Imports stdlib only, so it can run before anything else is imported.
 """
 
