@@ -105,24 +105,24 @@ def _pid_alive(pid: int) -> bool:
 
 def _networks_in_use() -> list[ipaddress.IPv4Network]:
     """Every IPv4 network with an address or a route on this machine (root namespace)."""
-    nets = []
+    nets: list[ipaddress.IPv4Network] = []
     for line in _ip("-o", "-4", "addr").stdout.splitlines():
         m = re.search(r"inet (\S+)", line)
         if m:
-            nets.append(ipaddress.ip_interface(m.group(1)).network)
+            nets.append(ipaddress.IPv4Interface(m.group(1)).network)
     for line in _ip("-4", "route", "show", "table", "all").stdout.splitlines():
         dest = line.split()[0] if line.split() else ""
         if dest in ("default", "broadcast", "local", "unreachable", "blackhole", "prohibit"):
             dest = line.split()[1] if len(line.split()) > 1 else ""
         with contextlib.suppress(ValueError):
-            nets.append(ipaddress.ip_network(dest, strict=False))
+            nets.append(ipaddress.IPv4Network(dest, strict=False))
     return nets
 
 
 def _pick_subnet(rng: random.Random) -> ipaddress.IPv4Network:
     used = _networks_in_use()
     for _ in range(1000):
-        net = ipaddress.ip_network(f"10.{rng.randrange(64, 255)}.{rng.randrange(1, 255)}.0/24")
+        net = ipaddress.IPv4Network(f"10.{rng.randrange(64, 255)}.{rng.randrange(1, 255)}.0/24")
         if not any(net.overlaps(u) for u in used if u.prefixlen > 0):
             return net
     raise RuntimeError("no free 10.x.y.0/24 subnet found")

@@ -93,7 +93,7 @@ def make_upstream_worker(
     """A worker of ``cls`` (a vLLM worker class or a subclass; default the pull worker)
     with just the state the lease path, heartbeats and stats read."""
     stats = importlib.import_module(f"{NIXL}.stats")
-    w = object.__new__(cls or stock_worker_class())
+    w: Any = object.__new__(cls or stock_worker_class())
     w.nixl_wrapper = nixl if nixl is not None else FakeNixlWrapper()
     w.tp_rank = 0
     w.world_size = 1

@@ -2,7 +2,7 @@
 
 Each scenario times ours (Cython), ours (pure-Python twin) and upstream
 vLLM 0.33.0's own methods on identical state, takes the median of repeated
-runs and prints times, speed-ups and the issue's targets.  Not a test: the
+runs and prints times, speed-ups and the targets the core is held to.  Not a test: the
 targets are checked by reading the table (or ``--json``).
 
     python -m tools.bench_core [--quick] [--json FILE]
@@ -25,12 +25,12 @@ import sys
 import tempfile
 import time
 import warnings
+from typing import Any
 from unittest import mock
 
-from harness.upstream_fake import FakeNixlWrapper, make_upstream_worker, stock_worker_class
+from harness.upstream_fake import NIXL, FakeNixlWrapper, make_upstream_worker, stock_worker_class
 from vllm_nixl_lease._wire import heartbeat_message, heartbeat_payload
 
-NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # `tools` is importable from here
 EXTENSION = 20
 
@@ -128,6 +128,9 @@ def sweep_churn(n: int, quick: bool) -> dict[str, float]:
     for impl in ("cython", "python", "upstream"):
         live = ids[:n]
         deadlines = [float(i // per) for i in range(n)]  # per leases due at each step
+        # One of the two is filled, the other stays None: each impl drives its own.
+        w: Any = None
+        router: Any = None
         if impl == "upstream":
             w = fill_upstream(live, deadlines)
         else:
@@ -256,7 +259,7 @@ def mass_expiry(n: int, quick: bool) -> dict[str, float]:
         lg.setLevel(logging.INFO)
     out = {}
     for impl in ("cython", "python"):
-        state = {}
+        state: dict[str, Any] = {}
 
         def setup(impl=impl, state=state):
             state["r"] = fill_ours(impl, ids, deadlines)

@@ -53,7 +53,7 @@ import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, Protocol
 
 from harness.tiny_model import tiny_model_dir
 from harness.upstream_fake import FakeNixlWrapper, make_upstream_worker, stock_worker_class
@@ -70,6 +70,14 @@ EXTENSION = default_lease_extension(LEASE)
 INTERVAL = default_heartbeat_interval(LEASE)
 HOST = "10.0.0.1"
 CASES = ("ours, acknowledging P (LHB/LACK)", "ours, stock P (HB)", "upstream, stock P (HB)")
+
+
+class HeldClock(Protocol):
+    """A clock the bench holds and moves itself: ``VirtualClock`` here, the
+    instruction cases' ``PerfCounter``."""
+
+    @property
+    def now(self) -> float: ...
 
 
 class VirtualClock:
@@ -117,7 +125,7 @@ def kv_cache_config() -> Any:
 class D:
     """One D engine: a real scheduler and a real worker (fake NIXL), connected to P engines."""
 
-    def __init__(self, case: str, config: Any, engines: list[str], clock: VirtualClock) -> None:
+    def __init__(self, case: str, config: Any, engines: list[str], clock: HeldClock) -> None:
         from vllm.config import set_current_vllm_config
 
         self.ours = case.startswith("ours")
@@ -285,7 +293,7 @@ def run_case(case: str, config: Any, args: argparse.Namespace) -> dict[str, Any]
         head = 0
         step_s = args.step_ms / 1000
         warmup_steps = args.warmup_steps
-        samples: list[tuple[int, int, int]] = []
+        samples: list[tuple[int, int, int, int]] = []
         warm_max = 0
         sends: list[int] = []
         sent_ids = 0

@@ -180,7 +180,8 @@ def markdown(summary: dict[str, Any]) -> str:
         return f"{n:,}{per}"
 
     for case, row in summary["rows"].items():
-        keys = (("counts", case if "mean" not in row else f"{case}, worst step"),)
+        counts_label = case if "mean" not in row else f"{case}, worst step"
+        keys: tuple[tuple[str, str], ...] = (("counts", counts_label),)
         if "mean" in row:
             keys += (("mean", f"{case}, mean of {row['steps']} steps"),)
         for key, label in keys:

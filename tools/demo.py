@@ -26,11 +26,12 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
+from harness.procs import install_signal_handlers
 from harness.serve import client, prom
 from harness.serve.launcher import BUILD, PDCluster, PDConfig
-from harness.serve.procs import install_signal_handlers
 from tools import demo_story as story
 from tools import demo_timeline as timeline
 
@@ -104,8 +105,8 @@ def _table(sides: dict[str, list[story.Chapter]], alerts: dict, startup: dict[st
     def num(side: str, n: int, key: str) -> object:
         return next(ch.numbers.get(key) for ch in sides[side] if ch.n == n) if side in sides else None
 
-    def row(label: str, fn: object) -> tuple[str, ...]:
-        return (label, *(str(fn(s)) for s in sides))  # type: ignore[operator]
+    def row(label: str, fn: Callable[[str], object]) -> tuple[str, ...]:
+        return (label, *(str(fn(s)) for s in sides))
 
     rows = [
         ("", *sides),
@@ -124,7 +125,11 @@ def _table(sides: dict[str, list[story.Chapter]], alerts: dict, startup: dict[st
         row("4. in-flight failed within", lambda s: f"{num(s, 4, 'inflight_failed_within_s')}s"),
     ]  # fmt: skip
     for n in story.CHAPTERS:
-        rows.append(row(f"alerts fired in {n}", lambda s, n=n: ", ".join(alerts[s].get(n, [])) or "none"))
+
+        def fired(s: str, n: object = n) -> str:
+            return ", ".join(alerts[s].get(n, [])) or "none"
+
+        rows.append(row(f"alerts fired in {n}", fired))
     rows.append(row("claims held", lambda s: "all" if all(ch.held for ch in sides[s]) else "NO"))
     w = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  " + "  ".join(c.ljust(w[i]) for i, c in enumerate(r)).rstrip() for r in rows)
@@ -187,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"Prometheus: not installed, running without it (no series in the figure, no alerts): "
             f"{prom.INSTALL_HINT}")  # fmt: skip
     else:
-        targets = {}
+        targets: dict[str, list[str]] = {}
         for s, pd in pairs.items():
             targets |= {f"{s}-P": [f"127.0.0.1:{pd.p_port}"], f"{s}-D": [f"127.0.0.1:{pd.d_port}"],
                         f"{s}-router": [f"127.0.0.1:{pd.r_prom}"]}  # fmt: skip
@@ -210,7 +215,11 @@ def main(argv: list[str] | None = None) -> int:
                 if s == "ours":
                     missing = _metric_check(pd)
                     say(f"   metric names in monitoring/ missing from P/D scrapes: {missing or 'none'}")
-                scraped = (lambda s=s: _await_scrape(server, s)) if server is not None else (lambda: None)
+
+                def scraped(side: str = s) -> None:
+                    if server is not None:  # without Prometheus there is no scrape to wait for
+                        _await_scrape(server, side)
+
                 sides[s] = story.run_side(pd, ours=s == "ours", say=say, scraped=scraped)
             say(f"== {s}: stopped")
         time.sleep(3)  # the last evaluations

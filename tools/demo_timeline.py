@@ -364,10 +364,10 @@ def plot(summary: dict, series: dict | None, out: Path) -> Path | None:
     ], fontsize=8)  # fmt: skip
     labels = []
     for n in numbers:
-        for s in SERIES[n]:
-            present = series is None or any(s.label in series.get(side, {}).get(str(n), {}) for side in sides)
-            if s.label not in labels and present:
-                labels.append(s.label)
+        for x in SERIES[n]:
+            present = series is None or any(x.label in series.get(side, {}).get(str(n), {}) for side in sides)
+            if x.label not in labels and present:
+                labels.append(x.label)
     _legend(fig.add_subplot(grid[1, :]), labels)
     for row, n in enumerate(numbers, start=2):
         per_side = {s: next((c for c in chapters[s] if c["n"] == n), None) for s in sides}

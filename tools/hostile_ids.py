@@ -30,7 +30,7 @@ MASK = (1 << 64) - 1
 M_INV = pow(M, -1, 1 << 64)
 TOP = 1 << 63
 PRINTABLE = bytes(c for c in range(0x21, 0x7F) if c not in b',"\\')  # no separator, no JSON escape
-OLD_SEED = 0x9E3779B97F4A7C15  # the core's seed before issue 9
+OLD_SEED = 0x9E3779B97F4A7C15  # the old core's fixed seed, the one these ids are aimed at
 
 ASCII_PREFIX = "cmpl-hx-"  # 8 bytes: blocks stay aligned
 NON_ASCII_PREFIX = "réq-ü-"  # 8 UTF-8 bytes (6 characters)

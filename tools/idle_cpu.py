@@ -19,9 +19,9 @@ import sys
 import time
 from pathlib import Path
 
+from harness.procs import descendants, install_signal_handlers
 from harness.serve import client
 from harness.serve.launcher import BUILD, WARMUP_PROMPT, PDCluster, PDConfig
-from harness.serve.procs import descendants, install_signal_handlers
 
 # name -> (connector, kv_connector_extra_config additions)
 VARIANTS: dict[str, tuple[str, dict]] = {

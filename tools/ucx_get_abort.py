@@ -1,4 +1,5 @@
-"""P aborted inside UCX when a D dies while its READs from P are in flight (issue 24).
+"""P aborted inside UCX when a D dies while its READs from P are in flight (seen in the
+chaos runs; this tool reproduces it without vLLM).
 
 Raw NIXL agents (no vLLM), UCX over TCP on loopback.  One P agent registers a
 buffer and only serves; D agents, one after another, READ it in many
@@ -43,7 +44,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-PROGRESS_DELAY_US = 1000
+from harness import netns
+from harness.nixl import scenarios as sc
+from harness.nixl.fleet import Fleet, wait_for
+from harness.nixl.progress import PROGRESS_DELAY_US, sleep_between_events
+
 P_NOTIFY_PERIOD_S = 0.02
 SETTLE_S = 1.5
 CUT_BEFORE_KILL_S = 0.5
@@ -52,8 +57,6 @@ AFTER_HEAL_S = 4.0
 
 
 def _agent(name: str, threads: int, error_mode: str | None) -> Any:
-    from harness.nixl.progress import sleep_between_events
-
     sleep_between_events(PROGRESS_DELAY_US)
     from nixl._api import nixl_agent, nixl_agent_config
 
@@ -225,11 +228,6 @@ def run_engines(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     ``args.cut`` P and D run on two network-namespace hosts and D is killed
     behind a cut of its host (link down ``CUT_BEFORE_KILL_S`` before the kill,
     healed ``CUT_AFTER_KILL_S`` after it), as in ``make chaos``."""
-    from harness import netns
-    from harness.nixl import Fleet
-    from harness.nixl import scenarios as sc
-    from harness.nixl.fleet import wait_for
-
     env = {k: v for k, v in os.environ.items() if k.startswith("UCX_")}
     env.setdefault("UCX_TLS", "tcp")
     p_extra = {"num_threads": args.threads}  # vLLM's kv_connector_extra_config key

@@ -32,7 +32,7 @@ violation with the seed, the history around it and the faults active then.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -96,7 +96,7 @@ def _percentile(values: list[float], q: float) -> float:
     return s[min(len(s) - 1, int(q * (len(s) - 1) + 0.5))]
 
 
-class Fleet:
+class EngineLifetimes:
     """Engines over time: name -> host, role; generations (engine ids) and when each was up."""
 
     def __init__(self, events: list[dict[str, Any]]) -> None:
@@ -160,11 +160,11 @@ def _fault(e: dict[str, Any], end: float) -> Fault:
     )
 
 
-def impairs(f: Fault, fleet: Fleet, p: str, d: str) -> bool:
+def impairs(f: Fault, engines: EngineLifetimes, p: str, d: str) -> bool:
     """Whether fault ``f`` can stop traffic between engines ``p`` and ``d``."""
     if f.kind in NETWORK_FAULTS:
         hosts = set(f.hosts)
-        return (fleet.host.get(p) in hosts) != (fleet.host.get(d) in hosts)
+        return (engines.host.get(p) in hosts) != (engines.host.get(d) in hosts)
     return p in f.engines or d in f.engines
 
 
@@ -177,7 +177,7 @@ TCP_RTO_MAX_S = 120.0
 
 
 def pair_fault_ends(
-    faults: list[Fault], fleet: Fleet, p: str, d: str, b: dict[str, float]
+    faults: list[Fault], engines: EngineLifetimes, p: str, d: str, b: dict[str, float]
 ) -> dict[int, float]:
     """Until when each fault impairing the pair ``p``-``d`` may excuse its expiries
     (fid -> time).  Faults that overlap, or follow within the settle time, chain.
@@ -187,7 +187,7 @@ def pair_fault_ends(
     the heal): whatever either side queued waits for it, so the chain settles for
     its own length (at least ``settle_net_s``, at most TCP_RTO_MAX_S).  A chain of
     process faults alone settles for ``settle_proc_s``."""
-    mine = sorted((f for f in faults if impairs(f, fleet, p, d)), key=lambda f: f.start)
+    mine = sorted((f for f in faults if impairs(f, engines, p, d)), key=lambda f: f.start)
     out: dict[int, float] = {}
     chain: list[Fault] = []
 
@@ -221,7 +221,7 @@ def check(events: list[dict[str, Any]], bounds: dict[str, float] | None = None) 
     run = next((e for e in events if e["ev"] == "run"), {})
     b = {**DEFAULT_BOUNDS, **run.get("bounds", {}), **(bounds or {})}
     extension = float(run.get("extension", 4.0))
-    fleet = Fleet(events)
+    engines = EngineLifetimes(events)
     faults = faults_of(events)
     violations: list[Violation] = []
     figures: dict[str, Any] = {}
@@ -233,11 +233,14 @@ def check(events: list[dict[str, Any]], bounds: dict[str, float] | None = None) 
     figures["faults_by_kind"] = by_kind(faults)
 
     _check_reads(events, written, violations, figures)
-    _check_expiries(events, requests, faults, fleet, extension, b, violations, figures)
-    check_leaks(events, requests, fleet, violations, figures)
-    _check_recovery(events, requests, written, fleet, b, violations, figures)
-    _check_p_steps(events, faults, fleet, b, violations, figures)
-    check_memory(events, fleet, b, violations, figures)
+    _check_expiries(events, requests, faults, engines, extension, b, violations, figures)
+    check_leaks(events, requests, engines, violations, figures)
+    pairs = {f"{p}->{d}": (p, d) for p in engines.live("P") for d in engines.live("D")}
+    check_recovery(
+        events, _new_reads_by_pair(events, requests, written), pairs, "new request", b, violations, figures
+    )
+    _check_p_steps(events, faults, engines, b, violations, figures)
+    check_memory(events, engines, b, violations, figures)
     check_crashes(events, violations, figures)
     figures["violations"] = len(violations)
     return Result(violations=sorted(violations, key=lambda v: v.t), figures=figures, faults=faults)
@@ -309,7 +312,7 @@ def _check_expiries(
     events: list[dict[str, Any]],
     requests: dict[str, dict[str, Any]],
     faults: list[Fault],
-    fleet: Fleet,
+    engines: EngineLifetimes,
     extension: float,
     b: dict[str, float],
     violations: list[Violation],
@@ -335,7 +338,7 @@ def _check_expiries(
         p, d = req["p"], req["d"]
         lo, hi = e["t"] - extension - b["settle_net_s"], e["t"]
         if (p, d) not in ends:
-            ends[p, d] = pair_fault_ends(faults, fleet, p, d, b)
+            ends[p, d] = pair_fault_ends(faults, engines, p, d, b)
         why = []
         for f in faults:
             if f.fid not in ends[p, d]:
@@ -376,7 +379,7 @@ def _last_phase_sizes(events: list[dict[str, Any]], phase: str) -> dict[str, dic
 def check_leaks(
     events: list[dict[str, Any]],
     requests: dict[str, dict[str, Any]],
-    fleet: Fleet,
+    engines: EngineLifetimes,
     violations: list[Violation],
     figures: dict[str, Any],
 ) -> None:
@@ -386,7 +389,7 @@ def check_leaks(
     open_leases = [
         r
         for r in requests.values()
-        if fleet.live_gen.get(r["p"]) == r.get("p_gen", 0) and r["id"] not in freed
+        if engines.live_gen.get(r["p"]) == r.get("p_gen", 0) and r["id"] not in freed
     ]
     for r in open_leases[:20]:
         violations.append(Violation("leak", end_t, f"lease {r['id']} on {r['p']} never ended", (r["p"],)))
@@ -394,7 +397,7 @@ def check_leaks(
     end = _last_phase_sizes(events, "end")
     grown: list[str] = []
     stale_keys: list[str] = []
-    live_ids = {eid for eid in fleet.live_id.values() if eid}
+    live_ids = {eid for eid in engines.live_id.values() if eid}
     for name, e in end.items():
         base = warm.get(name)
         if base is not None:
@@ -403,7 +406,7 @@ def check_leaks(
                 if size > before:
                     grown.append(f"{name} {key} {before}->{size}")
         for key, ids in e.get("keys", {}).items():
-            dead = sorted(set(ids) & (fleet.ids_ever - live_ids))
+            dead = sorted(set(ids) & (engines.ids_ever - live_ids))
             if dead:
                 stale_keys.append(f"{name} {key} holds {dead}")
     for g in grown:
@@ -419,53 +422,72 @@ def check_leaks(
     figures["leaks"] = len(open_leases) + len(grown) + len(stale_keys)
 
 
-def _check_recovery(
+def check_recovery(
     events: list[dict[str, Any]],
-    requests: dict[str, dict[str, Any]],
-    written: dict[str, str],
-    fleet: Fleet,
+    served_after: Callable[[float], dict[str, float]],
+    expected: Mapping[str, tuple[str, ...]],
+    served: str,
     b: dict[str, float],
     violations: list[Violation],
     figures: dict[str, Any],
 ) -> None:
+    """The recovery rule of both lanes: after the final heal, each of ``expected`` (a label, such as
+    a P->D pair or a D, -> its engines) served ``served`` correctly within ``recovery_s``.
+
+    ``served_after(heal)`` is the lane's own evidence: per label, the seconds from the heal to
+    its first correct service. Without a final heal there is nothing to recover from.
+    """
     heal = next((e["t"] for e in events if e["ev"] == "heal_all"), None)
     if heal is None:
         figures["recovery_s"] = None
         return
-    best: dict[tuple[str, str], float] = {}
-    for e in events:
-        if e["ev"] != "read" or e["failed"] or e["t"] < heal:
-            continue
-        req = requests.get(e["id"])
-        if req is None or req["t"] < heal or written.get(e["id"]) != e["digest"]:
-            continue
-        key = (req["p"], req["d"])
-        best[key] = min(best.get(key, float("inf")), e["t"] - heal)
+    first = served_after(heal)
+    bound = b["recovery_s"]
     worst = 0.0
     wedged = []
-    for p in fleet.live("P"):
-        for d in fleet.live("D"):
-            took = best.get((p, d))
-            if took is None or took > b["recovery_s"]:
-                wedged.append(f"{p}->{d}")
-                violations.append(
-                    Violation(
-                        "recovery",
-                        heal + b["recovery_s"],
-                        f"{p}->{d} served no new request correctly within {b['recovery_s']:.0f}s "
-                        "of the final heal" + ("" if took is None else f" (took {took:.1f}s)"),
-                        (p, d),
-                    )
+    for label, involved in expected.items():
+        took = first.get(label)
+        if took is None or took > bound:
+            wedged.append(label)
+            late = "" if took is None else f" (took {took:.1f}s)"
+            violations.append(
+                Violation(
+                    "recovery",
+                    heal + bound,
+                    f"{label} served no {served} correctly within {bound:.0f}s of the final heal{late}",
+                    involved,
                 )
-            if took is not None:
-                worst = max(worst, took)
-    figures.update(recovery_s=round(worst, 3), wedged_pairs=wedged)
+            )
+        if took is not None:
+            worst = max(worst, took)
+    figures.update(recovery_s=round(worst, 3), wedged=wedged)
+
+
+def _new_reads_by_pair(
+    events: list[dict[str, Any]], requests: dict[str, dict[str, Any]], written: dict[str, str]
+) -> Callable[[float], dict[str, float]]:
+    """The harness lane's evidence of recovery: per P->D pair, its first correct read of a request
+    made after the heal."""
+
+    def served_after(heal: float) -> dict[str, float]:
+        first: dict[str, float] = {}
+        for e in events:
+            if e["ev"] != "read" or e["failed"] or e["t"] < heal:
+                continue
+            req = requests.get(e["id"])
+            if req is None or req["t"] < heal or written.get(e["id"]) != e["digest"]:
+                continue
+            label = f"{req['p']}->{req['d']}"
+            first[label] = min(first.get(label, float("inf")), e["t"] - heal)
+        return first
+
+    return served_after
 
 
 def _check_p_steps(
     events: list[dict[str, Any]],
     faults: list[Fault],
-    fleet: Fleet,
+    engines: EngineLifetimes,
     b: dict[str, float],
     violations: list[Violation],
     figures: dict[str, Any],
@@ -476,10 +498,10 @@ def _check_p_steps(
     worst_at: tuple[float, str] | None = None
     preempted = 0
     checked = 0
-    for name in sorted(n for n, r in fleet.role.items() if r == "P"):
+    for name in sorted(n for n, r in engines.role.items() if r == "P"):
         quiet: list[float] = []
         under: list[tuple[float, float, list[Fault]]] = []
-        own = [f for f in faults if name in f.engines or fleet.host.get(name) in f.hosts]
+        own = [f for f in faults if name in f.engines or engines.host.get(name) in f.hosts]
         peer = [f for f in faults if f not in own]
         for e in events:
             if e["ev"] != "steps" or e["engine"] != name:
@@ -492,7 +514,7 @@ def _check_p_steps(
                     continue
                 if any(lo <= t <= hi for lo, hi in bursts) or active_at(own, t):
                     continue
-                now = [f for f in active_at(peer, t) if _is_peer(f, fleet, name)]
+                now = [f for f in active_at(peer, t) if _is_peer(f, engines, name)]
                 if now:
                     under.append((t, conn, now))
                 else:
@@ -521,14 +543,14 @@ def _check_p_steps(
     )
 
 
-def _is_peer(f: Fault, fleet: Fleet, p: str) -> bool:
+def _is_peer(f: Fault, engines: EngineLifetimes, p: str) -> bool:
     """A fault on one of P's peers (a D, or the network between P and a D)."""
-    return any(impairs(f, fleet, p, d) for d, r in fleet.role.items() if r == "D")
+    return any(impairs(f, engines, p, d) for d, r in engines.role.items() if r == "D")
 
 
 def check_memory(
     events: list[dict[str, Any]],
-    fleet: Fleet,
+    engines: EngineLifetimes,
     b: dict[str, float],
     violations: list[Violation],
     figures: dict[str, Any],
@@ -540,7 +562,7 @@ def check_memory(
             continue
         key = (e["engine"], e.get("engine_id", ""))
         if key not in base:
-            up = fleet.up_since.get(e["engine"], [])
+            up = engines.up_since.get(e["engine"], [])
             up_t = max((t for t, eid in up if eid == key[1]), default=0.0)
             if e.get("phase") == "warm" or e["t"] >= up_t + b["rss_warm_s"]:
                 base[key] = e["rss_kb"]

@@ -20,6 +20,7 @@ from typing import Any
 
 from harness import netns
 from harness.nixl.fleet import Fleet
+from harness.nixl.progress import PROGRESS_DELAY_US
 from vllm_nixl_lease._wire import default_heartbeat_interval, default_lease_extension
 
 from . import checker, report, schedule
@@ -34,7 +35,6 @@ EXTENSION = default_lease_extension(LEASE)
 INTERVAL = default_heartbeat_interval(LEASE)
 P_HOSTS = {"p0": "p", "p1": "q"}
 D_HOSTS = {"d0": "d", "d1": "e", "d2": "f"}
-PROGRESS_DELAY_US = 1000  # NIXL's progress threads sleep between events (harness.nixl.progress)
 P_BLOCKS = 2048
 D_BLOCKS = 2048
 PROGRESS_EVERY_S = 10.0
@@ -229,7 +229,7 @@ def run(opts: Options) -> dict[str, Any]:
                 nem.stop()
             for n in all_nodes:
                 n.stop_thread()
-    nem_failed = list(nem.failed) if nem is not None else []
+    nem_failed = list(nem.failed)  # set: the try above raises on any path that leaves it None
     hist.close()
     head = {
         "seed": opts.seed,

@@ -20,14 +20,41 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from . import nft, schedule, starve
 from .history import History
-from .nodes import Node
 from .schedule import Planned
 from .starve import Starvation
+
+
+class FaultTarget(Protocol):
+    """What the nemesis does to an engine, whichever lane runs it: a harness
+    engine (``nodes.Node``) or a `vllm serve` server (``serve_nodes.ServeNode``)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def engine_id(self) -> str: ...
+
+    @property
+    def state(self) -> str: ...  # up | stopped | down
+
+    @property
+    def eng(self) -> object | None: ...  # the running process's handle, if any
+
+    def pids(self) -> list[int]: ...
+
+    def freeze(self) -> None: ...
+
+    def thaw(self) -> None: ...
+
+    def kill(self) -> None: ...
+
+    def restart(self, same_id: bool) -> None: ...
+
 
 RESTART_ATTEMPTS = 10
 RESTART_BACKOFF_S = 2.0
@@ -37,7 +64,7 @@ class Nemesis:
     def __init__(
         self,
         hosts: Any,
-        nodes: dict[str, Node],
+        nodes: Mapping[str, FaultTarget],
         hist: History,
         plan: list[Planned],
         say: Callable[[str], None],
@@ -176,7 +203,7 @@ class Nemesis:
             self.active.pop(f.fid, None)
         self.hist.add("heal", fid=f.fid)
 
-    def _restart(self, f: Planned, node: Node) -> None:
+    def _restart(self, f: Planned, node: FaultTarget) -> None:
         def restart() -> None:
             # As an orchestrator restarts a crashed pod: again until it starts (UCX
             # cannot open a device whose link is down: a start during a cut fails).

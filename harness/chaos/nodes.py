@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from harness.nixl.fleet import Engine, Fleet
+from harness.nixl.fleet import EngineProcess, Fleet
 from harness.nixl.scenarios import d_id
 from harness.nixl.spec import written_log_path
 
@@ -65,12 +65,12 @@ class Node:
         self.fleet, self.hist = fleet, hist
         self.name, self.role, self.host, self.stock = name, role, host, stock
         self.spec = dict(spec)
-        self.eng: Engine | None = None
+        self.eng: EngineProcess | None = None
         self.engine_id = ""
         self.gen = 0
         self.port = 0
         self.state = "down"  # up | stopped | down
-        self.jobs: queue.Queue[Callable[[Engine], None]] = queue.Queue()
+        self.jobs: queue.Queue[Callable[[EngineProcess], None]] = queue.Queue()
         self.holds: dict[str, float] = {}  # D: local id -> monotonic release time
         self._holds_lock = threading.Lock()
         self._stop = threading.Event()
@@ -87,7 +87,7 @@ class Node:
         self.idle = threading.Event()
 
     # -- lifecycle ---------------------------------------------------------
-    def adopt(self, eng: Engine) -> None:
+    def adopt(self, eng: EngineProcess) -> None:
         """Take over a started engine (first start or restart) and say so in the history."""
         self.eng = eng
         self.engine_id = eng.engine_id
@@ -154,7 +154,7 @@ class Node:
             self.holds.clear()
         self.live = self.pending = 0
 
-    def _replay_written(self, eng: Engine) -> None:
+    def _replay_written(self, eng: EngineProcess) -> None:
         """A dead P's writes the harness had not drained yet, from its written log."""
         path = written_log_path(eng.spec.workdir, eng.spec.name or eng.spec.role, eng.pid)
         try:
@@ -189,7 +189,7 @@ class Node:
         self.adopt(eng)
 
     # -- work ----------------------------------------------------------------
-    def enqueue(self, job: Callable[[Engine], None]) -> None:
+    def enqueue(self, job: Callable[[EngineProcess], None]) -> None:
         if self.state != "down":
             self.jobs.put(job)
 
@@ -223,7 +223,7 @@ class Node:
                     time.sleep(0.5)
             time.sleep(0.02)
 
-    def _crashed(self, eng: Engine) -> None:
+    def _crashed(self, eng: EngineProcess) -> None:
         """The engine died without a fault doing it: record a crash (its last
         fatal log line), and restart it under its engine id, as an orchestrator
         restarts a crashed pod (the crash shows as a fault that heals once it runs)."""
@@ -255,7 +255,7 @@ class Node:
             cls._crash_counter += 1
             return cls._crash_counter
 
-    def _turn(self, eng: Engine) -> None:
+    def _turn(self, eng: EngineProcess) -> None:
         for _ in range(JOBS_PER_TURN):
             try:
                 job = self.jobs.get_nowait()
@@ -282,7 +282,7 @@ class Node:
         else:
             self.idle.clear()
 
-    def drain(self, eng: Engine, phase: str = "run") -> dict[str, Any]:
+    def drain(self, eng: EngineProcess, phase: str = "run") -> dict[str, Any]:
         out = eng.call("drain", timeout=120)
         h = self.hist
         for req_id, digest, t in out["written"]:
@@ -347,7 +347,7 @@ class Node:
         """Queue a prefill of ``reqs`` (id, d, blocks, wait_s, ...) on this P; each
         request's kv_transfer_params then go to ``route`` (its D)."""
 
-        def job(eng: Engine) -> None:
+        def job(eng: EngineProcess) -> None:
             by_blocks: dict[int, list[dict[str, Any]]] = {}
             for r in reqs:
                 by_blocks.setdefault(r["blocks"], []).append(r)
@@ -364,7 +364,7 @@ class Node:
     def submit_job(self, items: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
         """Queue ``(request, params)`` on this D; each waits ``wait_s`` in D's queue."""
 
-        def job(eng: Engine) -> None:
+        def job(eng: EngineProcess) -> None:
             now = time.monotonic()
             held = [(r, p) for r, p in items if r["wait_s"] > 0]
             free = [(r, p) for r, p in items if r["wait_s"] <= 0]

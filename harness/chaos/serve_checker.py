@@ -1,10 +1,12 @@
 """The serve lane's checker: the harness checker's leak, memory and crash rules
-(``checker``), and beside them the rules that only `vllm serve` histories need.
+(``checker``), its recovery rule over this lane's evidence, and beside them the
+rules that only `vllm serve` histories need.
 
 - **stale**: an ``answer`` with HTTP 200 whose text differs from P alone's.
-- **recovery**: after the final heal, some D that is up served no probe
-  correctly within ``recovery_s`` (a probe is attributed to the D whose
-  finished-request counter moved).
+- **recovery** (``checker.check_recovery``, the one rule of both lanes, over D's
+  answers): after the final heal, some D that is up served no probe correctly
+  within ``recovery_s`` (a probe is attributed to the D whose finished-request
+  counter moved).
 - **leak** (``checker.check_leaks``): at the end, a ``sizes`` figure of an
   engine above its quiet value after warm-up: P's KV blocks in use (ours and
   stock) and P's active leases (ours; stock has no such count).
@@ -18,6 +20,7 @@ expiries are counted) and P's step times (not exported by `vllm serve`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from . import checker
@@ -29,14 +32,17 @@ SERVE_BOUNDS = {**checker.DEFAULT_BOUNDS, "recovery_s": 90.0, "rss_factor": 1.5,
 def check(events: list[dict[str, Any]], bounds: dict[str, float] | None = None) -> Result:
     run = next((e for e in events if e["ev"] == "run"), {})
     b = {**SERVE_BOUNDS, **run.get("bounds", {}), **(bounds or {})}
-    fleet = checker.Fleet(events)
+    engines = checker.EngineLifetimes(events)
     faults = checker.faults_of(events)
     violations: list[Violation] = []
     figures: dict[str, Any] = {"faults_by_kind": checker.by_kind(faults)}
     check_answers(events, faults, violations, figures)
-    check_recovery(events, fleet, b, violations, figures)
-    checker.check_leaks(events, {}, fleet, violations, figures)
-    checker.check_memory(events, fleet, b, violations, figures)
+    live_ds = {d: (d,) for d in engines.live("D")}
+    checker.check_recovery(
+        events, _first_answers_by_d(events), live_ds, "routed request", b, violations, figures
+    )
+    checker.check_leaks(events, {}, engines, violations, figures)
+    checker.check_memory(events, engines, b, violations, figures)
     checker.check_crashes(events, violations, figures)
     figures["expiries"] = sum(1 for e in events if e["ev"] == "freed" and e["reason"] == "expiry")
     figures["violations"] = len(violations)
@@ -84,34 +90,14 @@ def check_answers(
     )
 
 
-def check_recovery(
-    events: list[dict[str, Any]],
-    fleet: checker.Fleet,
-    b: dict[str, float],
-    violations: list[Violation],
-    figures: dict[str, Any],
-) -> None:
-    heal = next((e["t"] for e in events if e["ev"] == "heal_all"), None)
-    if heal is None:
-        figures["recovery_s"] = None
-        return
-    first: dict[str, float] = {}
-    for e in events:
-        if e["ev"] == "answer" and e["t"] >= heal and e.get("d") and e["status"] == 200 and e["equal"]:
-            first.setdefault(e["d"], e["t"] - heal)
-    wedged = []
-    for d in fleet.live("D"):
-        took = first.get(d)
-        if took is None or took > b["recovery_s"]:
-            wedged.append(d)
-            late = "" if took is None else f" (took {took:.1f}s)"
-            violations.append(
-                Violation(
-                    "recovery",
-                    heal + b["recovery_s"],
-                    f"{d} served no routed request correctly within {b['recovery_s']:.0f}s "
-                    f"of the final heal{late}",
-                    (d,),
-                )
-            )
-    figures.update(recovery_s=round(max(first.values(), default=0.0), 3), wedged=wedged)
+def _first_answers_by_d(events: list[dict[str, Any]]) -> Callable[[float], dict[str, float]]:
+    """The serve lane's evidence of recovery: per D, its first answer equal to P alone's after the heal."""
+
+    def served_after(heal: float) -> dict[str, float]:
+        first: dict[str, float] = {}
+        for e in events:
+            if e["ev"] == "answer" and e["t"] >= heal and e.get("d") and e["status"] == 200 and e["equal"]:
+                first.setdefault(e["d"], e["t"] - heal)
+        return first
+
+    return served_after

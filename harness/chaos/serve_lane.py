@@ -148,8 +148,7 @@ def run(opts: Options) -> dict[str, Any]:
             say(f"warm-up: {len(served)}/{len(ds)} Ds served a routed request as P alone")
             time.sleep(LEASE + EXTENSION)
             _quiet_sizes(list(nodes.values()), "warm")
-            # A ServeNode offers the nemesis what a harness Node does (serve_nodes).
-            nem = Nemesis(hosts, nodes, hist, plan, lambda m: say(f"[{hist.now():7.1f}s] {m}"))  # type: ignore[arg-type]
+            nem = Nemesis(hosts, nodes, hist, plan, lambda m: say(f"[{hist.now():7.1f}s] {m}"))
             hist.add("phase", name="faults")
             bursts = [horizon * x for x in (0.25, 0.6, 0.85)]
             say(f"faults: {len(plan)} planned over {horizon:.0f}s (seed {opts.seed}); bursts of {BURST}")
@@ -196,7 +195,7 @@ def run(opts: Options) -> dict[str, Any]:
     head = {
         "seed": opts.seed, "impl": opts.impl, "lane": "serve", "minutes": opts.minutes,
         "bounds": serve_checker.SERVE_BOUNDS, "lease": LEASE, "extension": EXTENSION,
-        "skipped_sends": None if wl is None else wl.skipped,
+        "skipped_sends": wl.skipped,
     }  # fmt: skip
-    failed = list(nem.failed) if nem is not None else []
+    failed = list(nem.failed)  # wl and nem are set: the try above raises on any path that leaves them None
     return report.finish(say, workdir, head, serve_checker.check, failed, time.monotonic() - started)

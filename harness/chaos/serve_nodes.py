@@ -19,10 +19,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness.procs import Managed, descendants, free_ports, signal_tree
 from harness.serve import client
 from harness.serve.assets import ensure_assets
 from harness.serve.launcher import BUILD, LOGGING_CONFIG, VENV_CPU, PDConfig, router_argv, server
-from harness.serve.procs import Managed, descendants, free_ports, signal_tree
 
 from .history import History
 from .nodes import CRASH_FID_BASE, Node, last_fatal, rss_kb

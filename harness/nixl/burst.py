@@ -1,5 +1,6 @@
-"""Burst scenario (issue 11): one D step admits ``b`` requests, ``queued`` more
-wait behind them for D's KV blocks, all leased on one P over real NIXL.
+"""Burst scenario: one D step admits ``b`` requests, ``queued`` more wait
+behind them for D's KV blocks, all leased on one P over real NIXL (a step that
+posts many READs delays D's heartbeats: do P's leases survive it?).
 
 Upstream's D worker posts every READ a step admits before it does anything
 else, so the step's length is the burst's: P's next heartbeat comes one
@@ -48,10 +49,10 @@ def burst(
     tokens: int = TOKENS,
 ) -> dict[str, Any]:
     """``progress_delay_us``: 0 is NIXL's default (each agent's progress thread
-    spins a core, so on two cores posting READs is slow, as in the issue's
-    runs); ``mesh.PROGRESS_DELAY_US`` lets the engines have the cores."""
+    spins a core, so on two cores posting READs is slow, the worst case
+    for heartbeats a burst delays); ``progress.PROGRESS_DELAY_US`` lets the engines have the cores."""
     n = b + queued
-    common = {"stock": stock, "progress_delay_us": progress_delay_us, "sampled_digest": True}
+    common: dict[str, Any] = {"stock": stock, "progress_delay_us": progress_delay_us, "sampled_digest": True}
     blocks = -(-tokens // 32)
     p = fleet.start("P", "p", num_blocks=n * blocks + 8, **common)
     # Room for the burst only: the queued requests wait for its blocks.

@@ -1,4 +1,5 @@
-"""One D against M P engines over real NIXL (issue 11's D fleet).
+"""One D against M P engines over real NIXL (the D side of the fleet
+benchmark, ``tools/bench_fleet.py``).
 
 Each P prefills its share of one-block requests and hands them to the one D,
 which keeps them all queued (``hold=True``) and heartbeats each P's share to
@@ -21,16 +22,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from .fleet import Engine, Fleet, wait_for
-from .mesh import PROGRESS_DELAY_US
+from .fleet import EngineProcess, Fleet, wait_for
 from .pfleet import BATCH, TOKENS, WARM_IDS_PER_D, cpu_seconds
+from .progress import PROGRESS_DELAY_US
 from .scenarios import data_mismatches, hand_to_d, prefill, wait_loaded
 
 
 @dataclass
 class DFleet:
-    d: Engine
-    ps: list[Engine]
+    d: EngineProcess
+    ps: list[EngineProcess]
     stock: bool
     # P's request ids, per P.
     ids: list[list[str]] = field(default_factory=list)

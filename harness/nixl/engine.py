@@ -4,7 +4,7 @@ It owns the scheduler-role connector, its TP ranks (rank 0 in this process,
 others forked at start) and a toy block allocator, and steps like vLLM's
 EngineCore: schedule -> ``build_connector_meta`` -> ranks run the step ->
 ``update_connector_output`` -> finish/free.  The parent talks to it over a
-pipe (``fleet.Engine``); between two steps it serves pending commands.
+pipe (``fleet.EngineProcess``); between two steps it serves pending commands.
 
 Per request it records what the tests check: lease granted, heartbeats that
 named it (P), read done, freed and why, and per-head digests of the KV data.
@@ -25,6 +25,8 @@ from collections import deque
 from types import SimpleNamespace
 from typing import Any
 
+from harness.netns import enter_netns
+from harness.procs import PORT_TAKEN, log, redirect_output
 from vllm_nixl_lease._wire import (
     ESCAPE_PREFIX,
     HEARTBEAT_ACK_PREFIX,
@@ -34,8 +36,8 @@ from vllm_nixl_lease._wire import (
 )
 
 from . import model
-from .fleet import PORT_TAKEN
-from .ranks import Rank, heartbeat_ids_of, is_any_heartbeat, preemptions, rank_main
+from .progress import sleep_between_events
+from .ranks import Rank, connector_class, heartbeat_ids_of, is_any_heartbeat, preemptions, rank_main
 from .spec import EngineSpec, written_log_path
 
 EXIT_DUMP_S = 1.5  # dump every thread's stack if the process has not exited this long after "stop"
@@ -58,26 +60,6 @@ def _keep(log: list[tuple[float, float]], item: tuple[float, float]) -> None:
     log.append(item)
     if len(log) > SLOW_KEEP:
         del log[: len(log) - SLOW_KEEP]
-
-
-def log(msg: str) -> None:
-    print(f"[harness {time.monotonic():.3f} pid {os.getpid()}] {msg}", flush=True)
-
-
-def redirect_output(spec: EngineSpec, what: str) -> None:
-    # vLLM and UCX log a lot; keep it per process for post-mortems.
-    path = os.path.join(spec.workdir, f"{spec.name or spec.role}-{what}.log")
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
-    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
-    # No `vllm serve` here to configure logging: INFO and up from vLLM and
-    # from us (forwarded to the "vllm" logger) into this log, as a server logs.
-    import logging
-
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
 
 
 class FakeBlocks:
@@ -143,8 +125,6 @@ class Engine:
         log("building rank 0")
         self.rank0 = Rank(spec, 0, dist_file, self.vc, self.kv_config)
         log("building scheduler")
-        from .ranks import connector_class
-
         self.sched = connector_class(spec)(self.vc, KVConnectorRole.SCHEDULER, self.kv_config)
         handshakes = {(0, 0): self.rank0.handshake_metadata()}
         for i, rr in enumerate(self.remote, start=1):
@@ -449,8 +429,8 @@ class Engine:
                     wrote.add(req_id)
         if wrote and self._written_log is not None:
             for req_id in wrote:
-                rec = self.reqs[req_id]
-                line = {"id": req_id, "digest": _short(rec["digest"]), "t": rec["submitted_t"]}
+                written = self.reqs[req_id]
+                line = {"id": req_id, "digest": _short(written["digest"]), "t": written["submitted_t"]}
                 self._written_log.write(json.dumps(line) + "\n")
             self._written_log.flush()
         if sending or recving:
@@ -806,8 +786,6 @@ def join_host(spec: EngineSpec) -> None:
     processes of one machine, which no network partition can cut.
     """
     if spec.netns:
-        from harness.netns import enter_netns
-
         enter_netns(spec.netns)
         os.environ["UCX_TLS"] = "tcp"
         os.environ["UCX_NET_DEVICES"] = spec.net_device
@@ -823,10 +801,8 @@ def engine_main(spec: EngineSpec, conn: Any) -> None:
     """Child entry point: build, say ready, then step and serve commands."""
     join_host(spec)
     if spec.progress_delay_us:
-        from .progress import sleep_between_events
-
         sleep_between_events(spec.progress_delay_us)
-    redirect_output(spec, "engine")
+    redirect_output(spec.log_path("engine"))
     log(f"engine {spec.name} forked (vLLM preloaded: {'harness.nixl.preload' in sys.modules})")
     if spec.netns:
         log(f"on host {spec.netns} ({spec.host_ip}, {spec.net_device}): {net_namespace()}")
@@ -836,7 +812,7 @@ def engine_main(spec: EngineSpec, conn: Any) -> None:
         # vLLM reads time.perf_counter at call time: every deadline, the
         # handshake's clock echo and the sweeps move with it (not NIXL's own).
         real = time.perf_counter
-        time.perf_counter = lambda: real() + spec.clock_skew  # type: ignore[assignment]
+        time.perf_counter = lambda: real() + spec.clock_skew
     try:
         eng = Engine(spec)
         faulthandler.cancel_dump_traceback_later()

@@ -14,11 +14,11 @@ import signal
 import time
 from typing import Any
 
-from harness.serve.procs import free_ports, signal_tree
+from harness.procs import PORT_TAKEN, free_ports, signal_tree
 
 from .spec import EngineSpec
 
-__all__ = ["Engine", "EngineError", "Fleet", "SidePortTaken", "free_ports", "wait_for"]
+__all__ = ["EngineError", "EngineProcess", "Fleet", "SidePortTaken", "wait_for"]
 
 _CTX: Any = None
 
@@ -56,16 +56,14 @@ class SidePortTaken(EngineError):
     """The handshake listener could not bind its port: another process took it first."""
 
 
-# Engine-side marker of a lost port race (see engine.publish_handshakes).
-PORT_TAKEN = "SIDE_CHANNEL_PORT_TAKEN"
-
-
-class Engine:
-    """Handle on one engine process."""
+class EngineProcess:
+    """The parent's handle on one harness engine process (``engine.engine_main`` runs in it)."""
 
     def __init__(self, spec: EngineSpec, start_timeout: float = 90.0, wait: bool = True) -> None:
         """Fork the engine; with ``wait`` (default) return once it is ready,
         else call ``wait_started`` (several engines then start side by side)."""
+        # Here, not at the top: engine imports torch and vLLM, which the test
+        # process never needs (the fork server preloads them for the engines).
         from .engine import engine_main
 
         ctx = context()
@@ -112,7 +110,7 @@ class Engine:
 
     @property
     def log(self) -> str:
-        return os.path.join(self.spec.workdir, f"{self.spec.name or self.spec.role}-engine.log")
+        return self.spec.log_path("engine")
 
     def call(self, cmd: str, timeout: float = 60.0, **kwargs: Any) -> Any:
         self.conn.send((cmd, kwargs))
@@ -194,7 +192,7 @@ class Fleet:
         self.workdir = str(workdir)
         self.lease = lease
         self.hosts = hosts
-        self.engines: list[Engine] = []
+        self.engines: list[EngineProcess] = []
 
     def _placement(self, host: str | None) -> dict[str, str]:
         if host is None:
@@ -207,7 +205,9 @@ class Fleet:
             "net_device": self.hosts.iface(host),
         }
 
-    def start(self, role: str, name: str, stock: bool = False, host: str | None = None, **kw: Any) -> Engine:
+    def start(
+        self, role: str, name: str, stock: bool = False, host: str | None = None, **kw: Any
+    ) -> EngineProcess:
         """One engine, ready when this returns (``start_many`` of one, with its port-race retries)."""
         (eng,) = self.start_many([(role, name, {**kw, "host": host})], stock=stock, start_timeout=90.0)
         return eng
@@ -217,7 +217,7 @@ class Fleet:
         engines: list[tuple[str, str, dict[str, Any]]],
         stock: bool = False,
         start_timeout: float = 240.0,
-    ) -> list[Engine]:
+    ) -> list[EngineProcess]:
         """Start ``(role, name, EngineSpec fields)`` engines side by side; return them in order.
         A ``side_channel_port`` among the fields is kept (a restart under the same
         address); every other engine gets a free one.
@@ -246,12 +246,12 @@ class Fleet:
                     **kw,
                 )
             )
-        out: list[Engine | None] = [None] * len(specs)
-        launched: list[Engine] = []
+        out: list[EngineProcess | None] = [None] * len(specs)
+        launched: list[EngineProcess] = []
         try:
             todo = list(range(len(specs)))
             for attempt in range(3):
-                pending = [(i, Engine(specs[i], start_timeout, wait=False)) for i in todo]
+                pending = [(i, EngineProcess(specs[i], start_timeout, wait=False)) for i in todo]
                 launched.extend(eng for _, eng in pending)
                 todo = []
                 for i, eng in pending:

@@ -26,19 +26,22 @@ import time
 import traceback
 from typing import Any
 
+from harness.procs import redirect_output
 from vllm_nixl_lease._wire import (
     ESCAPE_PREFIX,
     HELLO_KIND,
+    acked_heartbeat_message,
     heartbeat_ack_message,
+    heartbeat_message,
     hello_message,
     new_instance,
     parse_heartbeat_ack,
 )
 
-from .fleet import Fleet, wait_for
-from .mesh import PROGRESS_DELAY_US
+from .fleet import Fleet, context, wait_for
+from .progress import PROGRESS_DELAY_US, sleep_between_events
 from .rogue import agent_result
-from .scenarios import LEASE, d_id, data_mismatches, hand_to_d, prefill, wait_freed, wait_loaded
+from .scenarios import LEASE, d_id, data_mismatches, hand_to_d, over_ranks, prefill, wait_freed, wait_loaded
 
 HELLO = ESCAPE_PREFIX + HELLO_KIND
 TAG_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_"
@@ -95,11 +98,7 @@ def _answers(agent: Any) -> list[bytes]:
 
 def flood_main(workdir: str, peer_metadata: bytes, plan: dict[str, Any], conn: Any) -> None:
     """Run one ``plan`` (``kind`` and its fields) against the peer; report counts."""
-    from .engine import redirect_output
-    from .progress import sleep_between_events
-    from .spec import EngineSpec
-
-    redirect_output(EngineSpec(role="flood", stock=False, workdir=workdir, side_channel_port=0), "agent")
+    redirect_output(os.path.join(workdir, "flood-agent.log"))
     sleep_between_events(PROGRESS_DELAY_US)
     counts = {"sent": 0, "failed": 0, "bytes": 0, "answers": 0, "welcomes": 0}
     try:
@@ -138,13 +137,13 @@ def flood_main(workdir: str, peer_metadata: bytes, plan: dict[str, Any], conn: A
                     time.sleep(plan["pace_s"] / plan["count"])
         else:
             raise ValueError(kind)
-        counts["send_s"] = time.monotonic() - t0
+        send_s = time.monotonic() - t0
         for a in agents:
             for m in _answers(a):
                 counts["answers"] += 1
                 ack = parse_heartbeat_ack(m)
                 counts["welcomes"] += bool(ack is not None and not ack.seqs)
-        conn.send(("ok", counts))
+        conn.send(("ok", {**counts, "send_s": send_s}))
     except Exception:
         conn.send(("error", traceback.format_exc()))
     conn.recv()  # keep the agents alive until the test has looked
@@ -154,8 +153,6 @@ def _missing_tags(
     agent: Any, peer: str, plan: dict[str, Any], rnd: random.Random, counts: dict[str, int]
 ) -> None:
     """Say hello with a live key, wait for P's welcome, then name ``count`` tags P never issued."""
-    from vllm_nixl_lease._wire import acked_heartbeat_message, heartbeat_message
-
     md = _metadata(agent)
     deadline = time.monotonic() + 20
     welcomed = False
@@ -190,8 +187,6 @@ def _missing_tags(
 
 def run_flood(workdir: str, peer_metadata: bytes, plan: dict[str, Any]) -> tuple[Any, Any]:
     """Start one flood; ``collect_flood`` and ``end_flood`` finish it."""
-    from .fleet import context
-
     ctx = context()
     mine, theirs = ctx.Pipe()
     proc = ctx.Process(target=flood_main, args=(workdir, peer_metadata, plan, theirs), daemon=True)
@@ -246,10 +241,6 @@ def _p99(values: list[float]) -> float:
     return sorted(values)[int(0.99 * (len(values) - 1))] if values else 0.0
 
 
-def _stat(stats: list[dict[str, Any]], key: str) -> int:
-    return sum(s.get(key, 0) for s in stats)
-
-
 def floods_on_p(
     fleet: Fleet, plans: list[dict[str, Any]], n: int = 4, baseline_s: float = 3.0
 ) -> dict[str, Any]:
@@ -290,7 +281,7 @@ def floods_on_p(
         d_gaps = [g for t, g in d.report()["step_gaps"] if t >= t0]
         res = {
             "d": {
-                key: _stat(d_stats_after, f"num_{key}") - _stat(d_stats_before, f"num_{key}")
+                key: over_ranks(d_stats_after, f"num_{key}") - over_ranks(d_stats_before, f"num_{key}")
                 for key in ("heartbeat_acks_recv", "heartbeat_views_renewed", "views_ended", "reads_fenced")
             },
             "kind": plan["kind"],
@@ -303,10 +294,11 @@ def floods_on_p(
             "max_outside_nixl_s": max(own, default=0.0),
             "max_step_s": max((s[1] for s in steps), default=0.0),
             "d_max_step_gap_s": max(d_gaps, default=0.0),  # D starved by the flood's processes?
-            "refused": _stat(p_stats, "num_hellos_refused") - _stat(p_stats0, "num_hellos_refused"),
-            "malformed": _stat(p_stats, "num_malformed_notifs") - _stat(p_stats0, "num_malformed_notifs"),
-            "acks_dropped": _stat(p_stats, "num_heartbeat_acks_dropped")
-            - _stat(p_stats0, "num_heartbeat_acks_dropped"),
+            "refused": over_ranks(p_stats, "num_hellos_refused") - over_ranks(p_stats0, "num_hellos_refused"),
+            "malformed": over_ranks(p_stats, "num_malformed_notifs")
+            - over_ranks(p_stats0, "num_malformed_notifs"),
+            "acks_dropped": over_ranks(p_stats, "num_heartbeat_acks_dropped")
+            - over_ranks(p_stats0, "num_heartbeat_acks_dropped"),
         }
         results.append(res)
     # The real D was heartbeating all along: past one lease, let it read.
@@ -334,7 +326,7 @@ def floods_on_p(
         "freed_by": {r: p_rep["reqs"][r].get("freed_reason") for r in ids},
         "wrong": data_mismatches(p_rep, d_rep, ids),
         "failed": sum(bool(d_rep["reqs"][d_id(r)].get("failed")) for r in ids),
-        "fenced": _stat(d_stats, "num_reads_fenced") - _stat(d_stats0, "num_reads_fenced"),
+        "fenced": over_ranks(d_stats, "num_reads_fenced") - over_ranks(d_stats0, "num_reads_fenced"),
         "p_errors": p_rep["errors"],
         "d_errors": d_rep["errors"],
     }
@@ -404,11 +396,11 @@ def rogue_p_answers_d(fleet: Fleet, n: int = 4, count: int = 2000) -> dict[str, 
         "sent": sent,
         "loaded": sum("read_t" in d_rep["reqs"][d_id(r)] for r in ids),
         "failed": sum(bool(d_rep["reqs"][d_id(r)].get("failed")) for r in ids),
-        "fenced": _stat(d_stats, "num_reads_fenced") - _stat(d_stats0, "num_reads_fenced"),
-        "ignored": _stat(d_stats, "num_heartbeat_acks_ignored")
-        - _stat(d_stats0, "num_heartbeat_acks_ignored"),
-        "renewed": _stat(d_stats, "num_heartbeat_views_renewed")
-        - _stat(d_stats0, "num_heartbeat_views_renewed"),
+        "fenced": over_ranks(d_stats, "num_reads_fenced") - over_ranks(d_stats0, "num_reads_fenced"),
+        "ignored": over_ranks(d_stats, "num_heartbeat_acks_ignored")
+        - over_ranks(d_stats0, "num_heartbeat_acks_ignored"),
+        "renewed": over_ranks(d_stats, "num_heartbeat_views_renewed")
+        - over_ranks(d_stats0, "num_heartbeat_views_renewed"),
         "d_errors": d_rep["errors"],
     }
     print(

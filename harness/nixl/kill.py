@@ -21,7 +21,7 @@ import re
 import time
 from typing import Any
 
-from .fleet import Engine, Fleet, wait_for
+from .fleet import EngineProcess, Fleet, wait_for
 from .scenarios import LEASE, d_id, data_mismatches, hand_to_d, prefill, wait_freed, wait_loaded
 
 TCP = {"UCX_TLS": "tcp"}
@@ -29,7 +29,7 @@ SAMPLE_S = 0.25
 BASELINE_S = 10.0
 
 
-def _warm_up(p: Engine, d: Engine) -> None:
+def _warm_up(p: EngineProcess, d: EngineProcess) -> None:
     """One request end to end, so later READs need no handshake first (see
     ``partition.warm_up``): a READ in flight is then a READ, not a handshake."""
     ids, params = prefill(p, "warm", 1)
@@ -65,7 +65,7 @@ def _d_log_counts(path: str) -> dict[str, int]:
     return {k: len(re.findall(v, text)) for k, v in patterns.items()}
 
 
-def _stop(d: Engine, exit_wait_s: float = 15.0) -> dict[str, Any]:
+def _stop(d: EngineProcess, exit_wait_s: float = 15.0) -> dict[str, Any]:
     """Stop D and time it: the answer (connector shutdown), then the process exit."""
     t = time.monotonic()
     d.call("stop", timeout=30)

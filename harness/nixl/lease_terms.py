@@ -12,16 +12,12 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .fleet import Engine, Fleet, wait_for
-from .mesh import PROGRESS_DELAY_US
-from .scenarios import d_id, data_mismatches, hand_to_d, prefill, wait_freed, wait_loaded
+from .fleet import EngineProcess, Fleet, wait_for
+from .progress import PROGRESS_DELAY_US
+from .scenarios import d_id, data_mismatches, hand_to_d, over_ranks, prefill, wait_freed, wait_loaded
 
 
-def _stat(stats: list[dict[str, Any]], key: str) -> int:
-    return sum(s.get(key, 0) for s in stats)
-
-
-def _read_back(p: Engine, d: Engine, ids: list[str], during: dict[str, Any]) -> dict[str, Any]:
+def _read_back(p: EngineProcess, d: EngineProcess, ids: list[str], during: dict[str, Any]) -> dict[str, Any]:
     d.release()
     p_rep = wait_freed(p, ids, timeout=30)
     d_rep = wait_loaded(d, ids, 30)
@@ -33,10 +29,10 @@ def _read_back(p: Engine, d: Engine, ids: list[str], during: dict[str, Any]) -> 
         "freed_by": sorted({p_rep["reqs"][r].get("freed_reason") for r in ids}),
         "failed": sum(bool(d_rep["reqs"][d_id(r)].get("failed")) for r in ids),
         "wrong": len(data_mismatches(p_rep, d_rep, loaded)),  # a failed load holds nothing to check
-        "fenced": _stat(d_stats, "num_reads_fenced"),
-        "discarded": _stat(d_stats, "num_reads_discarded"),
-        "renewed": _stat(d_stats, "num_heartbeat_views_renewed"),
-        "stalls_graced": _stat(p_stats, "num_stalls_graced"),
+        "fenced": over_ranks(d_stats, "num_reads_fenced"),
+        "discarded": over_ranks(d_stats, "num_reads_discarded"),
+        "renewed": over_ranks(d_stats, "num_heartbeat_views_renewed"),
+        "stalls_graced": over_ranks(p_stats, "num_stalls_graced"),
         "min_hb": min(p_rep["reqs"][r].get("hb", 0) for r in ids),
         "errors": p_rep["errors"] + d_rep["errors"],
     }

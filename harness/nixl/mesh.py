@@ -15,9 +15,8 @@ import time
 from typing import Any
 
 from .fleet import Fleet
+from .progress import PROGRESS_DELAY_US
 from .scenarios import LEASE, data_mismatches, hand_to_d, prefill, wait_freed, wait_loaded
-
-PROGRESS_DELAY_US = 1000  # NIXL's poll timeout; 0 would spin a core per engine
 
 
 def mesh(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .fleet import Engine, Fleet, wait_for
+from .fleet import EngineProcess, Fleet, wait_for
 from .scenarios import (
     EXTENSION,
     INTERVAL,
@@ -44,7 +44,7 @@ def start_pair(
     p_blocks: int = 256,
     env: dict[str, str] | None = None,
     d_tp: int = 1,
-) -> tuple[Engine, Engine]:
+) -> tuple[EngineProcess, EngineProcess]:
     """P (TP 1) on host "p", D on host "d"; with ``d_tp`` > 1, D runs that many
     TP ranks (all on host "d") and the model has ``d_tp`` KV heads, one per D rank."""
     heads = {"kv_heads": d_tp} if d_tp > 1 else {}
@@ -53,7 +53,7 @@ def start_pair(
     return p, d
 
 
-def warm_up(p: Engine, d: Engine) -> float:
+def warm_up(p: EngineProcess, d: EngineProcess) -> float:
     """One request end to end, as a P/D pair that has served before.
 
     D's first read from an engine that it only handshook for heartbeats
@@ -69,7 +69,7 @@ def warm_up(p: Engine, d: Engine) -> float:
     return time.monotonic() - t
 
 
-def queue_on_d(p: Engine, d: Engine, tag: str, n: int) -> tuple[list[str], dict[str, Any]]:
+def queue_on_d(p: EngineProcess, d: EngineProcess, tag: str, n: int) -> tuple[list[str], dict[str, Any]]:
     """Prefill ``n`` requests on P and hold them in D's queue until P has seen
     two heartbeats for each; return their ids and D's report at that point."""
     ids, params = prefill(p, tag, n)
@@ -78,13 +78,13 @@ def queue_on_d(p: Engine, d: Engine, tag: str, n: int) -> tuple[list[str], dict[
     return ids, d.report()
 
 
-def last_heartbeat_on_p(p: Engine, ids: list[str]) -> float:
+def last_heartbeat_on_p(p: EngineProcess, ids: list[str]) -> float:
     rep = p.report()
     return max(rep["reqs"][r].get("hb_last_t", 0.0) for r in ids)
 
 
 def cut_after_heartbeat(
-    hosts: Any, host: str, p: Engine, ids: list[str], offset: float
+    hosts: Any, host: str, p: EngineProcess, ids: list[str], offset: float
 ) -> tuple[float, float]:
     """Cut ``host`` ``offset`` seconds after P takes in a heartbeat naming ``ids``.
 
@@ -114,7 +114,7 @@ def _sum(stats: list[dict[str, Any]], key: str) -> int:
 
 
 def _counts(
-    p: Engine, d: Engine, p_rep: dict[str, Any], d_rep: dict[str, Any], ids: list[str]
+    p: EngineProcess, d: EngineProcess, p_rep: dict[str, Any], d_rep: dict[str, Any], ids: list[str]
 ) -> dict[str, Any]:
     p_stats, d_stats = p.stats(), d.stats()
     failed = sum(bool(d_rep["reqs"][d_id(r)].get("failed")) for r in ids)

@@ -1,4 +1,5 @@
-"""One P against N D engines holding L leases over real NIXL (issue 11's P fleet).
+"""One P against N D engines holding L leases over real NIXL (the P side of
+the fleet benchmark, ``tools/bench_fleet.py``).
 
 P prefills requests of one 32-token block each and hands them round-robin to
 the D engines, which keep them queued (``hold=True``) and heartbeat their
@@ -30,8 +31,8 @@ from typing import Any
 
 from vllm_nixl_lease._wire import default_heartbeat_interval, default_lease_extension
 
-from .fleet import Engine, Fleet, wait_for
-from .mesh import PROGRESS_DELAY_US
+from .fleet import EngineProcess, Fleet, wait_for
+from .progress import PROGRESS_DELAY_US
 from .scenarios import data_mismatches, hand_to_d, prefill, wait_loaded
 
 TOKENS = 32  # one 32-token KV block per request
@@ -41,8 +42,8 @@ WARM_IDS_PER_D = 4  # the first requests, heartbeated before the bulk arrives (h
 
 @dataclass
 class PFleet:
-    p: Engine
-    ds: list[Engine]
+    p: EngineProcess
+    ds: list[EngineProcess]
     stock: bool
     # P's request ids, per D.
     ids: list[list[str]] = field(default_factory=list)

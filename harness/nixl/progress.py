@@ -16,6 +16,10 @@ scenarios use it to fit many engines on two cores (``EngineSpec.progress_delay_u
 
 from __future__ import annotations
 
+# The delay every harness agent that shares the cores uses: NIXL's poll timeout, in us (0 would spin
+# a core per agent; 1000 measured above).
+PROGRESS_DELAY_US = 1000
+
 
 def sleep_between_events(delay_us: int) -> None:
     """Make every NIXL agent created later in this process (and its forks)
@@ -25,6 +29,7 @@ def sleep_between_events(delay_us: int) -> None:
     base = api.nixlBind.nixlAgentConfig
     floor = int(delay_us)
 
+    # NIXL's binding class is a runtime attribute (Any to mypy): nothing to type the subclass against.
     class SleepingProgressConfig(base):  # type: ignore[misc, valid-type]
         # The API assigns pthrDelay = 0 after construction; keep ours.
         @property

@@ -18,6 +18,7 @@ import traceback
 import zlib
 from typing import Any
 
+from harness.procs import log, redirect_output
 from vllm_nixl_lease._wire import (
     ESCAPE_PREFIX,
     HELLO_KIND,
@@ -52,8 +53,6 @@ class Rank:
         self.spec = spec
         self.rank = rank
         affinity = os.sched_getaffinity(0)
-        from .engine import log
-
         with set_current_vllm_config(vllm_config):
             log(f"rank {rank}: init_distributed_environment")
             init_distributed_environment(
@@ -203,7 +202,7 @@ class Rank:
         conn = self.connector
         self.probe_s = self.nixl_s = self.nixl_send_s = self.nixl_send_cpu_s = 0.0
         self.nixl_sends = self.nixl_send_preempted = 0
-        self.nixl_send_agents: set = set()
+        self.nixl_send_agents = set()
         connector_s = 0.0
         gc_before = self.gc_s
         gc_s = cpu_s = 0.0
@@ -326,9 +325,7 @@ def heartbeat_ids_of(msg: bytes) -> bytes:
 
 def rank_main(spec: EngineSpec, rank: int, dist_init: str, conn: Any) -> None:
     """Entry point of a TP rank > 0 in its own process (P or D with TP > 1)."""
-    from . import engine
-
-    engine.redirect_output(spec, f"rank{rank}")
+    redirect_output(spec.log_path(f"rank{rank}"))
     vc = model.vllm_config(spec, engine_id=conn.recv())
     rk = Rank(spec, rank, dist_init, vc, model.kv_cache_config(spec))
     conn.send(rk.handshake_metadata())

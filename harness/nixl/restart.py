@@ -26,9 +26,9 @@ import time
 import uuid
 from typing import Any
 
-from .fleet import Engine, Fleet, wait_for
-from .mesh import PROGRESS_DELAY_US
-from .scenarios import d_id, hand_to_d, prefill
+from .fleet import EngineProcess, Fleet, wait_for
+from .progress import PROGRESS_DELAY_US
+from .scenarios import d_id, hand_to_d, over_ranks, prefill
 
 SAMPLE_S = 0.25
 
@@ -50,10 +50,6 @@ def _outcome(p_rep: dict[str, Any], d_rep: dict[str, Any], ids: list[str]) -> di
     return {"ended": len(ended), "failed": len(failed), "read_ok": len(read_ok), "wrong": len(wrong)}
 
 
-def _stat(stats: list[dict[str, Any]], key: str) -> int:
-    return sum(s.get(key, 0) for s in stats)
-
-
 def p_restarted(
     fleet: Fleet,
     p_stock: bool,
@@ -64,7 +60,7 @@ def p_restarted(
 ) -> dict[str, Any]:
     """Run the scenario; return the counts the tests assert on (and print them)."""
     engine_id = f"p-fixed-{uuid.uuid4().hex[:8]}"
-    common = {"progress_delay_us": PROGRESS_DELAY_US, "engine_id": engine_id}
+    common: dict[str, Any] = {"progress_delay_us": PROGRESS_DELAY_US, "engine_id": engine_id}
     p = fleet.start("P", "p-old", stock=p_stock, **common)
     port = p.spec.side_channel_port
     d = fleet.start("D", "d", stock=d_stock, progress_delay_us=PROGRESS_DELAY_US)
@@ -77,7 +73,7 @@ def p_restarted(
     d_stats_before = d.stats()
     failed_sends = d.report()["hb_sent"]["failed"]
     t_kill = p.kill()
-    p2: Engine = fleet.start("P", "p-new", stock=new_p_stock, side_channel_port=port, **common)
+    p2: EngineProcess = fleet.start("P", "p-new", stock=new_p_stock, side_channel_port=port, **common)
     t_up = time.monotonic()
     # A real engine takes far longer than one heartbeat interval to restart:
     # D has seen its heartbeat to the dead P fail before the new P serves a
@@ -130,14 +126,14 @@ def p_restarted(
         "d_errors": d_rep["errors"],
         "d_acks_not_extended": [(round(t - t_kill, 3), a, m) for t, a, m in d_rep["acks_not_extended"]],
         "new_tags": {new_params[r].get("remote_lease_tag"): r for r in new_ids},
-        "fenced": _stat(d_stats, "num_reads_fenced") - _stat(d_stats_before, "num_reads_fenced"),
-        "views_ended": _stat(d_stats, "num_views_ended") - _stat(d_stats_before, "num_views_ended"),
-        "waiting_proof": _stat(d_stats, "num_reads_waiting_proof")
-        - _stat(d_stats_before, "num_reads_waiting_proof"),
-        "failed_transfers": _stat(d_stats, "num_failed_transfers")
-        - _stat(d_stats_before, "num_failed_transfers"),
-        "new_p_malformed": _stat(p_new_stats, "num_malformed_notifs"),
-        "new_p_unknown_completions": _stat(p_new_stats, "num_unknown_completions"),
+        "fenced": over_ranks(d_stats, "num_reads_fenced") - over_ranks(d_stats_before, "num_reads_fenced"),
+        "views_ended": over_ranks(d_stats, "num_views_ended") - over_ranks(d_stats_before, "num_views_ended"),
+        "waiting_proof": over_ranks(d_stats, "num_reads_waiting_proof")
+        - over_ranks(d_stats_before, "num_reads_waiting_proof"),
+        "failed_transfers": over_ranks(d_stats, "num_failed_transfers")
+        - over_ranks(d_stats_before, "num_failed_transfers"),
+        "new_p_malformed": over_ranks(p_new_stats, "num_malformed_notifs"),
+        "new_p_unknown_completions": over_ranks(p_new_stats, "num_unknown_completions"),
         "new_p_freed_by": {
             reason: sum(p_new["reqs"][r].get("freed_reason") == reason for r in new_ids)
             for reason in ("read", "expiry")

@@ -12,7 +12,10 @@ import time
 import traceback
 from typing import Any
 
+from harness.procs import redirect_output
 from vllm_nixl_lease._wire import HEARTBEAT_PREFIX as HB
+
+from .fleet import context
 
 
 def garbage(seed: int = 4) -> list[bytes]:
@@ -42,10 +45,7 @@ def garbage(seed: int = 4) -> list[bytes]:
 
 def rogue_main(workdir: str, p_agent_metadata: bytes, rounds: int, pause_s: float, conn: Any) -> None:
     """Send ``garbage()`` ``rounds`` times to P, then report what was sent."""
-    from .engine import redirect_output
-    from .spec import EngineSpec
-
-    redirect_output(EngineSpec(role="rogue", stock=False, workdir=workdir, side_channel_port=0), "agent")
+    redirect_output(os.path.join(workdir, "rogue-agent.log"))
     try:
         from nixl._api import nixl_agent, nixl_agent_config
 
@@ -70,8 +70,6 @@ def rogue_main(workdir: str, p_agent_metadata: bytes, rounds: int, pause_s: floa
 
 def run_rogue(workdir: str, p_agent_metadata: bytes, rounds: int = 5, pause_s: float = 0.2) -> Any:
     """Start the rogue; returns (process, pipe). ``finish_rogue`` collects it."""
-    from .fleet import context
-
     ctx = context()
     mine, theirs = ctx.Pipe()
     proc = ctx.Process(

@@ -1,8 +1,8 @@
 """Lease scenarios over real NIXL, shared by the ``test_nixl_*`` modules.
 
 Each function runs one scenario on a ``Fleet`` and returns what the tests
-assert on; it also prints the numbers the issue asks for (time from the last
-heartbeat P saw to the free, heartbeat messages/bytes D sent).
+assert on; it also prints the numbers a lease's life is judged by (time from the
+last heartbeat P saw to the free, heartbeat messages/bytes D sent).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 
 from vllm_nixl_lease._wire import default_heartbeat_interval, default_lease_extension
 
-from .fleet import Engine, Fleet, wait_for
+from .fleet import EngineProcess, Fleet, wait_for
 
 LEASE = 6
 EXTENSION = default_lease_extension(LEASE)  # upstream's derivation; ours uses the same default
@@ -29,16 +29,21 @@ def new_ids(tag: str, n: int) -> list[str]:
     return [f"cmpl-{tag}-{run}-{i}" for i in range(n)]
 
 
+def over_ranks(stats: list[dict[str, Any]], key: str) -> int:
+    """A connector counter summed over an engine's TP ranks (``EngineProcess.stats``: one dict per rank)."""
+    return sum(s.get(key, 0) for s in stats)
+
+
 def d_id(p_id: str) -> str:
     # D's local request id differs from P's, as behind a router.
     return f"d-{p_id}"
 
 
-def hand_to_d(d: Engine, params: dict[str, Any], hold: bool, tokens: int = TOKENS) -> None:
+def hand_to_d(d: EngineProcess, params: dict[str, Any], hold: bool, tokens: int = TOKENS) -> None:
     d.submit([(d_id(r), p, tokens) for r, p in params.items()], hold=hold)
 
 
-def wait_freed(p: Engine, ids: list[str], timeout: float) -> dict[str, Any]:
+def wait_freed(p: EngineProcess, ids: list[str], timeout: float) -> dict[str, Any]:
     def done() -> dict[str, Any] | None:
         rep = p.report()
         return rep if all("freed_t" in rep["reqs"][r] for r in ids) else None
@@ -82,7 +87,7 @@ def print_summary(title: str, p_rep: dict[str, Any], ids: list[str], d_reps: lis
     print(f"   longest P step {p_rep['max_step_s']:.3f}s over {p_rep['steps']} steps")
 
 
-def prefill(p: Engine, tag: str, n: int, tokens: int = TOKENS) -> tuple[list[str], dict[str, Any]]:
+def prefill(p: EngineProcess, tag: str, n: int, tokens: int = TOKENS) -> tuple[list[str], dict[str, Any]]:
     ids = new_ids(tag, n)
     return ids, p.prefill(ids, tokens=tokens)
 
@@ -254,7 +259,7 @@ def hetero_tp(fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 4) -> dict[st
     return {"ids": ids, "p": p_rep, "d": d_rep}
 
 
-def wait_loaded(d: Engine, ids: list[str], timeout: float) -> dict[str, Any]:
+def wait_loaded(d: EngineProcess, ids: list[str], timeout: float) -> dict[str, Any]:
     """D's report once every rank of D finished loading (or failing) ``ids``."""
 
     def done() -> dict[str, Any] | None:
@@ -264,7 +269,7 @@ def wait_loaded(d: Engine, ids: list[str], timeout: float) -> dict[str, Any]:
     return wait_for(done, timeout, what=f"D finishing {len(ids)} load(s)")
 
 
-def d_caught_up(d: Engine, ids: list[str], timeout: float = 10.0) -> dict[str, Any]:
+def d_caught_up(d: EngineProcess, ids: list[str], timeout: float = 10.0) -> dict[str, Any]:
     """D's report once it has seen every load of ``ids`` end, or its last report
     after ``timeout``.  P frees on the completion notification a READ carries,
     which can reach P before D's worker sees that READ complete."""
@@ -378,7 +383,7 @@ def d_frozen(
     d_rep = wait_loaded(d, ids, 30)
     time.sleep(1.0)  # let P take in any late completion notification
     p_rep = p.report()
-    out = {
+    out: dict[str, Any] = {
         "ids": ids,
         "reuse_ids": reuse_ids,
         "frozen_s": frozen_s,

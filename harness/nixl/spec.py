@@ -63,6 +63,10 @@ class EngineSpec:
     # Orphan guard: the engine exits this long after it started.
     max_lifetime_s: float = 600.0
 
+    def log_path(self, what: str) -> str:
+        """The log of this engine's process ``what`` ("engine", "rank1", ...), where its output goes."""
+        return os.path.join(self.workdir, f"{self.name or self.role}-{what}.log")
+
 
 def written_log_path(workdir: str, name: str, pid: int) -> str:
     """Where a P process (``EngineSpec.written_log``) appends ``{"id", "digest", "t"}`` lines."""

@@ -77,7 +77,7 @@ def _write_model(out: Path, vocab_size: int) -> None:
         # Larger than the 0.02 default so greedy argmax has clear margins: P and D compute the
         # same tokens even with different batch shapes.
         initializer_range=0.2,
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(1234)
     model = LlamaForCausalLM(config)

@@ -40,7 +40,7 @@ def _request(url: str, payload: dict | None, timeout: float) -> tuple[int, bytes
         with urllib.request.urlopen(req, timeout=timeout) as resp:
             return resp.status, resp.read(), ""
     except urllib.error.HTTPError as e:
-        return e.code, e.read() if e.fp else b"", f"HTTP {e.code}"
+        return e.code, e.read(), f"HTTP {e.code}"  # an error without a body reads b""
     except Exception as e:  # noqa: BLE001 - connection refused/reset, timeouts: reported, not raised
         return 0, b"", f"{type(e).__name__}: {e}"
 

@@ -11,9 +11,9 @@ import signal
 import time
 from dataclasses import dataclass
 
+from harness.procs import signal_tree
 from harness.serve import client
 from harness.serve.launcher import PDCluster
-from harness.serve.procs import signal_tree
 from harness.serve.scenarios import (
     EXPIRED,
     NOTIF_AFTER_EXPIRY,
@@ -95,8 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     """python -m harness.serve.fencing [--no-fence]: run the scenario once and print what D served."""
     import argparse
 
+    from harness.procs import install_signal_handlers
     from harness.serve.launcher import BUILD, PDConfig
-    from harness.serve.procs import install_signal_handlers
 
     ap = argparse.ArgumentParser(description=main.__doc__)
     ap.add_argument("--no-fence", action="store_true", help="lease_fencing=false on D: show the hazard")

@@ -18,9 +18,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from harness.procs import descendants
 from harness.serve import client, plog
 from harness.serve.launcher import PDCluster
-from harness.serve.procs import descendants
 from harness.serve.scenarios import EXPIRED, block_and_queue, lease_extension, lease_interval
 
 
@@ -207,8 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     import json
     from dataclasses import asdict
 
+    from harness.procs import install_signal_handlers
     from harness.serve.launcher import BUILD, PDConfig
-    from harness.serve.procs import install_signal_handlers
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--connector", default="lease")

@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from harness.netns import TwoHosts
+from harness.procs import Managed, free_ports, install_signal_handlers, raise_own_priority
 from harness.serve import client, devices
 from harness.serve.assets import ensure_assets
-from harness.serve.procs import Managed, free_ports, install_signal_handlers, raise_own_priority
 
 ROOT = Path(__file__).resolve().parents[2]
 VENV_CPU = devices.VENV_CPU

@@ -1,4 +1,5 @@
-"""A network partition between P and D with real servers on two hosts (issue 12).
+"""A network partition between P and D with real servers on two hosts: does D
+read KV that P has freed and reused?
 
 P and D run on two `harness.netns` hosts (`PDConfig(two_hosts=True)`). Routed requests queue on D
 behind a blocker (`scenarios.block_and_queue`); then D's link goes down while they wait. P stays
@@ -8,7 +9,7 @@ reachable from the driver (only D's veth is cut). Two shapes:
   then P-alone requests churn P's few KV blocks, then the link heals and D is let go. During the
   cut `send_notif` on D still succeeds: UCX queues the heartbeats and delivers them after the heal,
   when P has freed (and reused) the blocks. A D that renewed its view of a lease when a send
-  returned reads someone else's KV and answers with HTTP 200 (issue 12: 8 of 8 wrong); ours renews
+  returned reads someone else's KV and answers with HTTP 200 (upstream's D: 8 of 8 wrong); ours renews
   only on P's acknowledgements, so its views have lapsed: it fences the reads and (with
   kv_load_failure_policy=recompute) recomputes, answering exactly as P alone does.
 - short (`partition_decode(pd, n, cut_s=...)`, `cut_s` below extension - interval): nothing may
@@ -30,7 +31,8 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, dataclass, field
 
-from harness.serve import client, plog, procs
+from harness import procs
+from harness.serve import client, plog
 from harness.serve.fencing import CHURN_PROMPT, FENCED
 from harness.serve.launcher import PDCluster
 from harness.serve.scenarios import (
@@ -357,8 +359,8 @@ def main(argv: list[str] | None = None) -> int:
     import argparse
     import json
 
+    from harness.procs import install_signal_handlers
     from harness.serve.launcher import BUILD, PDConfig
-    from harness.serve.procs import install_signal_handlers
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--connector", default="lease", help="P's (and D's unless --d-connector)")

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import yaml
 
+from harness.procs import Managed, free_ports
 from harness.serve import client
-from harness.serve.procs import Managed, free_ports
 
 ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "monitoring"

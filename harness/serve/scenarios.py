@@ -15,9 +15,9 @@ import warnings
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 
+from harness.procs import busiest
 from harness.serve import client, plog
 from harness.serve.launcher import PDCluster
-from harness.serve.procs import busiest
 from vllm_nixl_lease._wire import default_heartbeat_interval, default_lease_extension
 
 EXPIRED = "vllm:nixl_num_kv_expired_reqs"

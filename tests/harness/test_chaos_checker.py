@@ -333,7 +333,7 @@ def test_pair_that_never_recovers_is_caught() -> None:
     ev.append({"t": 52.1, "ev": "freed", "id": "probe-p1-d1x", "p": "p1", "reason": "read"})
     res = run(ev)
     assert "recovery" in rules(res)
-    assert res.figures["wedged_pairs"] == ["p1->d1"]
+    assert res.figures["wedged"] == ["p1->d1"]
 
 
 def test_slow_recovery_is_caught() -> None:

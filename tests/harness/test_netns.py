@@ -12,7 +12,7 @@ import time
 import pytest
 
 from harness import netns
-from harness.serve.procs import free_ports
+from harness.procs import free_ports
 
 _reason = netns.unavailable_reason()
 pytestmark = pytest.mark.skipif(_reason is not None, reason=f"network namespaces unavailable: {_reason}")

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.serve import plog, procs
+from harness import procs
+from harness.serve import plog
 
 ROOT = Path(__file__).resolve().parents[2]
 T = 1796000000.0  # log lines carry epoch seconds
@@ -48,7 +49,7 @@ def test_no_reclaim_yet_takes_heartbeats_up_to_a_second_after_the_kill(tmp_path:
 
 _PRIORITY_PROBE = """
 import os, subprocess, sys, threading
-from harness.serve.procs import raise_own_priority
+from harness.procs import raise_own_priority
 start, want = int(sys.argv[1]), int(sys.argv[2])
 try:  # absolute, whatever nice the test run itself has (the threads below inherit it)
     os.setpriority(os.PRIO_PROCESS, 0, start)

@@ -77,7 +77,7 @@ def test_the_e2e_conftest_pins_the_worker_when_it_is_imported() -> None:
 
 
 class Recorded:
-    """Stands in for harness.serve.procs.Managed: keeps what would have been started."""
+    """Stands in for harness.procs.Managed: keeps what would have been started."""
 
     def __init__(self, name: str, argv: list[str], env: dict[str, str], log: Path, cpus: Any = None) -> None:
         self.name, self.argv, self.env, self.cpus = name, argv, env, cpus

@@ -12,7 +12,7 @@ import time
 import pytest
 
 pytest.importorskip("nixl")
-from harness.nixl import Engine, EngineSpec, SidePortTaken
+from harness.nixl import EngineProcess, EngineSpec, SidePortTaken
 
 pytestmark = pytest.mark.nixl
 
@@ -25,5 +25,5 @@ def test_taken_side_channel_port_fails_fast(tmp_path) -> None:
         spec = EngineSpec(role="P", stock=False, workdir=str(tmp_path), side_channel_port=port, name="p")
         t0 = time.monotonic()
         with pytest.raises(SidePortTaken, match=str(port)):
-            Engine(spec)
+            EngineProcess(spec)
         assert time.monotonic() - t0 < 60, "the start should fail, not hang until the 90 s timeout"

@@ -25,12 +25,11 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from harness.upstream_fake import FakeNixlWrapper, make_upstream_worker, stock_worker_class
+from harness.upstream_fake import NIXL, FakeNixlWrapper, make_upstream_worker, stock_worker_class
 from tools.bench_core import load_impl, req_ids
-from tools.instr.probe import PerfCounter, Probe
+from tools.instr.probe import Measurer, PerfCounter
 from vllm_nixl_lease._wire import default_heartbeat_interval, default_lease_extension, heartbeat_message
 
-NIXL = "vllm.distributed.kv_transfer.kv_connector.v1.nixl"
 LEASE = 30  # s: upstream's default
 EXTENSION = default_lease_extension(LEASE)
 INTERVAL = default_heartbeat_interval(LEASE)
@@ -47,7 +46,7 @@ class Case:
     group: str  # core, p_step, d_step, ack, idle
     unit: str  # what one operation is
     ops: int  # operations one counted call performs
-    run: Callable[[Probe, Any], None]  # measures every side this process can
+    run: Callable[[Measurer, Any], None]  # measures every side this process can
     core: bool = False  # both implementations in one process (the core's own classes)
     floor: dict[str, float] = field(default_factory=dict)  # side -> the least stock/ours ratio we state
     gate: bool = False  # in make test's subset
@@ -100,18 +99,21 @@ CORE_LEASES = 100_000
 HB_IDS = 1000
 
 
-def _heartbeat(pick: Callable[[list[str]], list[str]]) -> Callable[[Probe, Any], None]:
-    def run(probe: Probe, env: Any) -> None:
+def _heartbeat(pick: Callable[[list[str]], list[str]]) -> Callable[[Measurer, Any], None]:
+    def run(probe: Measurer, env: Any) -> None:
         ids = req_ids(CORE_LEASES)
         payload = heartbeat_message(pick(ids))
         clock = PerfCounter(5.0)
         try:
             for impl in ("cython", "twin"):
                 router = fill_router(impl, ids, FAR)
+
+                # A def, not a lambda, so its default has a type.
+                def route(r: Any = router) -> object:
+                    return r.route({"d": [payload]}, 5.0)
+
                 with probe.instrumented():
-                    probe.measure(
-                        env.case.name, impl, lambda r=router: r.route({"d": [payload]}, 5.0), ops=HB_IDS
-                    )
+                    probe.measure(env.case.name, impl, route, ops=HB_IDS)
             w = stock_p_worker()
             grant(w, ids, FAR)
 
@@ -131,8 +133,9 @@ class Sweepable:
 
     def __init__(self, side: str) -> None:
         self.stock = side == "stock"
-        self.w = stock_p_worker() if self.stock else None
-        self.router = None if self.stock else fill_router(side, [], FAR)
+        # Exactly one is set: Any, as both stand for objects of vLLM's or the core's we do not type.
+        self.w: Any = stock_p_worker() if self.stock else None
+        self.router: Any = None if self.stock else fill_router(side, [], FAR)
 
     def grant(self, ids: list[str], deadline: Callable[[int], float]) -> None:
         for i, rid in enumerate(ids):
@@ -153,7 +156,7 @@ class Sweepable:
             log_expired(logging.getLogger("instr.core"), self.router.expire(now))
 
 
-def core_heartbeat_floor(probe: Probe, env: Any) -> None:
+def core_heartbeat_floor(probe: Measurer, env: Any) -> None:
     """The heartbeat path's floor: the table alone extends the ids of one 1k-id
     payload (comma scan, keyed hash, one probe, the deadline written), against
     the router's whole ``route`` of the same message (the heartbeat rows)."""
@@ -161,11 +164,15 @@ def core_heartbeat_floor(probe: Probe, env: Any) -> None:
     payload = heartbeat_message(ids[len(ids) // 2 : len(ids) // 2 + HB_IDS])[len(b"HB:") :]
     for impl in ("cython", "twin"):
         table = fill_router(impl, ids, FAR).table
+
+        def extend(t: Any = table) -> object:
+            return t.extend_counted(payload, 5.0)
+
         with probe.instrumented():
-            probe.measure(env.case.name, impl, lambda t=table: t.extend_counted(payload, 5.0), ops=HB_IDS)
+            probe.measure(env.case.name, impl, extend, ops=HB_IDS)
 
 
-def core_churn(probe: Probe, env: Any) -> None:
+def core_churn(probe: Measurer, env: Any) -> None:
     """Steady state: 1% of the leases fall due at each step; the sweep frees
     them (and logs) while as many new ones arrive between steps (not counted)."""
     per = CORE_LEASES // 100
@@ -183,11 +190,15 @@ def core_churn(probe: Probe, env: Any) -> None:
                 table.grant(ids[state["fresh"] : state["fresh"] + per], lambda i: FAR)
                 state["fresh"] += per
 
+            # A def, not a lambda, so its default has a type.
+            def sweep(table: Sweepable = table) -> None:
+                table.sweep(clock.now)
+
             with probe.instrumented():
                 probe.measure(
                     env.case.name,
                     side,
-                    lambda table=table: table.sweep(clock.now),  # type: ignore[misc]
+                    sweep,
                     ops=per,
                     setup=setup,
                     warmup=1,
@@ -196,7 +207,7 @@ def core_churn(probe: Probe, env: Any) -> None:
         clock.restore()
 
 
-def core_grant_release(probe: Probe, env: Any) -> None:
+def core_grant_release(probe: Measurer, env: Any) -> None:
     """1,000 leases granted (as start_load_kv does) and released by their reads'
     completions (one notification each), beside 100k others."""
     ids = req_ids(CORE_LEASES)
@@ -231,7 +242,7 @@ def core_grant_release(probe: Probe, env: Any) -> None:
         clock.restore()
 
 
-def core_mass_expiry(probe: Probe, env: Any) -> None:
+def core_mass_expiry(probe: Measurer, env: Any) -> None:
     """A dead D: 1,000 of 100k leases fall due at once; freed and logged."""
     ids = req_ids(CORE_LEASES)
     clock = PerfCounter(2.0)
@@ -244,11 +255,14 @@ def core_mass_expiry(probe: Probe, env: Any) -> None:
             def setup(table: Sweepable = table, rounds: Any = rounds) -> None:
                 table.grant(req_ids(HB_IDS, f"dead{next(rounds)}"), lambda i: 1.0)
 
+            def sweep(table: Sweepable = table) -> None:
+                table.sweep(2.0)
+
             with probe.instrumented():
                 probe.measure(
                     env.case.name,
                     side,
-                    lambda table=table: table.sweep(2.0),  # type: ignore[misc]
+                    sweep,
                     ops=HB_IDS,
                     setup=setup,
                     warmup=1,
@@ -269,13 +283,13 @@ class Engines:
 
     def scheduler(self, ours: bool, engine_id: str) -> Any:
         from vllm.config import set_current_vllm_config
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
+            NixlPullConnectorScheduler,
+        )
 
-        if ours:
-            from vllm_nixl_lease.adapter.schedulers import LeaseNixlPullConnectorScheduler as cls
-        else:
-            from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import (
-                NixlPullConnectorScheduler as cls,
-            )
+        from vllm_nixl_lease.adapter.schedulers import LeaseNixlPullConnectorScheduler
+
+        cls = LeaseNixlPullConnectorScheduler if ours else NixlPullConnectorScheduler
         with set_current_vllm_config(self.config):
             return cls(self.config, engine_id, self.kv_cache_config)
 
@@ -315,10 +329,10 @@ P_OUTPUT = SimpleNamespace(total_num_scheduled_tokens=0, finished_recving=set())
 D_ENGINES = 8
 
 
-def p_idle(leases: int) -> Callable[[Probe, Any], None]:
+def p_idle(leases: int) -> Callable[[Measurer, Any], None]:
     """P holds ``leases`` unread leases; nothing arrives this step."""
 
-    def run(probe: Probe, env: Any) -> None:
+    def run(probe: Measurer, env: Any) -> None:
         ids = req_ids(leases)
         clock = PerfCounter(NOW)
         try:
@@ -335,12 +349,12 @@ def p_idle(leases: int) -> Callable[[Probe, Any], None]:
     return run
 
 
-def p_heartbeat_round(leases: int) -> Callable[[Probe, Any], None]:
+def p_heartbeat_round(leases: int) -> Callable[[Measurer, Any], None]:
     """P holds ``leases`` leases read by 8 D engines; one step receives a whole
     heartbeat round, every D's ids in ``HB:`` messages of at most 8 KiB."""
     from vllm_nixl_lease import encode_heartbeats
 
-    def run(probe: Probe, env: Any) -> None:
+    def run(probe: Measurer, env: Any) -> None:
         ids = req_ids(leases)
         inbox = {f"D{k}": list(encode_heartbeats(ids[k::D_ENGINES], MAX_BYTES)) for k in range(D_ENGINES)}
         clock = PerfCounter(NOW)
@@ -435,38 +449,37 @@ class DEngine:
             self.clock.now += STEP_S
 
 
-def d_queue(queued: int) -> Callable[[Probe, Any], None]:
+def d_queue(queued: int) -> Callable[[Measurer, Any], None]:
     """D with ``queued`` requests over 8 P engines, 10 in and 10 out per 20 ms
     step: each step of one heartbeat interval counted on its own (the row
     gives the worst step and the mean), after one interval not counted (the
     queue filled at once sends every first heartbeat)."""
     steps = round(INTERVAL / STEP_S)
 
-    def run(probe: Probe, env: Any) -> None:
+    def run(probe: Measurer, env: Any) -> None:
         clock = PerfCounter(NOW)
         try:
             for side in env.worker_sides:
                 d = DEngine(env, side != "stock", clock)
                 d.fill(queued)
                 d.interval(steps)
+
+                def measure_step(step: Callable[[], object], side: str = side) -> None:
+                    probe.measure(env.case.name, side, step, ops=1, warmup=0, repeats=1)
+
                 with probe.instrumented():
-                    d.interval(
-                        steps,
-                        lambda step, side=side: probe.measure(  # type: ignore[misc]
-                            env.case.name, side, step, ops=1, warmup=0, repeats=1
-                        ),
-                    )
+                    d.interval(steps, measure_step)
         finally:
             clock.restore()
 
     return run
 
 
-def d_idle(queued: int) -> Callable[[Probe, Any], None]:
+def d_idle(queued: int) -> Callable[[Measurer, Any], None]:
     """D with ``queued`` requests waiting on 8 P engines; no heartbeat due (the
     clock held where the last step sent what was due), nothing to read."""
 
-    def run(probe: Probe, env: Any) -> None:
+    def run(probe: Measurer, env: Any) -> None:
         clock = PerfCounter(NOW)
         try:
             for side in env.worker_sides:
@@ -491,7 +504,7 @@ ACK_LEASES = 10_000
 INSTANCE = "0123456789abcdef"
 
 
-def ack_p(probe: Probe, env: Any) -> None:
+def ack_p(probe: Measurer, env: Any) -> None:
     """P routes one round of ``LHB:`` for 10k leases from one D and answers it
     (``LACK:``); stock routes the same ids as ``HB:``."""
     from vllm_nixl_lease import encode_heartbeats
@@ -527,7 +540,7 @@ def ack_p(probe: Probe, env: Any) -> None:
         clock.restore()
 
 
-def _stock_heartbeat_round(probe: Probe, env: Any, ids: list[str]) -> None:
+def _stock_heartbeat_round(probe: Measurer, env: Any, ids: list[str]) -> None:
     """Stock's D sends one round for ``ids`` to one P as ``HB:`` (and takes no answer)."""
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import HeartbeatInfo
 
@@ -536,8 +549,12 @@ def _stock_heartbeat_round(probe: Probe, env: Any, ids: list[str]) -> None:
     stock._ensure_handshake = lambda *a, **k: None
     info = HeartbeatInfo(req_ids=set(ids), host="h", port=1, tp_size=1)
     meta = SimpleNamespace(heartbeat_by_engine={"P": info})
+
+    def send(w: Any = stock, m: Any = meta) -> object:
+        return w._send_heartbeats(m)
+
     with probe.instrumented():
-        probe.measure(env.case.name, "stock", lambda w=stock, m=meta: w._send_heartbeats(m), ops=len(ids))
+        probe.measure(env.case.name, "stock", send, ops=len(ids))
 
 
 def _proven_d(add_views: Callable[[Any], None]) -> Any:
@@ -554,7 +571,7 @@ def _proven_d(add_views: Callable[[Any], None]) -> Any:
     return d
 
 
-def _send_and_take(probe: Probe, d: Any) -> Callable[[Any], None]:
+def _send_and_take(probe: Measurer, d: Any) -> Callable[[Any], None]:
     """A call in which D sends the ``EngineHeartbeats`` it is given and takes
     P's answer to every message of it (P's part not counted).  Its imports
     happen here, outside the counted calls."""
@@ -572,7 +589,7 @@ def _send_and_take(probe: Probe, d: Any) -> Callable[[Any], None]:
     return send_and_take
 
 
-def ack_d(probe: Probe, env: Any) -> None:
+def ack_d(probe: Measurer, env: Any) -> None:
     """D sends one round for 10k leases to one P as ``LHB:`` and takes P's
     ``LACK:`` answers (its views renewed); stock sends the round as ``HB:``."""
     from vllm_nixl_lease import encode_heartbeats
@@ -606,7 +623,7 @@ def ack_d(probe: Probe, env: Any) -> None:
         clock.restore()
 
 
-def ack_d_chunked(probe: Probe, env: Any) -> None:
+def ack_d_chunked(probe: Measurer, env: Any) -> None:
     """What a D step does in production: sends one round of the scheduler's
     paced chunks for 10k leases to one P as ``LHB:`` (each with its chunk and
     name count) and takes P's ``LACK:`` answers (each renews its chunk's views
@@ -712,8 +729,8 @@ def _parts(sched: Any, worker: Any, output: Any, ours: bool) -> dict[str, tuple[
     return parts
 
 
-def idle_parts(role: str, n: int) -> Callable[[Probe, Any], None]:
-    def run(probe: Probe, env: Any) -> None:
+def idle_parts(role: str, n: int) -> Callable[[Measurer, Any], None]:
+    def run(probe: Measurer, env: Any) -> None:
         clock = PerfCounter(NOW)
         try:
             for side in env.worker_sides:

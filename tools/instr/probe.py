@@ -30,7 +30,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 HERE = Path(__file__).resolve().parent
 MARKER_SOURCE = HERE / "marker.c"
@@ -68,6 +68,29 @@ def gc_paused() -> Iterator[None]:
         yield
     finally:
         gc.enable()
+
+
+class Measurer(Protocol):
+    """What a case measures through: ``Probe`` counts instructions, ``cold.ColdProbe`` times
+    each call with cold caches; a case runs the same calls under either."""
+
+    def instrumented(self) -> contextlib.AbstractContextManager[None]: ...
+
+    def pause(self) -> None: ...
+
+    def resume(self) -> None: ...
+
+    def measure(
+        self,
+        case: str,
+        side: str,
+        fn: Callable[[], object],
+        *,
+        ops: int,
+        setup: Callable[[], object] | None = None,
+        warmup: int = 10,
+        repeats: int = 3,
+    ) -> None: ...
 
 
 class Probe:
@@ -161,7 +184,7 @@ class PerfCounter:
     @now.setter
     def now(self, value: float) -> None:
         self._now = float(value)
-        time.perf_counter = self._now.__float__  # type: ignore[assignment]
+        time.perf_counter = self._now.__float__
 
     def restore(self) -> None:
         time.perf_counter = self._real

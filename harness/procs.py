@@ -1,8 +1,14 @@
-"""Child processes that are always torn down: own process group, killed by PID, reaped with a timeout."""
+"""The harness's processes: the children it starts (own process group, killed by PID, reaped with a
+timeout), the ports they listen on, their process trees, and where each one's output goes.
+
+Shared by the NIXL harness (``harness.nixl``: engine processes and the agents beside them) and the
+`vllm serve` harness (``harness.serve``); a leaf, so both import it without importing each other.
+"""
 
 from __future__ import annotations
 
 import atexit
+import logging
 import os
 import random
 import shutil
@@ -11,10 +17,35 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 _LIVE: list[Managed] = []
+
+# What a process that lost the race for its side-channel port reports (an engine's handshake listener
+# could not bind): the parent then retries on another port rather than failing the scenario.
+PORT_TAKEN = "SIDE_CHANNEL_PORT_TAKEN"
+
+
+def log(msg: str) -> None:
+    """One line of a harness process's own log, with when (monotonic) and which process."""
+    print(f"[harness {time.monotonic():.3f} pid {os.getpid()}] {msg}", flush=True)
+
+
+def redirect_output(log_path: str) -> None:
+    """Send this process's stdout and stderr (file descriptors too) to ``log_path``, appending.
+
+    vLLM and UCX log a lot, from C as well as Python; one file per process keeps it for post-mortems.
+    """
+    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    # No `vllm serve` here to configure logging: INFO and up from vLLM and
+    # from us (forwarded to the "vllm" logger) into this log, as a server logs.
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, force=True)
 
 
 def free_ports(n: int) -> list[int]:
@@ -47,9 +78,9 @@ def _ephemeral_range() -> tuple[int, int]:
         return 32768, 60999
 
 
-def _try(fn: object, *args: object) -> bool:
+def _try(fn: Callable[..., object], *args: object) -> bool:
     try:
-        fn(*args)  # type: ignore[operator]
+        fn(*args)
     except OSError:  # not permitted (nice < 0 without CAP_SYS_NICE) or no such CPU: run unpinned
         return False
     return True

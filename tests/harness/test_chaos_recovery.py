@@ -1,0 +1,40 @@
+"""The one recovery rule both chaos lanes' checkers call (``checker.check_recovery``),
+on its own: each lane only supplies what counts as served and what must recover."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from harness.chaos import checker
+
+BOUNDS = {"recovery_s": 10.0}
+
+
+def _judge(
+    events: list[dict[str, Any]], first: dict[str, float]
+) -> tuple[list[checker.Violation], dict[str, Any]]:
+    violations: list[checker.Violation] = []
+    figures: dict[str, Any] = {}
+    expected = {"p0->d0": ("p0", "d0"), "p0->d1": ("p0", "d1")}
+    checker.check_recovery(events, lambda heal: first, expected, "new request", BOUNDS, violations, figures)
+    return violations, figures
+
+
+def test_without_a_final_heal_there_is_nothing_to_recover_from() -> None:
+    violations, figures = _judge([{"t": 0.0, "ev": "run"}], {})
+    assert violations == [] and figures == {"recovery_s": None}
+
+
+def test_each_expected_label_must_be_served_within_the_bound() -> None:
+    heal = [{"t": 5.0, "ev": "heal_all"}]
+    violations, figures = _judge(heal, {"p0->d0": 2.0, "p0->d1": 12.5})
+    assert [(v.rule, v.t, v.engines) for v in violations] == [("recovery", 15.0, ("p0", "d1"))]
+    assert "p0->d1 served no new request correctly within 10s" in violations[0].what
+    assert "(took 12.5s)" in violations[0].what
+    assert figures == {"recovery_s": 12.5, "wedged": ["p0->d1"]}
+
+
+def test_a_label_never_served_is_wedged_and_says_so() -> None:
+    violations, figures = _judge([{"t": 5.0, "ev": "heal_all"}], {"p0->d0": 1.0, "elsewhere": 0.5})
+    assert [v.engines for v in violations] == [("p0", "d1")] and "took" not in violations[0].what
+    assert figures == {"recovery_s": 1.0, "wedged": ["p0->d1"]}
