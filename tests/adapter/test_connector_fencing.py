@@ -325,8 +325,9 @@ def test_read_seen_complete_after_p_said_not_held_is_kept_before_its_posted_dead
 
 
 def test_heartbeats_go_out_before_the_steps_reads(d_worker, clock: Clock, monkeypatch) -> None:
-    """A step posting thousands of READs must not delay heartbeats (issue 11's
-    burst): ours sends them first, and upstream's own call after the reads is a no-op."""
+    """A step posting thousands of READs must not delay heartbeats (a burst would
+    starve P of them for the whole step): ours sends them first, and upstream's own
+    call after the reads is a no-op."""
     seen: list[int] = []
 
     def stock_start_load_kv(self, meta) -> None:

@@ -1,4 +1,4 @@
-"""End-to-end network partition between P and D (issue 12), with real `vllm serve` servers on two
+"""End-to-end network partition between P and D, with real `vllm serve` servers on two
 hosts: network namespaces on a bridge (harness/netns.py), NIXL over UCX tcp on the hosts' veths.
 
 D's link goes down while routed requests wait in D's queue (harness/serve/partition.py). During the
@@ -7,9 +7,10 @@ that renews its view of a lease when a send returns reads blocks P freed and reu
 with HTTP 200. Ours renews only on P's acknowledgements: its views lapse, it fences the reads and
 recomputes (kv_load_failure_policy=recompute), answering exactly as P alone does.
 
-Lease 10 s as in the issue (extension 6 s, a heartbeat every second); each long cut lasts until P
-has expired the leases and P-alone requests have reused its blocks (~8-25 s here). The tests run in
-file order: stock first, so its pair is gone before ours starts (one pair at a time).
+Lease 10 s, where wrong answers were first seen (extension 6 s, a heartbeat every second); each
+long cut lasts until P has expired the leases and P-alone requests have reused its blocks (~8-25 s
+here). The tests run in file order: stock first, so its pair is gone before ours starts (one pair at
+a time).
 """
 
 from __future__ import annotations
@@ -29,10 +30,10 @@ from .conftest import CONNECTORS, D_MAX_SEQS, RESULTS, _dump
 
 pytestmark = pytest.mark.e2e
 
-LEASE_S = 10  # the issue's lease
-N = 6  # routed requests queued on D across each cut (the issue had 8)
+LEASE_S = 10  # the lease of the first reproduction
+N = 6  # routed requests queued on D across each cut
 P_BLOCKS = 80  # P's cache just above one max-length sequence: the churn cycles it quickly
-RUNS = 5  # the issue's bar: no wrong answer from ours in 5 consecutive runs
+RUNS = 5  # no wrong answer from ours in 5 consecutive runs: one would be luck
 # Where each run's cut starts, as a fraction of D's heartbeat interval after P applied one.
 PHASES = (0.05, 0.3, 0.5, 0.7, 0.95)
 # Short cut: well below extension - interval (5 s at lease 10), started right after a heartbeat,

@@ -1,4 +1,4 @@
-"""Small fleets over real NIXL (issue 11's scenarios at test size; ``make
+"""Small fleets over real NIXL (the fleet bench's scenarios at test size; ``make
 bench-fleet`` runs them at scale):
 
 - 4 P x 4 D engines in a full mesh, requests queued on every D from every P

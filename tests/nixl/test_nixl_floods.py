@@ -2,7 +2,7 @@
 against our P while a real D heartbeats requests queued on it, and a rogue P
 answering our D.  Run with ``-s`` to see memory, step times and counts.
 
-Bounds (issue 23): P's resident memory stays flat, no P step's connector
+Bounds (what a flood must never cost): P's resident memory stays flat, no P step's connector
 work (CPU time outside NIXL's own notification calls, less GC pauses) grows
 by more than 5 ms over the quiet baseline's worst step, and the real D keeps
 its views (0 needless fences, every read correct).

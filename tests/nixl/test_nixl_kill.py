@@ -3,8 +3,9 @@
 D must keep stepping, every held request must end as a failed load (fenced once
 D's view of the lease lapses -- a dead P acknowledges nothing -- or a failed
 READ), never with another request's KV, and the heartbeats to the dead P must
-not turn into a storm of failing sends.  Ours on both sides; stock on both
-sides documented.  Run with ``-s`` to see the numbers.
+not turn into a storm of failing sends.  Ours on both sides (stock on both
+sides passes the same checks: it is no control of this test, so it runs in
+no suite).  Run with ``-s`` to see the numbers.
 
 What happens (loopback, lease 6 s): READs in flight fail as READs within about
 half a second of the kill, stock and ours.  Queued requests: our D's first
@@ -67,17 +68,3 @@ def test_p_killed_ours_d_keeps_stepping_and_fails_every_load(tmp_path, phase: st
     _no_storm(out)
     assert out["d_exitcode"] == 0, "D did not exit after stop"
     assert out["d_errors"] == []
-
-
-@pytest.mark.parametrize("phase,env", PHASES)
-def test_p_killed_stock_documented(tmp_path, phase: str, env: dict | None) -> None:
-    """vLLM 0.33.0 on both sides: the READs still in flight to the dead P fail at once (it
-    keeps the dead agent), and every heartbeat tick raises one failed send (no storm)."""
-    with Fleet(tmp_path, lease=sc.LEASE) as fleet:
-        out = kill.p_killed(fleet, True, True, phase, env=env)
-    n = len(out["ids"])
-    assert out["loaded"] == n, "a held request never ended"
-    in_flight = _in_flight(out, phase, env)  # stock posts its READs at once
-    assert out["failed"] == in_flight and out["wrong"] == 0
-    assert out["steps_after_kill"] > 0
-    assert out["d_exitcode"] == 0

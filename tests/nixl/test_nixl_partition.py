@@ -1,4 +1,4 @@
-"""Network partitions between P and D on two hosts of one machine (issue 12).
+"""Network partitions between P and D on two hosts of one machine.
 
 P and D run in their own network namespaces joined by a bridge
 (``harness.netns``); UCX uses TCP over the veths only, so a cut really stops
@@ -76,7 +76,7 @@ def test_short_partition_expires_and_fences_nothing(tmp_path, p_stock: bool, d_s
 
 
 # Offsets after P takes in a heartbeat, as fractions of the 1 s interval: 0.9
-# cuts just before the next heartbeat (the issue's 8/8 wrong reads in vllm serve).
+# cuts just before the next heartbeat (where stock's vllm serve read 8 of 8 wrong).
 OFFSETS = [0.1, 0.5, 0.9]
 
 
