@@ -82,7 +82,7 @@ prometheus:
 	$(call apt_install,promtool prometheus,prometheus,rule tests and demo Prometheus skip,\
 	  { service prometheus stop || true; } >/dev/null 2>&1;)
 
-# Debian's spin model checker: tests/spec/test_protocol_model.py checks spec/protocol.pml
+# Debian's spin model checker: tests/spec/test_spin_model.py checks spec/protocol.pml
 # with it (docs/PROTOCOL.md section 7). Installed when we are root on Debian/Ubuntu; otherwise the
 # model tests skip, saying how to install it.
 # After prometheus: apt-get takes one lock at a time.

@@ -2,7 +2,7 @@
  * The lease protocol (docs/PROTOCOL.md) as a model for spin.
  *
  * docs/PROTOCOL.md section 7 says which code each process stands for, how big
- * each check is, and how to run it; tests/spec/test_protocol_model.py runs them.
+ * each check is, and how to run it; tests/spec/test_spin_model.py runs them.
  *
  * One P engine id, served first by process (instance) 1 and, after a crash, by
  * instance 2: ours, or stock vLLM (a downgrade).  Each P process has NRANK TP

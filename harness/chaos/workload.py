@@ -5,7 +5,7 @@ router sends nothing to an engine it sees down or stalled), a size of 1-4
 blocks and how long it waits in D's queue: mostly well within the lease,
 some near it and some past it.  A burst hands ``burst_size`` one-block
 requests to every D at once.  Its KV is a pattern seeded by its request id
-(``harness.nixl.model.fill_blocks``), so a read of any other request's blocks
+(``harness.nixl.kv_cache.fill_blocks``), so a read of any other request's blocks
 shows as a digest that differs from the one P wrote.
 
 The random choices come from the run's seed (a stream of their own, apart from

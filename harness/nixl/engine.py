@@ -35,7 +35,7 @@ from vllm_nixl_lease._wire import (
     parse_acked_heartbeat,
 )
 
-from . import model
+from . import kv_cache
 from .progress import sleep_between_events
 from .ranks import Rank, connector_class, heartbeat_ids_of, is_any_heartbeat, preemptions, rank_main
 from .spec import EngineSpec, written_log_path
@@ -120,8 +120,8 @@ class Engine:
             mine.send(self.engine_id)
             self.remote.append(RemoteRank(pid, mine))
         log("building config")
-        self.vc = model.vllm_config(spec, self.engine_id)
-        self.kv_config = model.kv_cache_config(spec)
+        self.vc = kv_cache.vllm_config(spec, self.engine_id)
+        self.kv_config = kv_cache.kv_cache_config(spec)
         log("building rank 0")
         self.rank0 = Rank(spec, 0, dist_file, self.vc, self.kv_config)
         log("building scheduler")
@@ -211,7 +211,7 @@ class Engine:
     def prefill(self, ids: list[str], tokens: int) -> dict[str, Any]:
         """P: schedule, prefill (one step) and finish ``ids``; return their
         kv_transfer_params as P's API server would hand them to the router."""
-        nblocks = -(-tokens // model.BLOCK_SIZE)
+        nblocks = -(-tokens // kv_cache.BLOCK_SIZE)
         for req_id in ids:
             blocks = self._alloc(nblocks)
             if blocks is None:
@@ -286,7 +286,7 @@ class Engine:
             rec = self.reqs[local_id]
             req = rec["req"]
             count, _ = self.sched.get_num_new_matched_tokens(req, 0)
-            blocks = self._alloc(-(-rec["tokens"] // model.BLOCK_SIZE))
+            blocks = self._alloc(-(-rec["tokens"] // kv_cache.BLOCK_SIZE))
             if blocks is None:
                 still.append(local_id)  # D is full: stays in the queue
                 continue

@@ -17,7 +17,7 @@ from vllm.distributed.kv_transfer.kv_connector.utils import get_current_attn_bac
 
 import vllm_nixl_lease.adapter.connector  # noqa: F401
 
-from . import engine, model  # noqa: F401
+from . import engine, kv_cache  # noqa: F401
 
 
 def _warm() -> None:
@@ -26,8 +26,8 @@ def _warm() -> None:
     # functools.cache'd, and it scans every installed distribution (~12 s here).
     check_nixl_version("1.5.0")
     with tempfile.TemporaryDirectory() as tmp:
-        spec = model.EngineSpec(role="P", stock=True, workdir=tmp, side_channel_port=0)
-        vc = model.vllm_config(spec, "warmup")
+        spec = kv_cache.EngineSpec(role="P", stock=True, workdir=tmp, side_channel_port=0)
+        vc = kv_cache.vllm_config(spec, "warmup")
         with set_current_vllm_config(vc):
             get_current_attn_backends(vc)
 

@@ -28,7 +28,7 @@ from vllm_nixl_lease._wire import (
     parse_acked_heartbeat,
 )
 
-from . import model
+from . import kv_cache
 from .spec import EngineSpec
 
 
@@ -70,8 +70,8 @@ class Rank:
         # core here); every engine on this 2-core box would share it.
         os.sched_setaffinity(0, affinity)
         self.worker = self.connector.connector_worker
-        self.kv_caches = model.allocate(kv_config)
-        self.cache = self.kv_caches[model.LAYER]
+        self.kv_caches = kv_cache.allocate(kv_config)
+        self.cache = self.kv_caches[kv_cache.LAYER]
         self.connector.register_kv_caches(self.kv_caches)
         log(f"rank {rank}: KV caches registered")
         self.heads = self.cache.shape[1]
@@ -221,7 +221,7 @@ class Rank:
             t_fill = time.perf_counter()
             for req_id, blocks in fills.items():
                 for h in range(self.heads):
-                    model.fill_blocks(self.cache[:, h], blocks, f"{req_id}/h{self.head_offset + h}")
+                    kv_cache.fill_blocks(self.cache[:, h], blocks, f"{req_id}/h{self.head_offset + h}")
             t0, c0, v0 = time.perf_counter(), time.thread_time(), preemptions()
             t_results = t0
             gc_before = self.gc_s
@@ -247,7 +247,7 @@ class Rank:
             digests = {
                 r: {
                     self.head_offset + h: d
-                    for h, d in enumerate(model.digest_heads(self.cache, b, self.spec.sampled_digest))
+                    for h, d in enumerate(kv_cache.digest_heads(self.cache, b, self.spec.sampled_digest))
                 }
                 for r, b in to_hash.items()
             }
@@ -326,8 +326,8 @@ def heartbeat_ids_of(msg: bytes) -> bytes:
 def rank_main(spec: EngineSpec, rank: int, dist_init: str, conn: Any) -> None:
     """Entry point of a TP rank > 0 in its own process (P or D with TP > 1)."""
     redirect_output(spec.log_path(f"rank{rank}"))
-    vc = model.vllm_config(spec, engine_id=conn.recv())
-    rk = Rank(spec, rank, dist_init, vc, model.kv_cache_config(spec))
+    vc = kv_cache.vllm_config(spec, engine_id=conn.recv())
+    rk = Rank(spec, rank, dist_init, vc, kv_cache.kv_cache_config(spec))
     conn.send(rk.handshake_metadata())
     while True:
         try:

@@ -41,7 +41,7 @@ class EngineSpec:
     # NIXL progress-thread poll timeout in us (progress.py); 0: NIXL's
     # Python default, a thread spinning one core per agent.
     progress_delay_us: int = 0
-    # Digest only the first and last token row of each block (model.digest_heads):
+    # Digest only the first and last token row of each block (kv_cache.digest_heads):
     # for scenarios where thousands of reads complete in one step.
     sampled_digest: bool = False
     # Extra environment for the engine process (e.g. UCX_* knobs).

@@ -18,10 +18,10 @@ from __future__ import annotations
 import math
 
 from conftest import load_core
-from core_model import ModelRouter
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+from reference_core import ReferenceRouter
 
 from vllm_nixl_lease._wire import ESCAPE_PREFIX, heartbeat_message, heartbeat_payload
 from vllm_nixl_lease.lease_tags import lease_tag
@@ -89,7 +89,7 @@ class CoreAgreement(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.now = 0.0
-        self.groups: list[tuple[ModelRouter, list]] = []
+        self.groups: list[tuple[ReferenceRouter, list]] = []
         for cores, options in GROUPS:
             routers = []
             for name, bits in cores:
@@ -97,7 +97,7 @@ class CoreAgreement(RuleBasedStateMachine):
                 routers.append(
                     core.NotificationRouter(core.LeaseTable(EXTENSION, _hash_bits=bits, **options))
                 )
-            self.groups.append((ModelRouter(EXTENSION, **options), routers))
+            self.groups.append((ReferenceRouter(EXTENSION, **options), routers))
 
     def each(self, model_call, router_call, *args):
         """Call the model and every router of each group; all must agree."""

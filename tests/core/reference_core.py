@@ -20,7 +20,7 @@ from vllm_nixl_lease.lease_tags import parse_tag, tag_digest
 _COMPLETION = re.compile(rb"\A(.+):([0-9]{1,10})\Z", re.DOTALL)
 
 
-class ModelRouter:
+class ReferenceRouter:
     def __init__(
         self,
         extension: float,
