@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from conftest import load_core
+from core_implementations import load_core
 from core_model import ModelRouter
 from hypothesis import settings
 from hypothesis import strategies as st

@@ -16,7 +16,6 @@ from harness.serve.launcher import BUILD, VENV_CPU, VENV_ROUTER, PDCluster, PDCo
 
 from .conftest import D_MAX_SEQS, LEASE_S, RESULTS, _dump
 
-pytestmark = pytest.mark.e2e
 # P's cache just above one max-length sequence (2048 tokens / 32): the churn cycles it quickly.
 P_BLOCKS = 80
 

@@ -27,8 +27,6 @@ from harness.serve.scenarios import lease_extension, lease_interval
 
 from .conftest import CONNECTORS, D_MAX_SEQS, RESULTS, _dump
 
-pytestmark = pytest.mark.e2e
-
 LEASE_S = 10  # the issue's lease
 N = 6  # routed requests queued on D across each cut (the issue had 8)
 P_BLOCKS = 80  # P's cache just above one max-length sequence: the churn cycles it quickly

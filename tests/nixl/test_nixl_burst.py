@@ -21,7 +21,7 @@ pytest.importorskip("nixl")
 from harness.nixl import Fleet
 from harness.nixl.burst import burst
 
-pytestmark = [pytest.mark.nixl, pytest.mark.serial]
+pytestmark = pytest.mark.serial
 
 LEASE, BURST, QUEUED, TOKENS = 2, 5000, 500, 512
 

@@ -11,8 +11,6 @@ pytest.importorskip("nixl")
 from harness.nixl import Fleet
 from harness.nixl import scenarios as sc
 
-pytestmark = pytest.mark.nixl
-
 
 def test_thousands_of_queued_requests_renewed_in_bounded_messages(tmp_path) -> None:
     max_bytes = 1024
