@@ -123,14 +123,14 @@ lint: | $(VENV)/bin/cython-lint
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/cython-lint $(wildcard vllm_nixl_lease/*/*.pyx vllm_nixl_lease/*/*.pxd)
 
 # What runs without real NIXL engines, `vllm serve`, spin or callgrind.
-FAST_TESTS := -m "not nixl and not serial and not e2e and not spin"
+FAST_MARKERS := -m "not nixl and not serial and not e2e and not spin"
 
 # The fast loop, from a built tree (`make build` once): lint, an in-place rebuild of any Cython
 # module whose sources changed (seconds when none did; never a pip install), then the fast tests with
 # the Cython core required. Under 3 minutes on 2 cores. Installs nothing, stops nothing.
 check: lint
 	$(VPY) setup.py build_ext --inplace -q
-	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 $(VPY) -m pytest -n auto $(FAST_TESTS) -p no:cacheprovider -q
+	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 $(VPY) -m pytest -n auto $(FAST_MARKERS) -p no:cacheprovider -q
 
 # The parallel suite with the Cython core active (its absence is an error).
 # matplotlib too, so the demo's figure code is tested rather than skipped.
