@@ -1,5 +1,7 @@
 # Two commands matter on a fresh machine: `make demo` (the main job) and
-# `make test` (the suite).  Both create or refresh the virtualenvs themselves.
+# `make test` (the suite).  Both create or refresh the virtualenvs themselves and
+# install the system packages they need (`make system-deps`).  While working:
+# `make check` (lint and the fast tests, a few minutes, installs nothing).
 PYTHON ?= python3
 VENV := .venv
 VPY := $(VENV)/bin/python
@@ -9,7 +11,8 @@ export VLLM_TARGET_DEVICE := cpu
 PIP_QUIET := -q --disable-pip-version-check
 
 BUILD_DEPS := "setuptools>=68" wheel "Cython>=3.0"
-TEST_DEPS := "pytest>=8" "pytest-xdist>=3" "hypothesis>=6" ruff "mypy>=1.11" "py-spy>=0.4" "kubernetes-validate==1.37.0"
+TEST_DEPS := "pytest>=8" "pytest-xdist>=3" "hypothesis>=6" ruff "mypy>=1.11" "py-spy>=0.4" "cython-lint>=0.16" \
+	"kubernetes-validate==1.37.0"
 DIST_DEPS := "build>=1.2" "twine>=5"
 CORE_SOURCES := setup.py pyproject.toml $(wildcard vllm_nixl_lease/*/*.pyx vllm_nixl_lease/*/*.pxd csrc/*.h)
 
@@ -23,7 +26,7 @@ CONNECTOR_TESTS := tests/adapter/test_connector_differential.py tests/adapter/te
 ROUTER_VENV := .venv-router
 DIST_VENV := .venv-dist
 
-.PHONY: all venv venv-cpu venv-router prometheus spin nftables build build-cpu test test-core test-twin test-vllm032 test-e2e \
+.PHONY: all venv venv-cpu venv-router system-deps build build-cpu check test test-core test-twin test-vllm032 test-e2e \
 	lint bench bench-quick bench-acks bench-fleet bench-d bench-instr bench-instr-update bench-cold test-instr demo demo-pd clean
 
 all: build
@@ -74,27 +77,23 @@ $(ROUTER_VENV)/.deps: Makefile
 
 venv-router: $(ROUTER_VENV)/.deps
 
-# Debian's Prometheus (server + promtool): the alert-rule unit tests in `make test` and the real
-# Prometheus that watches `make demo`. Installed when we are root on Debian/Ubuntu; otherwise the
-# rule tests skip and the demo runs without Prometheus, both saying how to install it. The package
-# may start a system service: stopped, the demo runs its own by PID with a temporary data dir.
-prometheus:
+# The system packages, the one target that runs apt-get or stops a service (opt-in: `make test`,
+# `make demo` and `make chaos` call it; `make check` and the test stages never do). Installed when
+# we are root on Debian/Ubuntu; otherwise what needs them skips, saying how to install them.
+# - Prometheus (server + promtool): the alert-rule unit tests and the real Prometheus that watches
+#   `make demo`. The package may start a system service: stopped, the demo runs its own by PID with
+#   a temporary data dir.
+# - spin and a C compiler: tests/spec checks spec/protocol.pml (docs/PROTOCOL.md section 7).
+# - nftables: one-way partitions (a host's inbound traffic dropped) in `make chaos` and in
+#   tests/nixl/test_chaos_regressions.py.
+# - valgrind: the instruction gate (`make test-instr`) and `make bench-instr` count under callgrind.
+# One package set after another: apt-get takes one lock at a time.
+system-deps:
 	$(call apt_install,promtool prometheus,prometheus,rule tests and demo Prometheus skip,\
 	  { service prometheus stop || true; } >/dev/null 2>&1;)
-
-# Debian's spin model checker: tests/spec/test_spin_model.py checks spec/protocol.pml
-# with it (docs/PROTOCOL.md section 7). Installed when we are root on Debian/Ubuntu; otherwise the
-# model tests skip, saying how to install it.
-# After prometheus: apt-get takes one lock at a time.
-spin: prometheus
 	$(call apt_install,spin gcc,spin gcc libc6-dev,the protocol model tests skip)
-
-# Debian's nftables: one-way partitions (a host's inbound traffic dropped) in `make chaos` and in
-# tests/nixl/test_chaos_regressions.py. Installed when we are root on Debian/Ubuntu; otherwise those
-# tests skip and the chaos nemesis leaves one-way partitions out, both saying why.
-# After spin: apt-get takes one lock at a time.
-nftables: spin
 	$(call apt_install,nft,nftables,one-way partitions skip)
+	$(call apt_install,valgrind,valgrind,the instruction gate cannot run)
 
 # A Debian package set, installed when one of the commands it provides is missing and we are root
 # on Debian/Ubuntu; otherwise what it is for skips, saying how to install it.
@@ -111,14 +110,33 @@ define apt_install
   else echo "missing:$$missing: sudo apt-get install -y $(2) ($(3))"; fi; }
 endef
 
-# mypy: the package only, configured in pyproject.toml ([tool.mypy]).
-lint: build
+# The venv's linters, made (`make venv`) only when missing: an existing venv is used as it is,
+# where $(VENV)/.deps would reinstall every dependency after any edit of this Makefile.
+$(VENV)/bin/cython-lint:
+	$(MAKE) venv
+
+# The venv's tools only (no build): ruff, mypy (configured in pyproject.toml's [tool.mypy]) and
+# cython-lint ([tool.cython-lint]). cython-lint runs pycodestyle by name, hence the venv on PATH.
+lint: | $(VENV)/bin/cython-lint
 	$(VENV)/bin/ruff check .
-	$(VENV)/bin/mypy vllm_nixl_lease
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy vllm_nixl_lease harness tools
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(VENV)/bin/cython-lint $(wildcard vllm_nixl_lease/*/*.pyx vllm_nixl_lease/*/*.pxd)
+
+# What runs without real NIXL engines, `vllm serve`, spin or callgrind.
+FAST_MARKERS := -m "not nixl and not serial and not e2e and not spin"
+
+# The fast loop, from a built tree (`make build` once): lint, an in-place rebuild of any Cython
+# module whose sources changed (seconds when none did; never a pip install), then the fast tests with
+# the Cython core required. 2.5 minutes on 2 otherwise idle cores (about 3 of CPU; most of it the
+# adapter tests that import vLLM in fresh processes). Installs nothing, stops nothing.
+check: lint
+	$(VPY) setup.py build_ext --inplace -q
+	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 $(VPY) -m pytest -n auto $(FAST_MARKERS) -p no:cacheprovider -q
 
 # The parallel suite with the Cython core active (its absence is an error).
 # matplotlib too, so the demo's figure code is tested rather than skipped.
-test-core: build prometheus spin $(VENV)/.demo-deps
+test-core: build $(VENV)/.demo-deps
 	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 $(VPY) -m pytest -n auto -m "not e2e and not serial" -p no:cacheprovider -q
 
 # The connector on the pure-Python twin, through the environment switch (the
@@ -135,7 +153,7 @@ test-vllm032: build-cpu
 # end-to-end tests come last and run serially: each starts a real P/D pair
 # (one core each) and nothing else may compete with it.
 test:
-	$(MAKE) -j4 build build-cpu venv-router prometheus spin nftables $(VENV)/.demo-deps
+	$(MAKE) -j4 build build-cpu venv-router system-deps $(VENV)/.demo-deps
 	$(MAKE) lint test-dist test-core test-twin test-instr test-vllm032 test-e2e
 
 .PHONY: dist test-dist
@@ -164,7 +182,7 @@ test-dist: dist
 # one pair at a time, the last ones on two network namespaces with partitions
 # (~15 minutes measured on 2 cores); then the network partitions between real
 # NIXL engines on two hosts (tests marked serial, ~5 minutes; need root).
-test-e2e: build build-cpu venv-router prometheus nftables
+test-e2e: build build-cpu venv-router
 	$(VPY) -m pytest -m e2e -p no:xdist -p no:cacheprovider -rxXs tests/e2e
 	$(VPY) -m pytest -m serial -p no:xdist -p no:cacheprovider -rxXs tests
 
@@ -223,13 +241,16 @@ $(VENV)/.demo-deps: $(VENV)/.built
 # routed = P alone, D queued past the lease, D frozen while P reuses its blocks,
 # D killed. Progress on stdout, a table at the end, the figure and summary.json
 # in .build/demo; exit status 1 if any claim did not hold.
-demo: build build-cpu venv-router $(VENV)/.demo-deps prometheus
+demo: build build-cpu venv-router $(VENV)/.demo-deps system-deps
 	$(VPY) -m tools.demo
 
 demo-pd: demo
 
+# What the builds make; not the virtualenvs, only their "built" stamps, so that the next
+# `make build` compiles the modules again rather than trusting a stamp newer than the sources.
 clean:
-	rm -rf build .build *.egg-info vllm_nixl_lease/*.so
+	rm -rf build dist .build *.egg-info $(DIST_VENV) vllm_nixl_lease/*/*.so
+	rm -f $(VENV)/.built $(CPU_VENV)/.built
 
 # Randomized faults over a multi-host fleet, checked: SEED=, MINUTES= (the fault phase,
 # default 10), LANE=harness|serve, IMPL=ours|stock.  Writes .build/chaos/ (history.jsonl,
@@ -240,7 +261,7 @@ MINUTES ?= 10
 LANE ?= harness
 IMPL ?= ours
 .PHONY: chaos
-chaos: build nftables $(VENV)/.demo-deps
+chaos: build system-deps $(VENV)/.demo-deps
 	$(VPY) -m tools.chaos --seed $(SEED) --minutes $(MINUTES) --lane $(LANE) --impl $(IMPL) --out .build/chaos
 
 # The GPU lane: tests/e2e's P/D story (routed answers equal P alone; D frozen past its lease while P

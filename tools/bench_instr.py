@@ -265,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown(json.loads(args.markdown.read_text())))
         return 0
     if shutil.which("valgrind") is None:
-        raise SystemExit("valgrind is not installed (Debian: apt-get install valgrind)")
+        raise SystemExit(
+            "valgrind is not installed: `make system-deps` as root, or `sudo apt-get install -y valgrind`"
+        )
 
     selected = [
         i

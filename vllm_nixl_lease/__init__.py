@@ -16,6 +16,7 @@ from .prefill.route_result import RouteResult
 # "cython" when every core concept runs its Cython module, else "python".
 IMPLEMENTATION = implementation()
 
+# The package's one version: pyproject.toml reads it from here when building.
 __version__ = "0.1.0"
 
 __all__ = [

@@ -17,7 +17,7 @@ _HOOK = "type filter hook {} priority 0; policy accept;"
 
 def unavailable_reason() -> str | None:
     if shutil.which("nft") is None:
-        return "nft is not installed (apt-get install -y nftables)"
+        return "nft is not installed: `make system-deps` as root, or `sudo apt-get install -y nftables`"
     return None
 
 

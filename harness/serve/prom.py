@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[2]
 MONITORING = ROOT / "monitoring"
 RULES = MONITORING / "alerts.yml"
 DASHBOARD = MONITORING / "grafana-dashboard.json"
-INSTALL_HINT = "apt-get install -y prometheus  (Debian/Ubuntu; `make demo` does it when run as root)"
+INSTALL_HINT = "`make system-deps` as root, or `sudo apt-get install -y prometheus` (Debian/Ubuntu)"
 
 _NAME = re.compile(r"\bvllm:[a-zA-Z0-9_:]+")
 

@@ -278,7 +278,7 @@ def test_next_poll_at_skips_most_steps_of_a_spread_round(core):
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("skip", [False, True])
 def test_paced_twin_and_cython_agree(seed, skip):
-    from conftest import load_core
+    from core_implementations import load_core
 
     try:
         cython = load_core("cython")

@@ -124,7 +124,7 @@ def test_extensions_do_not_grow_heap(core):
 
 def test_seq_renumbering_keeps_tie_order():
     """Cython grant seqs are 31-bit; running out renumbers live leases in order."""
-    from conftest import load_core
+    from core_implementations import load_core
 
     fast, twin = load_core("cython").LeaseTable(5.0), load_core("python").LeaseTable(5.0)
     fast._debug_set_seq(2**31 - 40)
@@ -194,7 +194,7 @@ def test_limited_sweeps_pop_in_the_twins_order():
     time while heartbeats, releases and new grants land between the sweeps
     (the Cython table keeps the due leases a sweep left in a backlog heap):
     the same leases come out in the twin's earliest-first order."""
-    from conftest import load_core
+    from core_implementations import load_core
 
     fast, twin = load_core("cython").LeaseTable(16.0), load_core("python").LeaseTable(16.0)
     ids = [f"d{i}" for i in range(5000)]
@@ -304,7 +304,7 @@ def test_tombstones_agree_with_the_twin_across_resizes():
     (ids freed in the window, ids freed long ago, fresh ids)."""
     import random
 
-    from conftest import load_core
+    from core_implementations import load_core
 
     fast, twin = (tagged_table(load_core(name), 18) for name in ("cython", "python"))
     rng = random.Random(7)

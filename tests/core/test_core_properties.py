@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import math
 
-from conftest import load_core
+from core_implementations import load_core
+from reference_core import ReferenceRouter
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule

@@ -48,7 +48,7 @@ step_st = st.fixed_dictionaries(
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(steps=st.lists(step_st, min_size=1, max_size=25))
 def test_same_frees_and_deadlines_as_upstream(impl, steps):
-    from conftest import load_core
+    from core_implementations import load_core
 
     core = load_core(impl)
     router = core.NotificationRouter(core.LeaseTable(EXTENSION))
@@ -82,7 +82,7 @@ def test_same_frees_and_deadlines_as_upstream(impl, steps):
 
 def test_expired_counts_match_upstream():
     """The reads-seen count logged per expired request equals upstream's."""
-    from conftest import load_core
+    from core_implementations import load_core
 
     core = load_core("python")
     router = core.NotificationRouter(core.LeaseTable(EXTENSION))

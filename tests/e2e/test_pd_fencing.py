@@ -16,7 +16,6 @@ from harness.serve.launcher import BUILD, PDCluster, PDConfig
 
 from .conftest import D_MAX_SEQS, DEVICE, LEASE_S, RESULTS, _dump, skip_unless_servable
 
-pytestmark = pytest.mark.e2e
 # P's cache just above one max-length sequence (2048 tokens / 32): the churn cycles it quickly.
 P_BLOCKS = 80
 

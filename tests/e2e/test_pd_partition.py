@@ -28,8 +28,6 @@ from harness.serve.scenarios import lease_extension, lease_interval
 
 from .conftest import CONNECTORS, D_MAX_SEQS, RESULTS, _dump
 
-pytestmark = pytest.mark.e2e
-
 LEASE_S = 10  # the lease of the first reproduction
 N = 6  # routed requests queued on D across each cut
 P_BLOCKS = 80  # P's cache just above one max-length sequence: the churn cycles it quickly

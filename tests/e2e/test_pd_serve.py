@@ -13,7 +13,6 @@ from harness.serve.launcher import PDCluster
 
 from .conftest import CONNECTORS, LEASE_S, RESULTS
 
-pytestmark = pytest.mark.e2e
 RECLAIM_SLACK_S = 2.0
 N_QUEUED = 4  # requests queued on the blocked D
 # The router must fail requests in flight on a killed D within this: no hang (its request timeout is

@@ -16,7 +16,6 @@ from harness.chaos import harness_lane
 
 _reason = netns.unavailable_reason()
 pytestmark = [
-    pytest.mark.nixl,
     pytest.mark.serial,
     pytest.mark.skipif(_reason is not None, reason=f"network namespaces unavailable: {_reason}"),
 ]

@@ -45,7 +45,7 @@ from harness.nixl import Fleet, wait_for
 from harness.nixl import partition as pt
 from harness.nixl import scenarios as sc
 
-pytestmark = [pytest.mark.nixl, pytest.mark.serial]
+pytestmark = pytest.mark.serial
 
 RECOVERY_S = 30.0
 ENGINE_TTL_S = 4.0

@@ -8,10 +8,12 @@ takes upstream's D about a second here.
 Ours spreads the READs over steps (``read_pacer.py``) and heartbeats first;
 upstream posts every READ of the step, then heartbeats, so P hears nothing
 for the whole burst and expires the leases of requests D is about to read.
-Correctness is asserted for ours; upstream's expiries, and the margin it
-loses (P's heartbeat gap against half the extension), are the documented
-expected failure.  ``make bench-fleet`` runs 2000 and 5000 at the 6 s lease
-and prints the figures.  Serial: the burst needs both cores."""
+Correctness is asserted for ours.  Upstream's expiries, and the margin it
+loses (P's heartbeat gap against half the extension), vary from run to run
+(none to most of the leases), so they are measured rather than asserted:
+``make bench-fleet`` runs the same bursts, stock and ours, and prints the
+figures (docs/BENCHMARKS.md, fleet scale).  Serial: the burst needs both
+cores."""
 
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ pytest.importorskip("nixl")
 from harness.nixl import Fleet
 from harness.nixl.burst import burst
 
-pytestmark = [pytest.mark.nixl, pytest.mark.serial]
+pytestmark = pytest.mark.serial
 
 LEASE, BURST, QUEUED, TOKENS = 2, 5000, 500, 512
 
@@ -35,18 +37,3 @@ def test_burst_ours_keeps_every_lease_and_reads_right(tmp_path) -> None:
     assert out["fenced_live"] == 0 and out["failed_loads"] == 0
     assert out["reads_carried"] > 0  # the burst did not fit one step's budget
     assert out["max_lease_gap_s"] is not None  # P saw each lease's heartbeats by name (tag or id)
-
-
-@pytest.mark.xfail(
-    reason="upstream posts all of a step's READs before its heartbeats, so P hears nothing for the "
-    "whole burst: P's longest heartbeat gap measured 0.93-1.17 s against the 1 s extension (the "
-    "issue's margin is half of it), and leases of requests D was about to read expired (4746 of "
-    "5500 in one run, none in another)",
-    strict=False,
-)
-def test_burst_stock_keeps_every_lease_with_margin(tmp_path) -> None:
-    with Fleet(tmp_path, lease=LEASE) as fleet:
-        out = burst(fleet, BURST, QUEUED, stock=True, tokens=TOKENS)
-    assert out["errors"] == [] and out["wrong_reads"] == 0
-    assert out["premature_expiries"] == 0
-    assert out["max_hb_gap_s"] <= out["extension_s"] / 2

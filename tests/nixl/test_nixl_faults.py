@@ -11,8 +11,6 @@ pytest.importorskip("nixl")
 from harness.nixl import Fleet
 from harness.nixl import scenarios as sc
 
-pytestmark = pytest.mark.nixl
-
 
 def test_thousands_of_queued_requests_renewed_in_bounded_messages(tmp_path) -> None:
     max_bytes = 1024
@@ -45,9 +43,14 @@ def test_rogue_agent_cannot_crash_our_p_or_free_live_leases(tmp_path) -> None:
     assert sc.data_mismatches(out["p"], out["d"], out["ids"]) == []
 
 
-def test_rogue_agent_against_stock_p_is_documented(tmp_path) -> None:
-    """Not a failing test: records what vLLM 0.33.0's P does (expected: the
-    step raises on the first malformed message and loses the rest of it)."""
+def test_rogue_agent_raises_in_stock_p_steps(tmp_path) -> None:
+    """What vLLM 0.33.0's P does with the same garbage, as docs/DESIGN.md states it: a malformed
+    message raises mid-step (a decode or parse error; the rest of that batch is lost). If this
+    fails, upstream changed and DESIGN.md's comparison must follow."""
     with Fleet(tmp_path, lease=sc.LEASE) as fleet:
         out = sc.rogue_during_happy_path(fleet, p_stock=True)
     assert out["sent"]["sent"] > 0
+    errors = out["during"]["errors"]
+    assert errors, "stock P handled every malformed message without raising"
+    kinds = {err.strip().splitlines()[-1].split(":")[0] for err in errors}
+    assert kinds <= {"UnicodeDecodeError", "ValueError"}, kinds

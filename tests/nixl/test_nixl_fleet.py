@@ -19,7 +19,7 @@ from harness.nixl import Fleet, dfleet, pfleet
 from harness.nixl import scenarios as sc
 from harness.nixl.mesh import mesh
 
-pytestmark = [pytest.mark.nixl, pytest.mark.serial]
+pytestmark = pytest.mark.serial
 
 
 def test_mesh_4p_4d_requests_outlive_the_lease(tmp_path) -> None:

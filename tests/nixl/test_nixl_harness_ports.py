@@ -14,8 +14,6 @@ import pytest
 pytest.importorskip("nixl")
 from harness.nixl import EngineProcess, EngineSpec, SidePortTaken
 
-pytestmark = pytest.mark.nixl
-
 
 def test_taken_side_channel_port_fails_fast(tmp_path) -> None:
     with socket.socket() as squatter:

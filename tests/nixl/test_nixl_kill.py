@@ -24,8 +24,6 @@ pytest.importorskip("nixl")
 from harness.nixl import Fleet, kill
 from harness.nixl import scenarios as sc
 
-pytestmark = pytest.mark.nixl
-
 # (phase, UCX environment): loopback with UCX's default transports, and the
 # READs in flight once more over TCP only.
 PHASES = [

@@ -21,7 +21,6 @@ from harness.nixl import scenarios as sc
 
 _reason = netns.unavailable_reason()
 pytestmark = [
-    pytest.mark.nixl,
     # Timing matters here (TCP retransmissions, lease deadlines): one at a time.
     pytest.mark.serial,
     pytest.mark.skipif(_reason is not None, reason=f"network namespaces unavailable: {_reason}"),

@@ -13,8 +13,6 @@ pytest.importorskip("nixl")
 from harness.nixl import Fleet
 from harness.nixl import scenarios as sc
 
-pytestmark = pytest.mark.nixl
-
 FLEETS = [
     pytest.param(False, False, id="ourP-ourD"),
     pytest.param(False, True, id="ourP-stockD"),

@@ -12,8 +12,6 @@ pytest.importorskip("nixl")
 from harness.nixl import Fleet
 from harness.nixl import scenarios as sc
 
-pytestmark = pytest.mark.nixl
-
 
 @pytest.mark.parametrize(
     "p_stock,d_stock",

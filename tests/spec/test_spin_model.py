@@ -10,7 +10,7 @@ section 7) under spin: every check exhaustive, and every mutation caught.
 - Each mutation named in section 7 reintroduces one hole; spin must find a
   counterexample trail, and replaying it must end at the violated assertion.
 
-Skips only when ``spin`` (Debian package ``spin``; ``make spin``) or a C compiler is missing.
+Skips only when ``spin`` or a C compiler is missing (``make system-deps`` installs both).
 """
 
 from __future__ import annotations
@@ -49,9 +49,9 @@ PAN_TIMEOUT_S = 150
 def _tools() -> tuple[str, str]:
     spin, cc = shutil.which("spin"), shutil.which("gcc") or shutil.which("cc")
     if spin is None:
-        pytest.skip("spin is not installed: `make spin` as root, or `sudo apt-get install -y spin`")
+        pytest.skip("spin is not installed: `make system-deps` as root, or `sudo apt-get install -y spin`")
     if cc is None:
-        pytest.skip("no C compiler (gcc) to build spin's verifier")
+        pytest.skip("no C compiler (gcc) to build spin's verifier: `make system-deps` as root installs it")
     return spin, cc
 
 

@@ -1076,7 +1076,8 @@ cdef class LeaseTable:
         return [<object>self._slots[i].req_id for i in range(self._slots.size()) if self._slots[i].seq != 0]
 
     def scheduled_entries(self):
-        """Entries in the expiry schedule (the wheel and the backlog), live and stale (for memory-bound tests)."""
+        """Entries in the expiry schedule (the wheel and the backlog), live and stale
+        (for memory-bound tests)."""
         return self._entries + self._backlog.size()
 
     def nbytes(self):

@@ -13,7 +13,7 @@ from cpython.unicode cimport PyUnicode_DecodeUTF8
 from libc.stdint cimport uint32_t
 from libc.string cimport memcmp
 
-from ._lease_table_c cimport IN_BATCH, LeaseTable, checked_limit, checked_now
+from ._lease_table_c cimport LeaseTable, checked_limit, checked_now
 
 from .._checks import MESSAGES_TYPES, check_passthrough_prefixes
 from .route_result import (

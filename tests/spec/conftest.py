@@ -1,0 +1,10 @@
+"""The protocol model checked by spin: every test here is marked ``spin`` (minutes of model checking)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    # A hook of this folder's conftest: pytest calls it for the items collected under this folder only.
+    item.add_marker(pytest.mark.spin)
