@@ -128,7 +128,7 @@ FAST_MARKERS := -m "not nixl and not serial and not e2e and not spin"
 
 # The fast loop, from a built tree (`make build` once): lint, an in-place rebuild of any Cython
 # module whose sources changed (seconds when none did; never a pip install), then the fast tests with
-# the Cython core required. 2.5 minutes on 2 otherwise idle cores (about 3 of CPU; most of it the
+# the Cython core required. Kept under 3 minutes on this project's 2-core machines (most of it is the
 # adapter tests that import vLLM in fresh processes). Installs nothing, stops nothing.
 check: lint
 	$(VPY) setup.py build_ext --inplace -q

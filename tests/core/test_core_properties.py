@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 
 from core_implementations import load_core
-from reference_core import ReferenceRouter
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule

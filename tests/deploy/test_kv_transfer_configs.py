@@ -18,8 +18,6 @@ from deploy_manifests import (
     vllm_containers,
 )
 
-pytestmark = pytest.mark.vllm
-
 
 @pytest.mark.parametrize("name", sorted(VLLM_KUSTOMIZATIONS))
 def test_every_vllm_container_runs_our_connector_with_valid_lease_settings(name: str) -> None:

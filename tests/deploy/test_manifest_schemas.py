@@ -191,7 +191,7 @@ def test_the_crd_schemas_reject_a_broken_object(kind: str, broken: Any) -> None:
 def test_promtool_accepts_the_prometheus_rule(tmp_path: Path) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip("promtool not found: sudo apt-get install -y prometheus (make prometheus)")
+        pytest.skip("promtool not found: make system-deps (as root) installs Debian's prometheus")
     rule = next(o for _, o in _objects() if o["kind"] == "PrometheusRule")
     rules = tmp_path / "rules.yml"
     rules.write_text(yaml.safe_dump(rule["spec"]))

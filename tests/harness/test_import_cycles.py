@@ -128,7 +128,6 @@ def test_a_module_that_imports_only_after_another_is_found(tmp_path: Path) -> No
     )
 
 
-@pytest.mark.vllm
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None, reason="vLLM is not installed")
 def test_every_module_imports_with_none_of_ours_loaded_first() -> None:
     modules = _fresh_modules()
