@@ -10,18 +10,18 @@ module of ours imports at module level), then forks one child per module. A chil
 has every third-party library loaded and none of our modules, imports its
 module and exits 0, or 1 with the traceback on stderr.
 
-    python harness/fresh_imports.py ROOT PACKAGE... -- MODULE...
+    python harness/fresh_imports.py ROOT PACKAGE... -- PRELOAD... -- MODULE...
 
-prints one JSON object: ``preloaded`` (the libraries imported first, each with
-its error if it failed, which the child then meets itself), ``ours_preloaded``
-(modules of ours the preload pulled in: then the check is not fresh) and
-``failures`` (module -> traceback). Stdlib only, and run by path, so running
-it imports nothing of ours.
+PRELOAD is what ``harness.import_graph.third_party_imports`` lists. It prints one
+JSON object: ``preloaded`` (the libraries imported first, each with its error if
+it failed, which the child then meets itself), ``ours_preloaded`` (modules of
+ours the preload pulled in: then the check is not fresh) and ``failures``
+(module -> traceback). Stdlib only, and run by path, so running it imports
+nothing of ours.
 """
 
 from __future__ import annotations
 
-import ast
 import importlib
 import json
 import os
@@ -32,35 +32,6 @@ from pathlib import Path
 
 # Children running at once: each is mostly one import, CPU bound.
 PARALLEL = 2
-
-
-def module_level_imports(path: Path) -> set[str]:
-    """The top-level modules ``path`` imports when it is imported (not inside functions or classes)."""
-    names: set[str] = set()
-    if path.suffix != ".py":
-        return names
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-    todo: list[ast.stmt] = list(tree.body)
-    while todo:
-        node = todo.pop()
-        if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
-            names.add(node.module)
-        elif isinstance(node, ast.If):
-            # An "if TYPE_CHECKING:" body never runs; its else, and any other if, may.
-            test = node.test
-            guarded = (
-                getattr(test, "id", None) == "TYPE_CHECKING" or getattr(test, "attr", None) == "TYPE_CHECKING"
-            )
-            todo.extend(node.orelse if guarded else [*node.body, *node.orelse])
-        elif isinstance(node, ast.Try):
-            todo.extend(
-                [*node.body, *node.orelse, *node.finalbody, *(s for h in node.handlers for s in h.body)]
-            )
-        elif isinstance(node, ast.With):
-            todo.extend(node.body)
-    return names
 
 
 def _import_in_child(module: str) -> int:
@@ -125,17 +96,9 @@ def run(root: Path, packages: list[str], modules: list[str], preload: list[str])
 
 def main(argv: list[str]) -> int:
     root = Path(argv[0]).resolve()
-    split = argv.index("--")
-    packages, modules = argv[1:split], argv[split + 1 :]
-    # Every library any module of the packages imports at module level: a module
-    # reaches most of them through other modules of ours, which are not preloaded.
-    preload: set[str] = set()
-    for package in packages:
-        for path in (root / package).rglob("*.py"):
-            preload |= module_level_imports(path)
-    # __future__ is a compiler directive, not a library; ours are what is being checked.
-    third_party = sorted(name for name in preload - {"__future__"} if name.split(".")[0] not in packages)
-    print(json.dumps(run(root, packages, modules, third_party)))
+    first, second = argv.index("--"), argv.index("--", argv.index("--") + 1)
+    packages, preload, modules = argv[1:first], argv[first + 1 : second], argv[second + 1 :]
+    print(json.dumps(run(root, packages, modules, preload)))
     return 0
 
 

@@ -64,6 +64,45 @@ def _import_nodes(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
         yield from _import_nodes(child)
 
 
+def module_level_imports(path: Path) -> set[str]:
+    """The absolute modules a ``.py`` file imports when it is imported: its module-level
+    statements and the ``if``/``try``/``with`` blocks among them, not function or class
+    bodies, nor ``if TYPE_CHECKING:`` bodies (their ``else`` runs)."""
+    names: set[str] = set()
+    if path.suffix != ".py":
+        return names
+    todo: list[ast.stmt] = list(ast.parse(path.read_text(encoding="utf-8"), filename=str(path)).body)
+    while todo:
+        node = todo.pop()
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names.add(node.module)
+        elif isinstance(node, ast.If):
+            todo.extend(node.orelse if _is_type_checking(node.test) else [*node.body, *node.orelse])
+        elif isinstance(node, ast.Try):
+            todo.extend(
+                [*node.body, *node.orelse, *node.finalbody, *(s for h in node.handlers for s in h.body)]
+            )
+        elif isinstance(node, ast.With):
+            todo.extend(node.body)
+    return names
+
+
+def third_party_imports(root: Path, packages: Iterable[str]) -> list[str]:
+    """Every library a module of ``packages`` imports at module level, none of ``packages`` itself.
+
+    A module reaches most of them through other modules of ours, so a check that imports
+    one module with none of ours loaded first preloads all of them.
+    """
+    packages = tuple(packages)
+    names: set[str] = set()
+    for path in module_files(root, packages).values():
+        names |= module_level_imports(path)
+    # __future__ is a compiler directive, not a library.
+    return sorted(name for name in names - {"__future__"} if name.split(".")[0] not in packages)
+
+
 def _parse(path: Path) -> ast.Module:
     text = path.read_text(encoding="utf-8")
     if path.suffix == ".pyx":

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from harness.import_graph import find_cycles, import_graph, module_files
+from harness.import_graph import find_cycles, import_graph, module_files, third_party_imports
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("vllm_nixl_lease", "harness", "tools")
@@ -99,7 +99,16 @@ def _fresh_modules() -> list[str]:
 def _fresh_imports(root: Path, packages: tuple[str, ...], modules: list[str]) -> dict[str, Any]:
     env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu"}
     run = subprocess.run(
-        [sys.executable, str(ROOT / "harness" / "fresh_imports.py"), str(root), *packages, "--", *modules],
+        [
+            sys.executable,
+            str(ROOT / "harness" / "fresh_imports.py"),
+            str(root),
+            *packages,
+            "--",
+            *third_party_imports(root, packages),
+            "--",
+            *modules,
+        ],
         capture_output=True,
         text=True,
         env=env,
