@@ -9,28 +9,23 @@ import types
 
 import pytest
 
-IMPLEMENTATIONS = ("cython", "python")
+# Each implementation's module suffix: the Cython module and its twin share the stem.
+MODULE_SUFFIX = {"cython": "_c", "python": "_py"}
+IMPLEMENTATIONS = tuple(MODULE_SUFFIX)
 
 
 def load_core(name: str) -> types.SimpleNamespace:
-    """The core classes of one implementation, imported directly (not via the chooser)."""
-    if name == "python":
-        lease = importlib.import_module("vllm_nixl_lease.prefill._lease_table_py")
-        router = importlib.import_module("vllm_nixl_lease.prefill._notification_router_py")
-        heartbeat = importlib.import_module("vllm_nixl_lease.decode._heartbeat_tracker_py")
-        return types.SimpleNamespace(
-            name=name,
-            LeaseTable=lease.LeaseTable,
-            NotificationRouter=router.NotificationRouter,
-            HeartbeatTracker=heartbeat.HeartbeatTracker,
-            encode_heartbeats=heartbeat.encode_heartbeats,
-        )
+    """The core classes of one implementation, imported directly (not via the chooser).
+
+    A missing Cython module skips the test unless VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1;
+    a missing twin is always an error."""
+    suffix = MODULE_SUFFIX[name]
     try:
-        lease = importlib.import_module("vllm_nixl_lease.prefill._lease_table_c")
-        router = importlib.import_module("vllm_nixl_lease.prefill._notification_router_c")
-        heartbeat = importlib.import_module("vllm_nixl_lease.decode._heartbeat_tracker_c")
+        lease = importlib.import_module(f"vllm_nixl_lease.prefill._lease_table{suffix}")
+        router = importlib.import_module(f"vllm_nixl_lease.prefill._notification_router{suffix}")
+        heartbeat = importlib.import_module(f"vllm_nixl_lease.decode._heartbeat_tracker{suffix}")
     except ImportError as exc:
-        if os.environ.get("VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS") == "1":
+        if name == "python" or os.environ.get("VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS") == "1":
             raise
         pytest.skip(f"Cython extension not built: {exc}")
     return types.SimpleNamespace(
