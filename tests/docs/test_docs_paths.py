@@ -9,17 +9,14 @@ import re
 from pathlib import Path
 
 import pytest
+from docs_text import DOCS, FENCE, INLINE_CODE, ROOT, rel
 
-ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "spec" / "README.md"]
 # Inline-code paths may be written from the repository root, the package or its adapter.
 PATH_ROOTS = [ROOT, ROOT / "vllm_nixl_lease", ROOT / "vllm_nixl_lease" / "adapter"]
 # Written by the commands the docs describe, not part of a checkout.
 GENERATED_PREFIXES = (".build/", "dist/", "build/", ".venv")
 
 LINK = re.compile(r"\]\(([^)\s]+)\)")
-INLINE_CODE = re.compile(r"`([^`\n]+)`")
-FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 PATH_LIKE = re.compile(r"[\w.*-]+(/[\w.*-]*)+|[\w*-]+\.(py|pyx|pxd|h|yml|yaml|json|md|png|toml|in)")
 # ``python -m`` of this repository's packages (not of build, pip, ...); not ``tools.<name>``.
 MODULE_RUN = re.compile(r"python -m ((?:vllm_nixl_lease|tools|harness)(?:\.\w+)*)(?![.\w<])")
@@ -43,10 +40,6 @@ def _anchors(md: Path) -> set[str]:
     return anchors
 
 
-def _rel(path: Path) -> str:
-    return path.relative_to(ROOT).as_posix()
-
-
 def _exists(candidate: Path) -> bool:
     if any(ch in candidate.name for ch in "*?"):
         return any(candidate.parent.glob(candidate.name))
@@ -59,13 +52,13 @@ def _resolve(written: str) -> str | None:
     for base in PATH_ROOTS:
         candidate = base / written
         if _exists(candidate):
-            return _rel(candidate)
+            return rel(candidate)
     if "/" not in written and any(ROOT.rglob(written)):  # a bare file name, e.g. `_wire.py`
         return written
     return None
 
 
-@pytest.mark.parametrize("md", DOCS, ids=lambda p: _rel(p))
+@pytest.mark.parametrize("md", DOCS, ids=rel)
 def test_links_resolve(md: Path) -> None:
     bad = []
     for target in LINK.findall(FENCE.sub("", md.read_text())):
@@ -76,11 +69,11 @@ def test_links_resolve(md: Path) -> None:
         if not dest.exists():
             bad.append(f"{target}: no such file")
         elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
-            bad.append(f"{target}: no heading with that anchor in {_rel(dest)}")
-    assert not bad, f"{_rel(md)}: {bad}"
+            bad.append(f"{target}: no heading with that anchor in {rel(dest)}")
+    assert not bad, f"{rel(md)}: {bad}"
 
 
-@pytest.mark.parametrize("md", DOCS, ids=lambda p: _rel(p))
+@pytest.mark.parametrize("md", DOCS, ids=rel)
 def test_code_paths_exist(md: Path) -> None:
     text = FENCE.sub("", md.read_text())
     bad = []
@@ -93,7 +86,7 @@ def test_code_paths_exist(md: Path) -> None:
         base = ROOT / module.replace(".", "/")
         if not (base.with_suffix(".py").exists() or (base / "__main__.py").exists()):
             bad.append(f"python -m {module}")
-    assert not bad, f"{_rel(md)} names paths that do not exist: {bad}"
+    assert not bad, f"{rel(md)} names paths that do not exist: {bad}"
 
 
 def _architecture_listing() -> list[str]:
@@ -129,7 +122,7 @@ def test_architecture_listing_exists() -> None:
 def test_architecture_listing_places_every_package_file() -> None:
     listed = set(_architecture_listing())
     sources = {
-        _rel(p)
+        rel(p)
         for p in (ROOT / "vllm_nixl_lease").rglob("*")
         if p.suffix in (".py", ".pyx", ".pxd") and "__pycache__" not in p.parts
     }

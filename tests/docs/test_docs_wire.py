@@ -25,11 +25,10 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
+from docs_text import DOCS, FENCE, INLINE_CODE, ROOT, rel
 
 from vllm_nixl_lease import _wire
 
-ROOT = Path(__file__).resolve().parents[2]
-DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "spec" / "README.md"]
 PROTOCOL = ROOT / "docs" / "PROTOCOL.md"
 
 MESSAGE_CONSTANTS = {
@@ -46,8 +45,6 @@ LEASE_KEYS = {value for name, value in vars(_wire).items() if name.startswith("P
 
 VALUE = "<>"
 REST = "..."
-INLINE_CODE = re.compile(r"`([^`\n]+)`")
-FENCE = re.compile(r"^```.*?^```", re.S | re.M)
 # What reads as a message: a head of upper-case letters and a colon, or a placeholder and a
 # colon (a completion), then no spaces outside placeholders.
 MESSAGE_LIKE = re.compile(r"(?:[A-Z][A-Z_]*:|<[^<>]+>:)(?:<[^<>]*>|[^\s<>])*")
@@ -193,14 +190,10 @@ def _tokens(form: str) -> Iterable[str]:
     return () if isinstance(result, str) else result
 
 
-def _rel(path: Path) -> str:
-    return path.relative_to(ROOT).as_posix()
-
-
-@pytest.mark.parametrize("md", DOCS, ids=_rel)
+@pytest.mark.parametrize("md", DOCS, ids=rel)
 def test_docs_spell_the_wire_as_wire_py_builds_it(md: Path) -> None:
     errors = wire_errors(md.read_text())
-    assert not errors, f"{_rel(md)}:\n" + "\n".join(errors)
+    assert not errors, f"{rel(md)}:\n" + "\n".join(errors)
 
 
 def test_protocol_md_spells_everything_wire_py_sends() -> None:
