@@ -13,6 +13,8 @@ import pytest
 import yaml
 from deploy_manifests import KUSTOMIZATIONS, rendered
 
+from harness.serve import prom
+
 # The kubectl on the CI image; kubernetes-validate ships schemas up to its own version.
 KUBERNETES_VERSION = "1.32.0"
 CRD_GROUP = "monitoring.coreos.com/v1"
@@ -191,7 +193,7 @@ def test_the_crd_schemas_reject_a_broken_object(kind: str, broken: Any) -> None:
 def test_promtool_accepts_the_prometheus_rule(tmp_path: Path) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
-        pytest.skip("promtool not found: make system-deps (as root) installs Debian's prometheus")
+        pytest.skip(f"promtool missing (Debian's prometheus package): {prom.INSTALL_HINT}")
     rule = next(o for _, o in _objects() if o["kind"] == "PrometheusRule")
     rules = tmp_path / "rules.yml"
     rules.write_text(yaml.safe_dump(rule["spec"]))
