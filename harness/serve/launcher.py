@@ -129,7 +129,7 @@ def server(
     ktc = {
         "kv_connector": name,
         "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
-        "kv_buffer_device": devices.kv_buffer_device(cfg.device),
+        "kv_buffer_device": cfg.device,  # vLLM names the KV buffer's devices as devices.DEVICES does
         "kv_connector_extra_config": {"kv_lease_duration": cfg.lease_s, **cfg.kv_extra},
         **cfg.kv_transfer,
         **({"engine_id": engine_id} if engine_id else {}),
