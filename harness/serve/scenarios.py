@@ -9,6 +9,7 @@ it) lets D read and serve them; killing D instead leaves P to reclaim them.
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import warnings
@@ -115,18 +116,20 @@ class Burst:
 
 
 def block_decode(
-    pd: PDCluster, max_s: float, start_timeout: float = 60.0, chain: int = 2
+    pd: PDCluster, max_s: float, start_timeout: float = 60.0, hold_s: float = 120.0
 ) -> client.BlockerChain:
-    """Occupy D's single slot with long streamed requests, ``chain`` of them one behind
-    the other so that the hold does not depend on D's decode speed (a quiet core decoded
-    one blocker in 17 s); released by the caller or by D's death."""
-    first = client.Blocker(pd.d_url, BLOCKER_PROMPT, pd.cfg.max_model_len - 64, max_s)
+    """Occupy D's single slot with long streamed requests queued one behind the other, enough of
+    them to hold D for `hold_s` at the speed D decodes the first one (a quiet core decoded one
+    blocker in 17 s, another machine two in 11 s); released by the caller or by D's death."""
+    max_tokens = pd.cfg.max_model_len - 64
+    first = client.Blocker(pd.d_url, BLOCKER_PROMPT, max_tokens, max_s)
     blockers = client.BlockerChain([first])
     if not first.wait_started(start_timeout):
         blockers.release()
         raise AssertionError(f"D did not start the blocker request in {start_timeout}s: {first.error}")
+    chain = blocker_chain_length(first, max_tokens, hold_s)
     for _ in range(chain - 1):
-        blockers.blockers.append(client.Blocker(pd.d_url, BLOCKER_PROMPT, pd.cfg.max_model_len - 64, max_s))
+        blockers.blockers.append(client.Blocker(pd.d_url, BLOCKER_PROMPT, max_tokens, max_s))
     deadline = time.time() + 30
     while time.time() < deadline:  # the queued ones reach D's queue before anything is routed
         text = client.metrics_text(pd.d_url, timeout=5.0)
@@ -135,6 +138,16 @@ def block_decode(
         time.sleep(0.1)
     blockers.release()
     raise AssertionError(f"D did not queue the {chain - 1} blocker(s) behind the first in 30 s")
+
+
+def blocker_chain_length(first: client.Blocker, max_tokens: int, hold_s: float, sample_s: float = 1.0) -> int:
+    """Blockers needed to hold D for `hold_s`: D's decode rate, sampled on the running `first`
+    over `sample_s`, times the hold, in blockers of `max_tokens` each (2 to 32: queued ones cost D
+    nothing until they run, and release() drops them unrun)."""
+    tokens0, t0 = first.tokens, time.time()
+    time.sleep(sample_s)
+    rate = (first.tokens - tokens0) / max(1e-3, time.time() - t0)
+    return max(2, min(32, 1 + math.ceil(hold_s * rate / max_tokens)))
 
 
 class QueueStalled(AssertionError):
