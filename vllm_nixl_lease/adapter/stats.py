@@ -62,8 +62,19 @@ LEASE_COUNTERS: dict[str, tuple[str, str]] = {
     ),
     "num_reads_discarded": (
         "vllm:nixl_lease_reads_discarded",
-        "READs D issued but saw complete only after its view of P's lease ended (a stall or "
-        "partition while they ran): discarded as failed loads, since P may have reused the blocks.",
+        "READs D issued but saw complete only with its view of P's lease ended or within its margin "
+        "(a stall or partition while they ran): discarded as failed loads, since P may have reused "
+        "the blocks.",
+    ),
+    "num_reads_parked_dropped": (
+        "vllm:nixl_lease_reads_parked_dropped",
+        "READs D held back for proof of their P process whose request ended meanwhile (an abort): "
+        "reported as failed loads so that vLLM frees their KV blocks.",
+    ),
+    "num_views_margin_floored": (
+        "vllm:nixl_lease_views_margin_floored",
+        "Lease views whose P advertised an extension too short for D's heartbeat interval: they keep "
+        "the margin floor instead (their READs may be fenced); give P and D the same kv_lease_duration.",
     ),
     "num_reads_carried": (
         "vllm:nixl_lease_reads_carried",

@@ -61,8 +61,9 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         self.lease_keeper.peer_interval = self.ack_answerer.longest_interval
         views = LeaseViews(lease_config.lease_safety_margin)
         self.ack_requester = AckRequester(self, views, lease_config)
+        requester = self.ack_requester
         self.read_fence = ReadFence(
-            self, views, lease_config, self.ack_requester.proof, self.ack_requester.other_instance
+            self, views, lease_config, requester.proof, requester.other_instance, requester.reached
         )
         self.heartbeat_sender = HeartbeatSender(
             self, lease_config.max_heartbeat_bytes, self.read_fence.heartbeat_delivered, self.ack_requester
@@ -119,8 +120,12 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
             self._post_read(req_id, meta)
 
     def _post_read(self, req_id: str, meta: Any) -> None:
-        if not self.read_fence.fenced(req_id, meta):
-            super()._read_blocks_for_req(req_id, meta)
+        # Under the handshake lock: upstream's done-callback (executor thread)
+        # must not connect the engine between the fence's verdict and
+        # upstream's own look at the connection (read_fence.py).
+        with self._handshake_lock:
+            if not self.read_fence.fenced(req_id, meta):
+                super()._read_blocks_for_req(req_id, meta)
 
     def _send_heartbeats(self, metadata: Any) -> None:
         self.heartbeat_sender.send(metadata)

@@ -26,6 +26,10 @@ empty for a *plain* P, which does not speak our protocol.
   which a partition breaks; acknowledged views assume nothing about delivery.
 - Before D reads, ``remaining`` must exceed the view's ``margin`` (room for the
   READ itself and for the clock-offset estimate), or D fences the read.
+- A view is converted to D's clock only with the offset of a connection proven
+  to reach its instance (plain views: the connection they are read over).
+  While the connection is unproven, ``may_wait`` judges the view with an
+  estimate it does not store, and ``move_to_chunk`` converts nothing.
 - When P's own answers prove that an engine now runs instance J
   (``instance_proven``), every view of that engine with another instance, and
   every plain view of it, ends: those leases died with their process.
@@ -300,8 +304,11 @@ class LeaseViews:
         view = self._views.get(local_id)
         if view is None:
             return False
-        if offset is not None:
-            self._local(view, offset)  # take up the old chunk's proof first
+        if offset is not None and view.local_deadline is not None:
+            # Take up the old chunk's proof first.  A view never converted has
+            # none to take up, and must not be converted here: the offset may be
+            # an unproven connection's (4.1).
+            self._local(view, offset)
         key, version = chunk
         if key == view.chunk:
             view.joined = max(view.joined, version)  # never lower ``joined``
@@ -374,6 +381,23 @@ class LeaseViews:
         if view is None:
             return None
         return self._local(view, offset) - now > view.margin
+
+    def may_wait(self, local_id: str, now: float, offset: float) -> bool | None:
+        """``may_read`` for a view whose connection is not proven yet: the same
+        test, but a view not converted yet is judged with an estimate that is
+        not stored (``offset`` may be another process's, section 4.1).  Only
+        for choosing between waiting for the proof and fencing: both are safe
+        whatever the estimate.  None if ``local_id`` is not viewed."""
+        view = self._views.get(local_id)
+        if view is None:
+            return None
+        if view.local_deadline is None:
+            return view.grantor_deadline - offset - now > view.margin
+        return self._local(view, offset) - now > view.margin
+
+    def margin_of(self, local_id: str) -> float | None:
+        view = self._views.get(local_id)
+        return None if view is None else view.margin
 
     def engine_of(self, local_id: str) -> str | None:
         view = self._views.get(local_id)

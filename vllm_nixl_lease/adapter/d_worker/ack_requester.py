@@ -119,6 +119,19 @@ class AckRequester:
                 state = PENDING
         return state
 
+    def reached(self, engine_id: str) -> str | None:
+        """The instance an agent of the current connection to ``engine_id`` has
+        answered as (the first found); None if none has, or not connected."""
+        agents = self._upstream._remote_agents.get(engine_id)
+        if not agents:
+            return None
+        proven = self._proven
+        for agent in agents.values():
+            seen = proven.get(agent_name(agent))
+            if seen is not None:
+                return seen
+        return None
+
     def other_instance(self, engine_id: str, instance: str) -> None:
         """D holds leases of ``instance`` but the connection to ``engine_id`` is
         proven another: release it (upstream's invalid-engine path, which waits

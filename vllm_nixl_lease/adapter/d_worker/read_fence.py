@@ -22,14 +22,51 @@ protocol) is read only over a connection proven to reach that instance
 (``ack_requester.py``); while the connection is not proven yet (a fresh or
 repeated handshake) the READ waits (``parked``, tried again every step), and
 once it is proven to reach another process the view has ended and the READ is
-fenced.  A plain P's view (no instance) is bound to the connection it is first
-read over; if upstream replaced that connection since (a repeated handshake,
-an invalid engine) the READ is fenced: the old process's views end with it.
+fenced.  While it waits, the view is judged with an estimate that converts
+nothing (``LeaseViews.may_wait``): the unproven connection's clock offset may
+be another process's, so it may only decide between waiting and fencing, and
+is never stored in the view.  A plain P's view (no instance) is bound to the
+connection it is first read over; if upstream replaced that connection since
+(a repeated handshake, an invalid engine) the READ is fenced: the old process's
+views end with it.  A plain view is fenced too when an agent of the current
+connection has answered as one of our P instances: whoever granted the plain
+lease did not speak our protocol, so it is not the process that connection
+reaches (``reached``).
+
+Every READ that waited and will not be posted is reported as a failed load
+exactly once: its request ended meanwhile (an abort drops its view), so vLLM,
+which keeps an aborted request's blocks until the worker reports it, frees
+them, and upstream's ``_recving_metadata`` entry goes with the report
+(``num_reads_parked_dropped``).
+
+The verdict and upstream's own look at the connection (``_read_blocks_for_req``
+defers a READ to an engine not connected yet) happen under upstream's
+handshake lock (``workers._post_read``), so the handshake's done-callback
+cannot connect the engine between the two: a READ judged "not connected" is
+deferred by upstream, and one judged on a connection is judged on its agents
+and clock offset together.  A connection with agents but no offset yet (a
+half-written pair) counts as unproven: the READ waits.
 
 Each view's margin follows the lease terms P advertised: at most
 ``lease_safety_margin``, and at most half the room between P's extension and
 D's heartbeat interval plus P's answer delay, so P and D configured with
-different ``kv_lease_duration`` values never fence reads P still holds.
+different ``kv_lease_duration`` values never fence reads P still holds.  It
+never falls below ``lease_safety_margin * MARGIN_FLOOR_SHARE``: the margin also
+covers the READ's own time and the clock-offset error, which do not shrink
+with P's terms.  When P's terms leave less room than that floor (P's extension
+too short for D's heartbeat interval), D logs it once per engine and counts the
+view (``num_views_margin_floored``); such views may lapse between heartbeats,
+and their READs are then fenced, never read late.
+
+Completions (``discard_late``) are judged with the same margin: a READ that D
+sees complete while its view has ``margin`` or less left is discarded, unless
+D saw it complete before ``T - margin``, where ``T`` is the view's deadline
+when the READ was posted.  The exception keeps a READ whose own completion
+notification let P free the blocks (P's "not held" answer can end the view
+before D sees the completion); the ``- margin`` keeps it honest against the
+same clock error the posting check allows for: D saw the READ complete, so it
+completed, at least ``margin`` before ``T`` by D's clock, and so before P's
+deadline by P's as long as the offset error is under the margin.
 """
 
 from __future__ import annotations
@@ -52,6 +89,10 @@ logger = init_logger(__name__)
 
 
 READ, FENCE, WAIT = "read", "fence", "wait"
+# A view's margin never falls below this share of lease_safety_margin.
+MARGIN_FLOOR_SHARE = 0.25
+# Engines whose short lease terms were logged (a bounded memory: oldest forgotten first).
+MAX_LOGGED_ENGINES = 1024
 
 
 class ReadFence:
@@ -59,7 +100,9 @@ class ReadFence:
 
     ``proof(engine, instance)``: does the connection to ``engine`` reach
     ``instance`` (``AckRequester.proof``)?  None: this worker asks no P for
-    acknowledgements, and never reads a view that needs them."""
+    acknowledgements, and never reads a view that needs them.
+    ``reached(engine)``: the instance an agent of the current connection to
+    ``engine`` answered as, None if none has (``AckRequester.reached``)."""
 
     def __init__(
         self,
@@ -68,12 +111,16 @@ class ReadFence:
         lease_config: LeaseConfig,
         proof: Callable[[str, str], str] | None = None,
         on_other: Callable[[str, str], None] | None = None,
+        reached: Callable[[str], str | None] | None = None,
     ) -> None:
         self._upstream = upstream
         self.views = views
         self._interval = lease_config.heartbeat_interval
         self._proof = proof
         self._on_other = on_other  # a view's connection proven another instance: (engine, instance)
+        self._reached = reached
+        self._margin_floor = views.margin * MARGIN_FLOOR_SHARE
+        self._short_terms_logged: dict[str, None] = {}  # engines logged, oldest first
         # Plain views: the connection (its agents) each was first read over.
         self._bound: dict[str, frozenset[str]] = {}
         # READs waiting for the proof of their P instance: req id -> upstream's meta.
@@ -82,13 +129,40 @@ class ReadFence:
         self._posted: dict[str, float] = {}
         self._log = RateLimitedLog(logger)
         self._log_late = RateLimitedLog(logger)
+        self._log_dropped = RateLimitedLog(logger)
+        self._log_short = RateLimitedLog(logger)
 
     def view_margin(self, view: NewView) -> float:
         """The margin of one view: ``lease_safety_margin`` at most, and at most
-        half the room P's terms leave between a heartbeat and the next answer."""
+        half the room P's terms leave between a heartbeat and the next answer,
+        but never below the floor (``lease_safety_margin * MARGIN_FLOOR_SHARE``)."""
         p_interval = view.interval if view.interval is not None else self._interval
         room = view.extension - self._interval - p_interval / 2
-        return max(0.0, min(self.views.margin, room / 2))
+        margin = min(self.views.margin, room / 2)
+        if margin >= self._margin_floor:
+            return margin
+        self._short_terms(view, room)
+        return self._margin_floor
+
+    def _short_terms(self, view: NewView, room: float) -> None:
+        self._upstream.xfer_stats.add("num_views_margin_floored", 1)
+        logged = self._short_terms_logged
+        if view.engine_id in logged:
+            return
+        logged[view.engine_id] = None
+        if len(logged) > MAX_LOGGED_ENGINES:
+            del logged[next(iter(logged))]
+        self._log_short.warning(
+            1,
+            "P engine %.64s extends a lease by %.3g s, too short for this D's heartbeat interval "
+            "(%.3g s): its views keep a margin of %.3g s instead of %.3g s, and may lapse between "
+            "heartbeats (such READs are fenced); give P and D the same kv_lease_duration",
+            view.engine_id,
+            view.extension,
+            self._interval,
+            self._margin_floor,
+            max(0.0, room / 2),
+        )
 
     # -- views shipped by the scheduler, around upstream's start_load_kv -----
     def add_views(self, metadata: object) -> None:
@@ -120,8 +194,25 @@ class ReadFence:
         # After the reads: an id whose tracking ended this step may still be read in it.
         updates: LeaseViewUpdates | None = getattr(metadata, LEASE_VIEWS_ATTR, None)
         if updates is not None:
+            parked = self.parked
             for local_id in updates.dropped:
                 self._forget(local_id)
+                if local_id in parked:
+                    self._drop_parked(local_id)
+
+    def _drop_parked(self, req_id: str) -> None:
+        """A parked READ that will never be posted (its request ended): report it
+        as a failed load, once, so vLLM frees its blocks and upstream forgets it."""
+        del self.parked[req_id]
+        up = self._upstream
+        up.xfer_stats.add("num_reads_parked_dropped", 1)
+        self._log_dropped.warning(
+            1,
+            "READ of %s, waiting for proof of its P process, will not be posted (its request ended); "
+            "reported as a failed load so that its KV blocks are freed",
+            req_id,
+        )
+        up._handle_failed_transfer(req_id, None, up._recv_failures, record_failed_transfer=False)
 
     def _forget(self, local_id: str) -> None:
         self.views.drop(local_id)
@@ -164,24 +255,29 @@ class ReadFence:
 
     def take_parked(self) -> list[tuple[str, ReadMeta]]:
         """READs that waited for proof, to try again; those whose view is gone
-        (their request ended meanwhile) are dropped."""
+        (their request ended meanwhile) are reported as failed loads."""
         if not self.parked:
             return []
+        views = self.views
+        gone = [req_id for req_id in self.parked if req_id not in views]
+        for req_id in gone:
+            self._drop_parked(req_id)
         parked, self.parked = self.parked, {}
-        return [(req_id, meta) for req_id, meta in parked.items() if req_id in self.views]
+        return list(parked.items())
 
     def _verdict(self, req_id: str, meta: ReadMeta) -> str:
         if req_id not in self.views or meta.remote is None:
             return READ
         engine_id = meta.remote.engine_id
         # Not connected yet: upstream defers the read to after the handshake
-        # and calls us again then, with the clock offset measured.
+        # and calls us again then, with the clock offset measured (the caller
+        # holds the handshake lock, so upstream sees what this saw).
         agents = self._upstream._remote_agents.get(engine_id)
         if not agents:
             return READ
         offset = self._upstream._engine_clock_offset.get(engine_id)
         if offset is None:
-            return READ
+            return WAIT  # agents without an offset: a half-written handshake, not ready
         # Nothing to read (e.g. all prefix-cached): upstream only notifies P.
         if not any(len(group) > 0 for group in meta.local_block_ids):
             return READ
@@ -193,8 +289,11 @@ class ReadFence:
                     self._on_other(engine_id, instance)
                 return FENCE
             if proof == PENDING:
-                return WAIT if self.views.may_read(req_id, time.perf_counter(), offset) else FENCE
+                # Judged without converting: this offset is not proven to be the grantor's.
+                return WAIT if self.views.may_wait(req_id, time.perf_counter(), offset) else FENCE
         else:
+            if self._reached is not None and self._reached(engine_id) is not None:
+                return FENCE  # the connection reaches one of our P processes: not this lease's grantor
             connection = frozenset(agent_name(a) for a in agents.values())
             bound = self._bound.setdefault(req_id, connection)
             if bound != connection:
@@ -203,9 +302,9 @@ class ReadFence:
 
     # -- READs completed this step (after upstream's _pop_done_transfers) ----
     def discard_late(self, done: set[str], failed: set[str]) -> None:
-        """Report as failed each completed READ whose view ended before D saw it
-        complete, unless D saw it complete before the deadline the view had when
-        the READ was posted."""
+        """Report as failed each completed READ whose view had its margin or less
+        left when D saw it complete, unless D saw it complete more than the
+        margin before the deadline the view had when the READ was posted."""
         posted = self._posted
         if not len(self.views):
             posted.clear()
@@ -219,8 +318,11 @@ class ReadFence:
             if engine_id is None or req_id in failed:
                 continue
             offset = offsets.get(engine_id)
-            left = None if offset is None else self.views.remaining(req_id, now, offset)
-            if left is not None and left <= 0 and now >= posted_deadline:
+            if offset is None:
+                continue
+            left = self.views.remaining(req_id, now, offset)
+            margin = self.views.margin_of(req_id)
+            if left is not None and margin is not None and left <= margin and now >= posted_deadline - margin:
                 late.append(req_id)
         for req_id in failed:
             posted.pop(req_id, None)
@@ -230,7 +332,8 @@ class ReadFence:
         self._upstream.xfer_stats.add("num_reads_discarded", len(late))
         self._log_late.warning(
             len(late),
-            "Discarding %d READ(s) that completed after D's view of their lease on P ended (e.g. %s): "
+            "Discarding %d READ(s) seen complete with D's view of their lease on P ended or within its "
+            "margin (e.g. %s): "
             "P may have freed the blocks while they ran; reported as failed loads "
             "(kv_load_failure_policy applies)",
             len(late),
