@@ -276,6 +276,30 @@ class Engine:
             # Released requests take their place in the queue by submission, as if never held.
             self.waiting = sorted(self.waiting + moved, key=lambda r: self.reqs[r]["seq"])
 
+    def abort(self, ids: list[str]) -> dict[str, int]:
+        """D: the client cancels these requests, as vLLM's scheduler does it: one
+        still queued ends at once; one admitted (waiting for its KV) ends, but
+        keeps its blocks until the workers report its load finished or failed."""
+        queued = admitted = 0
+        for local_id in ids:
+            rec = self.reqs.get(local_id)
+            if rec is None or "read_t" in rec or rec.get("aborted"):
+                continue
+            req = rec["req"]
+            rec["aborted"] = True
+            rec["aborted_t"] = time.monotonic()
+            waiting = req.status == self.status.WAITING_FOR_REMOTE_KVS
+            req.status = self.status.FINISHED_ABORTED
+            self.sched.request_finished(req, rec.get("blocks", []))
+            if waiting:
+                admitted += 1  # freed in _absorb, once reported
+                continue
+            queued += 1
+            self.held.pop(local_id, None)
+            if local_id in self.waiting:
+                self.waiting.remove(local_id)
+        return {"queued": queued, "admitted": admitted}
+
     def _schedule_d(self) -> None:
         still = []
         admitted = 0
@@ -454,9 +478,10 @@ class Engine:
             self.unread.pop(req_id, None)
             rec["failed"] = req_id in self.failed_pending
             self.failed_pending.discard(req_id)
-            req = rec["req"]
-            req.status = self.status.FINISHED_LENGTH_CAPPED
-            self.sched.request_finished(req, rec["blocks"])
+            if not rec.get("aborted"):  # an aborted request was finished at its abort
+                req = rec["req"]
+                req.status = self.status.FINISHED_LENGTH_CAPPED
+                self.sched.request_finished(req, rec["blocks"])
             self.free_blocks.extend(rec["blocks"])
             rec["freed_t"] = now
 
@@ -868,6 +893,8 @@ def _handle(eng: Engine, cmd: str, kwargs: dict[str, Any]) -> Any:
         return eng.submit(**kwargs)
     if cmd == "release":
         return eng.release(**kwargs)
+    if cmd == "abort":
+        return eng.abort(**kwargs)
     if cmd == "report":
         return eng.report()
     if cmd == "summary":

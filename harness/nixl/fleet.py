@@ -126,6 +126,11 @@ class EngineProcess:
     def release(self, ids: list[str] | None = None) -> None:
         self.call("release", ids=ids)
 
+    def abort(self, ids: list[str]) -> dict[str, int]:
+        """D: cancel these requests (``Engine.abort``)."""
+        result: dict[str, int] = self.call("abort", ids=ids)
+        return result
+
     def report(self) -> dict[str, Any]:
         return self.call("report")
 

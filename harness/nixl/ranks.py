@@ -119,6 +119,9 @@ class Rank:
             w._reap_expired_send_leases,
         )
 
+        hello = ESCAPE_PREFIX + HELLO_KIND
+        drop_hellos = self.spec.drop_hellos
+
         def get_new_notifs() -> dict[str, list[bytes]]:
             t0 = time.perf_counter()
             out = orig_get()
@@ -128,6 +131,8 @@ class Rank:
             for agent, msgs in out.items():
                 self.notifs.extend((now, agent, m) for m in msgs)
             self.probe_s += time.perf_counter() - t0
+            if drop_hellos:  # recorded (the engine counts them), never handed to the connector
+                out = {a: k for a, ms in out.items() if (k := [m for m in ms if not m.startswith(hello)])}
             return out
 
         def send_notif(agent_name: Any, notif_msg: bytes) -> None:

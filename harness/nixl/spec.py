@@ -60,6 +60,9 @@ class EngineSpec:
     # wrote it ends (flushed), so a P killed or crashed before the harness
     # drained it still tells what it wrote: a read of it can then be judged.
     written_log: bool = False
+    # P: NIXL hands the connector none of D's hellos (P's hello handling stopped,
+    # as in a slow admission): our D's connections to it are never proven.
+    drop_hellos: bool = False
     # Orphan guard: the engine exits this long after it started.
     max_lifetime_s: float = 600.0
 
