@@ -58,6 +58,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from .read_claims import ReadClaims
+
 _ENDED = -math.inf  # the deadline of a view that ended
 
 
@@ -105,6 +107,7 @@ class LeaseViews:
         self._proven: dict[str, str] = {}
         # engine -> the shortest extension of its views (breaks a chunk's chain of answers)
         self._extension: dict[str, float] = {}
+        self.claims = ReadClaims()  # one local reader per lease (read_claims.py)
 
     def __len__(self) -> int:
         return len(self._views)
@@ -162,6 +165,7 @@ class LeaseViews:
         sharing = self._by_remote[key]
         if len(sharing) == 1:
             del self._by_remote[key]
+            self.claims.release(key)
             names = self._names[(view.engine_id, view.instance)]
             del names[view.name]
             if not names:
@@ -374,6 +378,17 @@ class LeaseViews:
         if view is None:
             return None
         return self._local(view, offset) - now > view.margin
+
+    def claim_read(self, local_id: str, now: float, offset: float | None) -> bool:
+        """May ``local_id`` READ its lease: is it the only local request that
+        reads it (``read_claims.py``)?  True for a request D does not view.
+        ``offset``: P's clock minus D's (None while unknown)."""
+        view = self._views.get(local_id)
+        if view is None:
+            return True
+        expiry = -math.inf if offset is None else view.grantor_deadline - offset
+        key = (view.engine_id, view.instance, view.name)
+        return self.claims.claim(key, local_id, expiry, now, self._by_remote)
 
     def engine_of(self, local_id: str) -> str | None:
         view = self._views.get(local_id)
