@@ -354,3 +354,13 @@ def test_a_second_local_reader_of_one_lease_is_fenced_and_counted(d_worker, cloc
     assert sum(d_worker.xfer_stats.data["num_reads_fenced_second_reader"]) == 1
     assert sum(d_worker.xfer_stats.data["num_reads_fenced"]) == 0
     assert "d2" not in d_worker.read_fence.views and "d1" in d_worker.read_fence.views
+
+
+def test_a_second_local_reader_of_a_stock_p_lease_is_fenced(d_worker, clock: Clock) -> None:
+    """A stock P reports no deadline, so D views none of its leases; the claim
+    goes by P's request id."""
+    meta = SimpleNamespace(local_block_ids=([1, 2],), remote=SimpleNamespace(engine_id="P", request_id="p1"))
+    d_worker._read_blocks_for_req("d1", meta)
+    d_worker._read_blocks_for_req("d2", meta)
+    assert d_worker.reads == ["d1"] and d_worker._recv_failures == {"d2"}
+    assert sum(d_worker.xfer_stats.data["num_reads_fenced_second_reader"]) == 1

@@ -60,3 +60,18 @@ def test_claims_are_forgotten_when_unviewed_and_past_expiry() -> None:
     claims.claim(("P", "", "x"), "dx", expiry=-math.inf, now=2000.0, viewed=viewed)
     claims.release(("P", "", "x"))  # expiry unknown (never connected): forgotten at once
     assert len(claims) == 0
+
+
+def test_leases_of_a_p_without_views_are_claimed_too_and_capped(monkeypatch) -> None:
+    from vllm_nixl_lease.decode import read_claims
+
+    monkeypatch.setattr(read_claims, "MAX_UNVIEWED", 4)
+    views = LeaseViews(margin=1.0)
+    assert views.claim_read("d1", 0.0, 0.0, unviewed=("P", "p1")) is True  # a stock P: no view
+    assert views.claim_read("d1", 0.0, 0.0, unviewed=("P", "p1")) is True
+    assert views.claim_read("d2", 0.0, 0.0, unviewed=("P", "p1")) is False
+    assert views.claim_read("d3", 0.0, 0.0, unviewed=("Q", "p1")) is True
+    for i in range(4):
+        views.claim_read(f"e{i}", 0.0, 0.0, unviewed=("P", f"x{i}"))
+    assert len(views.claims) == 4  # the oldest forgotten first
+    assert views.claim_read("d2", 0.0, 0.0, unviewed=("P", "p1")) is True

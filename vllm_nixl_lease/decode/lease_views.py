@@ -379,13 +379,18 @@ class LeaseViews:
             return None
         return self._local(view, offset) - now > view.margin
 
-    def claim_read(self, local_id: str, now: float, offset: float | None) -> bool:
+    def claim_read(
+        self, local_id: str, now: float, offset: float | None, unviewed: tuple[str, str] | None = None
+    ) -> bool:
         """May ``local_id`` READ its lease: is it the only local request that
-        reads it (``read_claims.py``)?  True for a request D does not view.
-        ``offset``: P's clock minus D's (None while unknown)."""
+        reads it (``read_claims.py``)?  ``offset``: P's clock minus D's (None
+        while unknown).  ``unviewed``: ``(engine, P's request id)`` of the READ,
+        for a request D does not view (a stock P); without it such a READ may."""
         view = self._views.get(local_id)
         if view is None:
-            return True
+            if unviewed is None:
+                return True
+            return self.claims.claim_unviewed((unviewed[0], "", unviewed[1]), local_id)
         expiry = -math.inf if offset is None else view.grantor_deadline - offset
         key = (view.engine_id, view.instance, view.name)
         return self.claims.claim(key, local_id, expiry, now, self._by_remote)

@@ -1,4 +1,4 @@
-"""One READ per lease on this D (``docs/PROTOCOL.md``, rule R9).
+"""One READ per lease on this D (``docs/PROTOCOL.md``, rule D8).
 
 Upstream attaches P's completion notification to the READ itself, so the first
 READ of a lease that completes lets P free and reuse its blocks.  Several local
@@ -16,6 +16,12 @@ params (P's granted deadline converted), so a duplicate that reaches D after
 the first reader's request ended is fenced too.  The claims are bounded by
 the leases read within one lease duration, plus those still viewed.
 
+A stock P reports no lease deadline, so D keeps no view of its leases: nothing
+says how long a duplicate may wait in D's queue.  Those leases
+(``claim_unviewed``) are remembered by key, the most recently read
+``MAX_UNVIEWED`` of them (oldest forgotten first): bounded memory, and every
+duplicate of the last ``MAX_UNVIEWED`` reads is fenced.
+
 Cost: one dict lookup per READ (``claim``); an ended claim is one ordered-dict
 entry, pruned from the front as ``claim`` is called.
 """
@@ -27,21 +33,37 @@ from collections import OrderedDict
 from collections.abc import Container
 
 LeaseKey = tuple[str, str, str]  # (engine, instance, name), as LeaseViews keys views
+MAX_UNVIEWED = 1 << 16  # leases of a stock P (no view) remembered as read
 
 
 class ReadClaims:
     """Which local request reads each lease; keys of ended claims until their expiry."""
 
-    __slots__ = ("_reader", "_ended")
+    __slots__ = ("_reader", "_ended", "_unviewed")
 
     def __init__(self) -> None:
         # key -> [the local request that reads it, the end of a fresh view of it (D's clock)]
         self._reader: dict[LeaseKey, tuple[str, float]] = {}
         # keys no local view names any more -> when a fresh view of it would end (oldest first)
         self._ended: OrderedDict[LeaseKey, float] = OrderedDict()
+        # leases of a P that reports no deadline -> their reader, most recently read last
+        self._unviewed: OrderedDict[LeaseKey, str] = OrderedDict()
 
     def __len__(self) -> int:
-        return len(self._reader) + len(self._ended)
+        return len(self._reader) + len(self._ended) + len(self._unviewed)
+
+    def claim_unviewed(self, key: LeaseKey, local_id: str) -> bool:
+        """``claim`` for a lease D keeps no view of (a stock P): True for its
+        first reader, False for another while the key is among the last
+        ``MAX_UNVIEWED`` read."""
+        unviewed = self._unviewed
+        reader = unviewed.get(key)
+        if reader is not None:
+            return reader == local_id
+        unviewed[key] = local_id
+        if len(unviewed) > MAX_UNVIEWED:
+            unviewed.popitem(last=False)
+        return True
 
     def claim(
         self, key: LeaseKey, local_id: str, expiry: float, now: float, viewed: Container[LeaseKey]

@@ -32,8 +32,10 @@ class SecondReaderFence:
         if meta.remote is None:
             return False
         up = self._upstream
-        offset = up._engine_clock_offset.get(meta.remote.engine_id)
-        if self._views.claim_read(req_id, time.perf_counter(), offset):
+        remote = meta.remote
+        offset = up._engine_clock_offset.get(remote.engine_id)
+        unviewed = (remote.engine_id, getattr(remote, "request_id", ""))
+        if self._views.claim_read(req_id, time.perf_counter(), offset, unviewed if unviewed[1] else None):
             return False
         up.xfer_stats.add("num_reads_fenced_second_reader", 1)
         self._log.warning(
