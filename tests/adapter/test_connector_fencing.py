@@ -340,3 +340,28 @@ def test_heartbeats_go_out_before_the_steps_reads(d_worker, clock: Clock, monkey
     d_worker.start_load_kv(WorkerMeta(heartbeats={"P": hb}))
     assert seen == [2]  # both P ranks had their heartbeat before the reads
     assert len(d_worker.nixl_wrapper.sent) == 2  # and no second copy after them
+
+
+def test_a_second_local_reader_of_one_lease_is_fenced_and_counted(d_worker, clock: Clock) -> None:
+    """n > 1 or a duplicate decode on one D: the first READ's completion lets P
+    free the blocks, so only the first local request of a lease reads."""
+    deadline = clock.now + 500.0 + 10.0
+    for local_id in ("d1", "d2"):
+        d_worker.read_fence.views.add(local_id, "P", "p1", deadline, 8.0)
+    d_worker._read_blocks_for_req("d1", _recv_meta())
+    d_worker._read_blocks_for_req("d2", _recv_meta())
+    assert d_worker.reads == ["d1"]
+    assert d_worker._recv_failures == {"d2"}  # -> kv_load_failure_policy
+    assert sum(d_worker.xfer_stats.data["num_reads_fenced_second_reader"]) == 1
+    assert sum(d_worker.xfer_stats.data["num_reads_fenced"]) == 0
+    assert "d2" not in d_worker.read_fence.views and "d1" in d_worker.read_fence.views
+
+
+def test_a_second_local_reader_of_a_stock_p_lease_is_fenced(d_worker, clock: Clock) -> None:
+    """A stock P reports no deadline, so D views none of its leases; the claim
+    goes by P's request id."""
+    meta = SimpleNamespace(local_block_ids=([1, 2],), remote=SimpleNamespace(engine_id="P", request_id="p1"))
+    d_worker._read_blocks_for_req("d1", meta)
+    d_worker._read_blocks_for_req("d2", meta)
+    assert d_worker.reads == ["d1"] and d_worker._recv_failures == {"d2"}
+    assert sum(d_worker.xfer_stats.data["num_reads_fenced_second_reader"]) == 1

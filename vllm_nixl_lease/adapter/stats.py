@@ -76,6 +76,12 @@ LEASE_COUNTERS: dict[str, tuple[str, str]] = {
         "Lease views whose P advertised an extension too short for D's heartbeat interval: they keep "
         "the margin floor instead (their READs may be fenced); give P and D the same kv_lease_duration.",
     ),
+    "num_reads_fenced_second_reader": (
+        "vllm:nixl_lease_reads_fenced_second_reader",
+        "READs D refused because another request on this D reads, or has read, the same lease "
+        "(n > 1, a retried or duplicate decode): the first READ's completion lets P free the "
+        "blocks (reported as failed loads: kv_load_failure_policy applies).",
+    ),
     "num_reads_carried": (
         "vllm:nixl_lease_reads_carried",
         "READs D postponed to a later step because the step had spent read_post_budget_ms posting "
@@ -154,6 +160,7 @@ _REDUCED_COUNTERS = {
     "num_malformed_notifs": "Num malformed notifs",
     "num_reads_fenced": "Num reads fenced",
     "num_reads_discarded": "Num reads discarded",
+    "num_reads_fenced_second_reader": "Num reads fenced (second reader)",
     "num_reads_carried": "Num reads carried",
 }
 ACTIVE_LEASES = "active_leases"  # items: [tp_rank, leases held after the step]

@@ -62,6 +62,8 @@ from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from .read_claims import ReadClaims
+
 _ENDED = -math.inf  # the deadline of a view that ended
 
 
@@ -109,6 +111,7 @@ class LeaseViews:
         self._proven: dict[str, str] = {}
         # engine -> the shortest extension of its views (breaks a chunk's chain of answers)
         self._extension: dict[str, float] = {}
+        self.claims = ReadClaims()  # one local reader per lease (read_claims.py)
 
     def __len__(self) -> int:
         return len(self._views)
@@ -166,6 +169,7 @@ class LeaseViews:
         sharing = self._by_remote[key]
         if len(sharing) == 1:
             del self._by_remote[key]
+            self.claims.release(key)
             names = self._names[(view.engine_id, view.instance)]
             del names[view.name]
             if not names:
@@ -398,6 +402,22 @@ class LeaseViews:
     def margin_of(self, local_id: str) -> float | None:
         view = self._views.get(local_id)
         return None if view is None else view.margin
+
+    def claim_read(
+        self, local_id: str, now: float, offset: float | None, unviewed: tuple[str, str] | None = None
+    ) -> bool:
+        """May ``local_id`` READ its lease: is it the only local request that
+        reads it (``read_claims.py``)?  ``offset``: P's clock minus D's (None
+        while unknown).  ``unviewed``: ``(engine, P's request id)`` of the READ,
+        for a request D does not view (a stock P); without it such a READ may."""
+        view = self._views.get(local_id)
+        if view is None:
+            if unviewed is None:
+                return True
+            return self.claims.claim_unviewed((unviewed[0], "", unviewed[1]), local_id)
+        expiry = -math.inf if offset is None else view.grantor_deadline - offset
+        key = (view.engine_id, view.instance, view.name)
+        return self.claims.claim(key, local_id, expiry, now, self._by_remote)
 
     def engine_of(self, local_id: str) -> str | None:
         view = self._views.get(local_id)

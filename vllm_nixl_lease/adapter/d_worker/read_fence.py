@@ -84,6 +84,7 @@ from ..metadata import LEASE_VIEWS_ATTR, LeaseViewUpdates, NewView
 from ..ratelimit import RateLimitedLog
 from ..upstream import ReadMeta, UpstreamWorker
 from .ack_requester import OTHER, PENDING, agent_name
+from .second_reader import SecondReaderFence
 
 logger = init_logger(__name__)
 
@@ -131,6 +132,7 @@ class ReadFence:
         self._log_late = RateLimitedLog(logger)
         self._log_dropped = RateLimitedLog(logger)
         self._log_short = RateLimitedLog(logger)
+        self._second_reader = SecondReaderFence(upstream, views)  # one READ per lease
 
     def view_margin(self, view: NewView) -> float:
         """The margin of one view: ``lease_safety_margin`` at most, and at most
@@ -224,6 +226,9 @@ class ReadFence:
         """True when the READ must not be posted now: fenced (reported as a
         failed load) or waiting for proof (``parked``, tried again next step)."""
         verdict = self._verdict(req_id, meta)
+        if verdict == READ and self._second_reader.fenced(req_id, meta):
+            self._forget(req_id)
+            return True
         if verdict == READ:
             if meta.remote is not None and req_id in self.views:
                 offset = self._upstream._engine_clock_offset.get(meta.remote.engine_id)

@@ -1,0 +1,83 @@
+"""Several readers of one lease over real NIXL (issue 35 item 1).
+
+``same_d``: one P, one D; every P request is queued twice on D (two local
+requests carrying the same ``kv_transfer_params``: n > 1, a retried or
+duplicate decode).  The first copies are read; P frees their leases on the
+completions and at once prefills new requests into the freed blocks; the
+second copies are admitted ``gap_s`` later.  A second copy that reads, and is
+not reported failed, gets the new requests' KV: a stale read.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from .fleet import EngineProcess, Fleet, wait_for
+from .scenarios import TOKENS, d_id, over_ranks, prefill, wait_freed
+
+
+def dup_id(p_id: str) -> str:
+    """D's local id of a request's second copy (``d_id`` names the first)."""
+    return f"d2-{p_id}"
+
+
+def _loaded(d: EngineProcess, local_ids: list[str], timeout: float) -> dict[str, Any]:
+    def done() -> dict[str, Any] | None:
+        rep = d.report()
+        return rep if all("read_t" in rep["reqs"][i] for i in local_ids) else None
+
+    return wait_for(done, timeout, what=f"D finishing {len(local_ids)} load(s)")
+
+
+def copies(p_rep: dict[str, Any], d_rep: dict[str, Any], ids: list[str], local: Any) -> dict[str, int]:
+    """Of the copies ``local(p_id)`` of ``ids`` on D: loads that read P's KV
+    (``ok``), failed (``failed``), or read something else without failing (``stale``)."""
+    out = {"ok": 0, "failed": 0, "stale": 0}
+    for r in ids:
+        rec = d_rep["reqs"][local(r)]
+        if rec.get("failed"):
+            out["failed"] += 1
+        elif rec.get("digest") and rec["digest"] == p_rep["reqs"][r].get("digest"):
+            out["ok"] += 1
+        else:
+            out["stale"] += 1
+    return out
+
+
+def same_d(fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 8, gap_s: float = 0.2) -> dict[str, Any]:
+    blocks = -(-TOKENS // 32)
+    # P holds exactly n requests: the prefills after the reads reuse the freed blocks.
+    p = fleet.start("P", "p", stock=p_stock, num_blocks=n * blocks + 1)
+    d = fleet.start("D", "d", stock=d_stock)
+    ids, params = prefill(p, "dup", n)
+    d.submit([(d_id(r), params[r], TOKENS) for r in ids], hold=False)
+    d.submit([(dup_id(r), params[r], TOKENS) for r in ids], hold=True)
+    wait_freed(p, ids, timeout=30)  # on the first copies' completions
+    first_rep = _loaded(d, [d_id(r) for r in ids], 30)
+    reuse_ids, _ = prefill(p, "reuse", n)  # overwrites the freed blocks
+    time.sleep(gap_s)
+    d.release([dup_id(r) for r in ids])
+    d_rep = _loaded(d, [dup_id(r) for r in ids], 30)
+    time.sleep(0.5)  # let P take in the second copies' completions
+    p_rep = p.report()
+    d_stats, p_stats = d.stats(), p.stats()
+    out: dict[str, Any] = {
+        "n": n,
+        "first": copies(p_rep, first_rep, ids, d_id),
+        "second": copies(p_rep, d_rep, ids, dup_id),
+        "fenced_second_reader": over_ranks(d_stats, "num_reads_fenced_second_reader"),
+        "fenced": over_ranks(d_stats, "num_reads_fenced"),
+        "discarded": over_ranks(d_stats, "num_reads_discarded"),
+        "p_unknown_completions": over_ranks(p_stats, "num_notifications_after_expiry"),
+        "reused": all(p_rep["reqs"][r].get("delay_free") for r in reuse_ids),
+        "errors": p_rep["errors"] + d_rep["errors"],
+    }
+    who = f"P {'stock' if p_stock else 'ours'}, D {'stock' if d_stock else 'ours'}"
+    print(
+        f"\n== each request queued twice on one D ({who}), second admitted {gap_s}s after P reused "
+        f"the blocks: first {out['first']}, second {out['second']}, fenced as second reader "
+        f"{out['fenced_second_reader']}, fenced {out['fenced']}, discarded {out['discarded']}, "
+        f"P completions for no lease {out['p_unknown_completions']}"
+    )
+    return out

@@ -1,0 +1,41 @@
+"""Several readers of one lease over real NIXL (``harness/nixl/readers.py``,
+docs/PROTOCOL.md rule D8): a second local request of a lease must never read
+the blocks P freed on the first one's completion.  Run with ``-s`` for the counts."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("nixl")
+from harness.nixl import Fleet, readers
+from harness.nixl import scenarios as sc
+
+pytestmark = pytest.mark.serial
+
+
+@pytest.mark.parametrize(
+    "p_stock", [pytest.param(False, id="ourP-ourD"), pytest.param(True, id="stockP-ourD")]
+)
+def test_second_local_reader_of_a_lease_is_fenced(tmp_path, p_stock: bool) -> None:
+    with Fleet(tmp_path, lease=sc.LEASE) as fleet:
+        out = readers.same_d(fleet, p_stock=p_stock, d_stock=False)
+    n = out["n"]
+    assert out["reused"], "P must have reused the freed blocks, or the scenario proves nothing"
+    assert out["first"] == {"ok": n, "failed": 0, "stale": 0}, out["first"]
+    assert out["second"] == {"ok": 0, "failed": n, "stale": 0}, out["second"]
+    # Fenced by the claim, not by P's "not held" answer racing it (that would be luck).
+    assert out["fenced_second_reader"] == n
+    assert out["p_unknown_completions"] == 0, "a second READ's completion reached P"
+    assert out["errors"] == []
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="vLLM 0.33.0's D reads every local request of a lease: the second copies read the "
+    "blocks P freed on the first copies' completions and reused (issue 35: 8 of 8 stale)",
+)
+def test_second_local_reader_stock_reads_freed_blocks(tmp_path) -> None:
+    with Fleet(tmp_path, lease=sc.LEASE) as fleet:
+        out = readers.same_d(fleet, p_stock=True, d_stock=True)
+    assert out["reused"] and out["first"]["ok"] == out["n"]
+    assert out["second"]["stale"] == 0, f"stock D read {out['second']['stale']} of {out['n']} stale"
