@@ -34,6 +34,8 @@
  *                         connections (the old `acked_engines`)
  *   MUT_NO_TOMBSTONES     P answers "held" for any live lease a colliding key
  *                         names (no tombstones, no ambiguity)
+ *   MUT_NO_COMPLETION_MARGIN  D keeps a completed READ seen before its view's
+ *                         or its posted deadline, with no margin (the old discard_late)
  * and one that must break the liveness claim L:
  *   MUT_NO_HELLO          D never says hello (so nothing is ever proven)
  */
@@ -174,7 +176,7 @@ byte pinst = 1;            /* 0: down */
 bool pstock;               /* the running process is stock vLLM */
 bool restarted;
 bool held[NRANK * NL];
-short rem[NRANK * NL];     /* deadline minus now, P's clock (-1: overdue) */
+short rem[NRANK * NL];     /* deadline minus now, P's clock (0: due, freed at the next sweep) */
 bool amb[NRANK * NL];      /* ambiguous: its key has a tombstone, or a sharer was freed */
 byte tomb[NRANK];          /* P's clock left on key 0's tombstone (0: none) */
 bool loaded[NRANK];        /* D's agent admitted on this rank (P6) */
@@ -202,6 +204,7 @@ byte dq[NRQ];
 short vrem[NRQ];
 bool vconv[NRQ];
 bool rd_ok[NRQ];          /* ghost: the READ reached the granting process, which held it throughout */
+byte pdl[NRQ];            /* a posted READ: its view's deadline at the post, minus now (0: passed) */
 bool conn;                 /* upstream's connection to the engine (_remote_agents[E]) */
 byte cinst;                /* the process that connection reaches (its agents) */
 byte cskew;                /* P's skew at its handshake (the offset measured is POFF(cinst) + cskew) */
@@ -292,7 +295,7 @@ end:
        /* P's timers, on P's clock */
        i = 0;
        do
-       :: i < NRANK * NL -> if :: held[i] -> rem[i] = (rem[i] - pstep < -1 -> -1 : rem[i] - pstep) :: else fi; i++
+       :: i < NRANK * NL -> if :: held[i] -> rem[i] = (rem[i] - pstep < 0 -> 0 : rem[i] - pstep) :: else fi; i++
        :: else -> i = 0; break
        od;
        tomb[0] = (tomb[0] < pstep -> 0 : tomb[0] - pstep);
@@ -304,6 +307,7 @@ end:
        /* D's timers */
        vrem[0] = (vconv[0] && vrem[0] > VFLOOR -> vrem[0] - 1 : vrem[0]);
        vrem[1] = (vconv[1] && vrem[1] > VFLOOR -> vrem[1] - 1 : vrem[1]);
+       pdl[0] = (pdl[0] > 0 -> pdl[0] - 1 : 0); pdl[1] = (pdl[1] > 0 -> pdl[1] - 1 : 0);
        rem_d_done(0); rem_d_done(1);
        /* every copy of a heartbeat's number ages; AckLedger.prune: a send older
         * than EXT could move no view */
@@ -378,8 +382,8 @@ end:
        :: else -> k = 0; break
        od;
        tomb[0] = 0; tomb[LAST] = 0; loaded[0] = 0; loaded[LAST] = 0;
-       if :: dq[0] == READING && cinst == 1 -> dq[0] = FENCED :: else fi;
-       if :: dq[1] == READING && cinst == 1 -> dq[1] = FENCED :: else fi }
+       if :: dq[0] == READING && cinst == 1 -> dq[0] = FENCED; pdl[0] = 0 :: else fi;
+       if :: dq[1] == READING && cinst == 1 -> dq[1] = FENCED; pdl[1] = 0 :: else fi }
   :: atomic { FAULT pinst == 0 && !restarted ->
        /* the same engine id, a new process: a new instance (A5) */
        restarted = 1; pinst = 2;
@@ -448,7 +452,7 @@ inline p_recv(k, i)
 
 inline p_expire(k, l)
 {
-  atomic { held[k * NL + l] && rem[k * NL + l] < 0 -> free_lease(k, l); printf("EV P%d rank %d frees lease %d (expired)\n", pinst, k, l) }
+  atomic { held[k * NL + l] && rem[k * NL + l] <= 0 -> free_lease(k, l); printf("EV P%d rank %d frees lease %d (expired)\n", pinst, k, l) }
 }
 
 proctype Pworker(byte rank)
@@ -562,17 +566,25 @@ inline d_start(r)
   atomic { conn && dq[r] == QUEUED && vconv[r] && !FENCE_OTHER(r) && READABLE(r) && MAY_READ(r) ->
     if
     :: cinst != pinst -> dq[r] = FENCED   /* the process is gone: the READ fails */
-    :: else -> dq[r] = READING; rd_ok[r] = (rinst[r] == pinst && HELD_ALL(r));
+    :: else -> dq[r] = READING; rd_ok[r] = (rinst[r] == pinst && HELD_ALL(r)); pdl[r] = vrem[r];
        printf("EV D starts READ of r%d from P%d (view %d left)\n", r, cinst, vrem[r])
     fi }
 }
 
-/* D sees the READ complete: discard_late, else it is kept */
+/* D sees the READ complete: discard_late keeps it if seen before the deadline
+ * it was posted with minus the margin, or while its view has more than the
+ * margin left (the margin covers the clocks' error at completion too) */
+#ifdef MUT_NO_COMPLETION_MARGIN
+#define KEEP(r) (vrem[r] > 0 || pdl[r] > 0)
+#else
+#define KEEP(r) (vrem[r] > MARGIN || pdl[r] > MARGIN)
+#endif
 inline d_done(r)
 {
   atomic { dq[r] == READING ->
+    pdl[r] = 0;
     if
-    :: vrem[r] <= 0 -> dq[r] = FENCED
+    :: !KEEP(r) -> dq[r] = FENCED
     :: else ->
        /* S: no READ completes over blocks P freed or another process holds */
        printf("EV the READ of r%d completes (view %d left)\n", r, vrem[r]);

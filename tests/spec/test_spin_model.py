@@ -30,6 +30,7 @@ MUTATIONS = {
     "MUT_NO_EPOCH": "SCOPE_RESTART",
     "MUT_REMEMBERED_CAPS": "SCOPE_RESTART",
     "MUT_NO_TOMBSTONES": "SCOPE_RESTART",
+    "MUT_NO_COMPLETION_MARGIN": "SCOPE_NET",
 }
 # The mutation's counterexample must end at this assertion.
 MUTATION_ASSERTS = {
@@ -37,9 +38,10 @@ MUTATION_ASSERTS = {
     "MUT_NO_EPOCH": "rd_ok",
     "MUT_REMEMBERED_CAPS": "m_kind",
     "MUT_NO_TOMBSTONES": "rd_ok",
+    "MUT_NO_COMPLETION_MARGIN": "rd_ok",
 }
 # Breadth-first where the space up to the counterexample is small: the shortest trail.
-BREADTH_FIRST = {"MUT_NO_EPOCH", "MUT_REMEMBERED_CAPS"}
+BREADTH_FIRST = {"MUT_NO_EPOCH", "MUT_REMEMBERED_CAPS", "MUT_NO_COMPLETION_MARGIN"}
 # A search of the whole space must never stop at these bounds.
 DEPTH = 200_000
 MEMLIM_MB = 2048
