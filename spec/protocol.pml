@@ -36,6 +36,8 @@
  *                         names (no tombstones, no ambiguity)
  *   MUT_NO_COMPLETION_MARGIN  D keeps a completed READ seen before its view's
  *                         or its posted deadline, with no margin (the old discard_late)
+ *   MUT_COMP_ANY_CONN     D sends an abort's completion over any connection
+ *   MUT_DROP_PARKED       an aborted parked READ is dropped, never reported
  * and one that must break the liveness claim L:
  *   MUT_NO_HELLO          D never says hello (so nothing is ever proven)
  */
@@ -50,6 +52,7 @@
 #define NO_Y
 #define NO_CRASH
 #define NO_RELEASE
+#define NO_ABORT
 #endif
 #ifdef SCOPE_RANKS         /* two TP ranks; loss, delay, stalls (drift: the other scopes) */
 #define NRANK 2
@@ -63,6 +66,7 @@
 #define NO_RELEASE
 #define NO_CUT
 #define NO_DUP
+#define NO_ABORT
 #endif
 #ifdef SCOPE_RESTART       /* crash, restart (ours or stock), reconnects, colliding keys; loss, delay, stalls, drift */
 #define NRANK 1
@@ -72,9 +76,21 @@
 #define NO_CUT
 #define NO_DUP
 #define NO_FORGET
+#define NO_ABORT
+#endif
+#ifdef SCOPE_ABORT         /* SCOPE_RESTART's faults with aborts of parked READs and their completions; no drift */
+#define NRANK 1
+#define DRIFT 0
+#define DPN 1
+#define PDN 1
+#define LN 1
+#define NO_CUT
+#define NO_DUP
+#define NO_FORGET
 #endif
 #ifdef NOFAULT             /* the liveness claim's schedule: two ranks, two requests */
 #define NREQ 2
+#define NO_ABORT
 #endif
 
 #ifndef NRANK
@@ -122,6 +138,11 @@
 #define PDDUPOK
 #define FORGETOK
 #define RELEASEOK
+#define ABORTOK
+#ifdef NO_ABORT
+#undef ABORTOK
+#define ABORTOK false &&
+#endif
 #ifdef NO_Y
 #undef YOK
 #define YOK false &&
@@ -164,10 +185,12 @@
 #define READING 2
 #define READ 3             /* READ completed and kept */
 #define FENCED 4           /* failed load: fenced, discarded, or the READ failed */
+#define DROPPED 5          /* MUT_DROP_PARKED: forgotten without a report */
 
 /* message kinds */
 #define HELLO 1
 #define LHB 2              /* LHB: or LHBT: (names collide the same way: reused ids, tags) */
+#define COMP 3             /* <id>:<count> outside a READ (abort cleanup, full prefix hit) */
 
 byte skew;
 
@@ -189,7 +212,7 @@ bool link_up = 1;
 byte dp_kind[2];
 byte dp_inst[2];         /* the process whose agents it is addressed to */
 byte dp_mask[2];
-byte dp_seq[2];          /* LHB: its sequence number (SEQ) */
+byte dp_seq[2];          /* LHB: its sequence number (SEQ); COMP: the instance whose lease it means (ghost) */
 byte dp_key[2];
 bool pd_used[2];
 byte pd_inst[2];         /* sender's process (its agent) and the instance the answer names */
@@ -210,6 +233,7 @@ byte cinst;                /* the process that connection reaches (its agents) *
 byte cskew;                /* P's skew at its handshake (the offset measured is POFF(cinst) + cskew) */
 byte proven[NRANK];        /* the instance each agent of it answered with (0: none) */
 bool hb_due[NRQ];         /* this tick's heartbeat, scheduler -> worker */
+bool dblk[NRQ];           /* D's KV blocks for the request: held until D reports it (finished_recving) */
 bool hello_due = 1;        /* hello_retry_s */
 /* A heartbeat's sequence number names its send: SEQ(age, r), the request and
  * how long ago it was sent (at most one per request per tick, so a number never
@@ -228,6 +252,7 @@ byte eng_proven;
 
 /* scratch: every atomic step leaves them 0 */
 byte i, j, k, l, m_kind, m_inst, m_seq, m_key, m_rank, m_nh, m_s, pstep;
+bool comp_ok, dblk_back;
 
 /* Bags are kept canonical (slot 0 fills first): the order of slots means nothing. */
 inline dp_compact()
@@ -273,7 +298,8 @@ inline pd_compact()
 /* a request D is done with keeps no view (canonical states) */
 inline rem_d_done(r)
 {
-  if :: dq[r] >= READ -> vrem[r] = 0; vconv[r] = 0 :: else fi
+  if :: dq[r] >= READ -> vrem[r] = 0; vconv[r] = 0 :: else fi;
+  if :: dq[r] == READ || dq[r] == FENCED -> dblk[r] = 0 :: else fi   /* reported */
 }
 /* LeaseViews._local: P's deadline on D's clock, converted with the connection's offset */
 #define CONV(r) (vrem[r] + POFF(rinst[r]) + skew - POFF(cinst) - cskew)
@@ -309,6 +335,10 @@ end:
        vrem[1] = (vconv[1] && vrem[1] > VFLOOR -> vrem[1] - 1 : vrem[1]);
        pdl[0] = (pdl[0] > 0 -> pdl[0] - 1 : 0); pdl[1] = (pdl[1] > 0 -> pdl[1] - 1 : 0);
        rem_d_done(0); rem_d_done(1);
+       /* D's blocks come back once D has nothing left of a request (vLLM frees
+        * them on the worker's report) */
+       dblk_back = !(dq[0] > READING && dblk[0]) && !(dq[1] > READING && dblk[1]);
+       assert(dblk_back);
        /* every copy of a heartbeat's number ages; AckLedger.prune: a send older
         * than EXT could move no view */
        i = 0;
@@ -424,7 +454,19 @@ inline p_recv(k, i)
     :: m_inst == pinst && pstock ->
        /* our hello is behind the HB:, escape: stock takes it for a heartbeat
         * naming none of its leases.  LHB:/LHBT: must never reach it. */
-       assert(m_kind == HELLO)
+       assert(m_kind != LHB)
+    :: m_inst == pinst && !pstock && m_kind == COMP ->
+       /* a completion frees the lease its id names here: on the process that
+        * granted it, D's own lease; on another, a colliding id's (Y) */
+       l = (m_seq == pinst -> m_key : (m_key == 0 -> YL : NL));
+       if
+       :: l < NL && held[k * NL + l] ->
+          comp_ok = (m_seq == pinst);
+          printf("EV P%d rank %d frees lease %d on a completion meant for P%d\n", pinst, k, l, m_seq);
+          assert(comp_ok); free_lease(k, l); comp_ok = 0
+       :: else
+       fi;
+       l = 0
     :: m_inst == pinst && !pstock && m_kind == HELLO ->
        /* P6/P7: admitted if it names a lease held here; welcomed at once */
        if
@@ -495,8 +537,8 @@ active proctype Dsched()
 {
 end:
   do
-  :: atomic { dq[0] == NONE && rinst[0] != 0 -> dq[0] = QUEUED; hb_due[0] = 1 }
-  :: atomic { dq[1] == NONE && rinst[1] != 0 -> dq[1] = QUEUED; hb_due[1] = 1 }
+  :: atomic { dq[0] == NONE && rinst[0] != 0 -> dq[0] = QUEUED; hb_due[0] = 1; dblk[0] = 1 }
+  :: atomic { dq[1] == NONE && rinst[1] != 0 -> dq[1] = QUEUED; hb_due[1] = 1; dblk[1] = 1 }
   od
 }
 
@@ -593,6 +635,31 @@ inline d_done(r)
     rd_ok[r] = 0 }
 }
 
+/* The client aborts a request whose READ waits (parked: queued, unproven or
+ * not yet started): D reports it failed at once (its blocks come back), and
+ * sends P its completion only over a connection proven its instance.  An
+ * aborted posted READ is not modelled apart: it completes or fails, and is
+ * handled as any READ (d_done). */
+#ifdef MUT_COMP_ANY_CONN
+#define COMP_TO(r) conn
+#else
+#define COMP_TO(r) (conn && PROVEN_AS(rinst[r]))
+#endif
+inline d_abort(r)
+{
+  atomic { FAULT ABORTOK dq[r] == QUEUED ->
+    printf("EV the client aborts r%d\n", r);
+#ifdef MUT_DROP_PARKED
+    dq[r] = DROPPED;
+#else
+    dq[r] = FENCED;
+#endif
+    if
+    :: COMP_TO(r) -> d_send(COMP, ALL_RANKS, rinst[r], KEY(r)); printf("EV D sends r%d's completion to P%d\n", r, cinst)
+    :: else
+    fi }
+}
+
 /* ack_requester.received: one answer */
 inline d_answer(i)
 {
@@ -683,6 +750,8 @@ end:
   :: d_done(1)
   :: d_answer(0)
   :: d_answer(1)
+  :: d_abort(0)
+  :: d_abort(1)
   od
 }
 

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 MODEL = Path(__file__).resolve().parents[2] / "spec" / "protocol.pml"
-SCOPES = ("SCOPE_NET", "SCOPE_RANKS", "SCOPE_RESTART")
+SCOPES = ("SCOPE_NET", "SCOPE_RANKS", "SCOPE_RESTART", "SCOPE_ABORT")
 # mutation -> the scope whose faults expose it
 MUTATIONS = {
     "MUT_RENEW_ON_SEND": "SCOPE_NET",
@@ -31,6 +31,8 @@ MUTATIONS = {
     "MUT_REMEMBERED_CAPS": "SCOPE_RESTART",
     "MUT_NO_TOMBSTONES": "SCOPE_RESTART",
     "MUT_NO_COMPLETION_MARGIN": "SCOPE_NET",
+    "MUT_COMP_ANY_CONN": "SCOPE_ABORT",
+    "MUT_DROP_PARKED": "SCOPE_ABORT",
 }
 # The mutation's counterexample must end at this assertion.
 MUTATION_ASSERTS = {
@@ -39,9 +41,17 @@ MUTATION_ASSERTS = {
     "MUT_REMEMBERED_CAPS": "m_kind",
     "MUT_NO_TOMBSTONES": "rd_ok",
     "MUT_NO_COMPLETION_MARGIN": "rd_ok",
+    "MUT_COMP_ANY_CONN": "comp_ok",
+    "MUT_DROP_PARKED": "dblk_back",
 }
 # Breadth-first where the space up to the counterexample is small: the shortest trail.
-BREADTH_FIRST = {"MUT_NO_EPOCH", "MUT_REMEMBERED_CAPS", "MUT_NO_COMPLETION_MARGIN"}
+BREADTH_FIRST = {
+    "MUT_NO_EPOCH",
+    "MUT_REMEMBERED_CAPS",
+    "MUT_NO_COMPLETION_MARGIN",
+    "MUT_COMP_ANY_CONN",
+    "MUT_DROP_PARKED",
+}
 # A search of the whole space must never stop at these bounds.
 DEPTH = 200_000
 MEMLIM_MB = 2048
