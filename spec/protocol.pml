@@ -38,6 +38,11 @@
  *                         or its posted deadline, with no margin (the old discard_late)
  *   MUT_COMP_ANY_CONN     D sends an abort's completion over any connection
  *   MUT_DROP_PARKED       an aborted parked READ is dropped, never reported
+ *   MUT_TWO_READS         two local requests of one lease both read it
+ *   MUT_FREE_ON_FIRST_COMPLETION  P frees on a completion while another agent
+ *                         that heartbeated the lease remains
+ *   MUT_READ_BEFORE_CLAIM D reads before P has answered a heartbeat naming
+ *                         the lease "held" (P does not know D reads it)
  * and one that must break the liveness claim L:
  *   MUT_NO_HELLO          D never says hello (so nothing is ever proven)
  */
@@ -88,6 +93,23 @@
 #define NO_DUP
 #define NO_FORGET
 #endif
+#ifdef SCOPE_READERS       /* two requests of D read one lease (r1 shares r0's); another D heartbeats and reads it; loss, delay, stalls */
+#define READERS
+#define DRIFT 0
+#define NO_LOSS
+#define NREQ 2
+#define NRANK 1
+#define DPN 1
+#define PDN 1
+#define LN 1
+#define NO_Y
+#define NO_CRASH
+#define NO_RELEASE
+#define NO_CUT
+#define NO_DUP
+#define NO_FORGET
+#define NO_ABORT
+#endif
 #ifdef NOFAULT             /* the liveness claim's schedule: two ranks, two requests */
 #define NREQ 2
 #define NO_ABORT
@@ -130,6 +152,13 @@
 #define VFLOOR (-(EXT - 1))
 #define PFLOOR (VFLOOR - 2 - DRIFT)
 #define KEY(l) ((l) == 1 -> 1 : 0)            /* r0 and Y share key 0 */
+#ifdef READERS
+#define LS(r) 0                               /* the lease slot request r reads */
+#define RKEY(r) 0                             /* the key request r names */
+#else
+#define LS(r) (r)
+#define RKEY(r) KEY(r)
+#endif
 
 #define YOK
 #define CRASHOK
@@ -139,6 +168,11 @@
 #define FORGETOK
 #define RELEASEOK
 #define ABORTOK
+#define LOSSOK
+#ifdef NO_LOSS
+#undef LOSSOK
+#define LOSSOK false &&
+#endif
 #ifdef NO_ABORT
 #undef ABORTOK
 #define ABORTOK false &&
@@ -206,6 +240,13 @@ bool loaded[NRANK];        /* D's agent admitted on this rank (P6) */
 bool ygranted;
 /* kv_transfer_params of D's requests (through the router) */
 byte rinst[NRQ];          /* remote_lease_instance (0: not granted) */
+/* SCOPE_READERS: several readers of lease 0 */
+short gdl;                 /* remote_lease_deadline minus now, P's clock, until r1 gets r0's params */
+byte lclaim;               /* D: the request that claimed lease 0's READ (r + 1; 0: none) */
+byte rdc;                  /* the completion D's READ carries, in flight to P (the READ's instance; 0: none) */
+bool hb_a, hb_b;           /* P: D (agent a) / another D (agent b) heartbeated lease 0 */
+bool b_done;               /* the other D's READ of lease 0 completed (its completion reached P) */
+bool vack[NRQ];           /* D: P answered a heartbeat naming the request's key "held" (P knows D reads it) */
 
 /* ---- network: a bag; a D -> P message goes to every rank in its mask ---- */
 bool link_up = 1;
@@ -294,11 +335,19 @@ inline pd_compact()
 #define READABLE(r) PROVEN_AS(rinst[r])
 #define FENCE_OTHER(r) OTHER_THAN(rinst[r])
 #endif
+/* R10 (SCOPE_READERS): D reads a lease only once P has answered a heartbeat
+ * naming it "held": P then counts D among the lease's agents, and frees on
+ * another D's completion only at expiry */
+#if defined(READERS) && !defined(MUT_READ_BEFORE_CLAIM)
+#define P_KNOWS(r) vack[r]
+#else
+#define P_KNOWS(r) true
+#endif
 #define MAY_READ(r) (vrem[r] > MARGIN)
 /* a request D is done with keeps no view (canonical states) */
 inline rem_d_done(r)
 {
-  if :: dq[r] >= READ -> vrem[r] = 0; vconv[r] = 0 :: else fi;
+  if :: dq[r] >= READ -> vrem[r] = 0; vconv[r] = 0; vack[r] = 0 :: else fi;
   if :: dq[r] == READ || dq[r] == FENCED -> dblk[r] = 0 :: else fi   /* reported */
 }
 /* LeaseViews._local: P's deadline on D's clock, converted with the connection's offset */
@@ -328,6 +377,9 @@ end:
        tomb[LAST] = (tomb[LAST] < pstep -> 0 : tomb[LAST] - pstep);
        vrem[0] = (rinst[0] != 0 && !vconv[0] && dq[0] <= READING -> (vrem[0] - pstep < PFLOOR -> PFLOOR : vrem[0] - pstep) : vrem[0]);
        vrem[1] = (rinst[1] != 0 && !vconv[1] && dq[1] <= READING -> (vrem[1] - pstep < PFLOOR -> PFLOOR : vrem[1] - pstep) : vrem[1]);
+#ifdef READERS
+       gdl = (rinst[0] != 0 && rinst[1] == 0 -> (gdl - pstep < PFLOOR -> PFLOOR : gdl - pstep) : gdl);
+#endif
        printf("EV tick (P clock +%d)\n", pstep);
        pstep = 0;
        /* D's timers */
@@ -377,7 +429,8 @@ inline grant(l)
 inline free_lease(k, l)
 {
   held[k * NL + l] = 0; rem[k * NL + l] = 0; amb[k * NL + l] = 0;
-  if :: l < NREQ && dq[l] == READING -> rd_ok[l] = 0 :: else fi;
+  if :: LS(0) == l && dq[0] == READING -> rd_ok[0] = 0 :: else fi;
+  if :: NREQ > 1 && LS(1) == l && dq[1] == READING -> rd_ok[1] = 0 :: else fi;
 #ifndef MUT_NO_TOMBSTONES
   if
   :: KEY(l) == 0 ->
@@ -396,8 +449,15 @@ active proctype Psched()
 end:
   do
   :: atomic { pinst == 1 && rinst[0] == 0 ->
-       grant(0); rinst[0] = pinst; vrem[0] = DUR; printf("EV P%d grants r0\n", pinst) }
-#if NREQ > 1
+       grant(0); rinst[0] = pinst; vrem[0] = DUR;
+#ifdef READERS
+       gdl = DUR;
+#endif
+       printf("EV P%d grants r0\n", pinst) }
+#ifdef READERS
+  /* a second request of D carries r0's params (n > 1, a retry, a duplicate) */
+  :: atomic { rinst[0] != 0 && rinst[1] == 0 -> rinst[1] = rinst[0]; vrem[1] = gdl; gdl = 0; printf("EV D gets r1 with r0's params\n") }
+#elif NREQ > 1
   :: atomic { pinst != 0 && !pstock && rinst[0] != 0 && rinst[1] == 0 ->
        grant(1); rinst[1] = pinst; vrem[1] = DUR }
 #endif
@@ -474,6 +534,9 @@ inline p_recv(k, i)
        :: else    /* refused */
        fi
     :: m_inst == pinst && !pstock && m_kind == LHB ->
+#ifdef READERS
+       hb_a = hb_a || (m_key == 0 && held[k * NL]);
+#endif
        /* P2: extend every lease the key names, before the sweep */
        l = 0;
        do
@@ -497,6 +560,12 @@ inline p_expire(k, l)
   atomic { held[k * NL + l] && rem[k * NL + l] <= 0 -> free_lease(k, l); printf("EV P%d rank %d frees lease %d (expired)\n", pinst, k, l) }
 }
 
+#ifdef MUT_FREE_ON_FIRST_COMPLETION
+#define FREE_ON_COMPLETION(other) true
+#else
+#define FREE_ON_COMPLETION(other) (!(other))
+#endif
+
 proctype Pworker(byte rank)
 {
 end:
@@ -515,6 +584,24 @@ end:
                           :: else fi; l++
        :: else -> l = 0; break
        od }
+#ifdef READERS
+  /* D's READ completion, and the other D's: P frees lease 0 on one only when
+   * no other agent that heartbeated it remains (else at expiry) */
+  :: atomic { rdc != 0 ->
+       if
+       :: rdc == pinst && held[rank * NL] && FREE_ON_COMPLETION(hb_b) ->
+          free_lease(rank, 0); printf("EV P%d frees lease 0 on D's completion\n", pinst)
+       :: else
+       fi;
+       rdc = 0 }
+  :: atomic { FAULT held[rank * NL] ->
+       rem[rank * NL] = (rem[rank * NL] < EXT -> EXT : rem[rank * NL]); hb_b = 1 }
+  :: atomic { FAULT held[rank * NL] && !b_done -> b_done = 1;
+       if
+       :: FREE_ON_COMPLETION(hb_a) -> free_lease(rank, 0); printf("EV P%d frees lease 0 on the other D's completion\n", pinst)
+       :: else
+       fi }
+#endif
   /* P9 / eviction: P forgets D's agent */
   :: atomic { FAULT FORGETOK loaded[rank] -> loaded[rank] = 0; printf("EV P rank %d forgets the agent of D\n", rank) }
   od
@@ -567,7 +654,7 @@ inline d_hello(r)
     conn && hello_due && dq[r] == QUEUED && !PROVEN_AS(rinst[r]) && DP_ROOM ->
     hello_due = 0;
     printf("EV D says hello to P%d for r%d\n", cinst, r);
-    d_send(HELLO, (proven[0] != rinst[r] -> 1 : 0) | (proven[LAST] != rinst[r] -> 1 << LAST : 0), 0, KEY(r)) }
+    d_send(HELLO, (proven[0] != rinst[r] -> 1 : 0) | (proven[LAST] != rinst[r] -> 1 << LAST : 0), 0, RKEY(r)) }
 }
 
 /* D3: LHB over a connection proven r's instance, recorded in the ledger */
@@ -581,7 +668,7 @@ inline d_heartbeat(r)
     :: else -> i = 1
     fi;
     lg_seq[i] = SEQ(0, r); lg_mask[i] = ALL_RANKS; lg_nh[i] = 0; lg_none[i] = 0; i = 0;
-    d_send(LHB, ALL_RANKS, SEQ(0, r), KEY(r));
+    d_send(LHB, ALL_RANKS, SEQ(0, r), RKEY(r));
     printf("EV D sends LHB for r%d to P%d (view %d left)\n", r, cinst, vrem[r]);
 #ifdef MUT_RENEW_ON_SEND
     if :: vconv[r] && vrem[r] > MARGIN && vrem[r] < EXT -> vrem[r] = EXT; printf("EV D renews the view of r%d on send\n", r) :: else fi;
@@ -602,13 +689,26 @@ inline d_fence(r)
   atomic { conn && dq[r] == QUEUED && vconv[r] && (FENCE_OTHER(r) || !MAY_READ(r)) -> dq[r] = FENCED }
 }
 
+/* R9 (read_claims.py): D posts at most one READ per lease; the first request
+ * to read claims it, and every other local request of the lease is fenced */
+#if defined(READERS) && !defined(MUT_TWO_READS)
+#define CLAIMED_BY_OTHER(r) (lclaim != 0 && lclaim != (r) + 1)
+#else
+#define CLAIMED_BY_OTHER(r) false
+#endif
+
 /* D5: read over a connection proven r's instance (unproven: the READ waits) */
 inline d_start(r)
 {
-  atomic { conn && dq[r] == QUEUED && vconv[r] && !FENCE_OTHER(r) && READABLE(r) && MAY_READ(r) ->
+  atomic { conn && dq[r] == QUEUED && vconv[r] && !FENCE_OTHER(r) && READABLE(r) && MAY_READ(r) && P_KNOWS(r) ->
     if
     :: cinst != pinst -> dq[r] = FENCED   /* the process is gone: the READ fails */
-    :: else -> dq[r] = READING; rd_ok[r] = (rinst[r] == pinst && HELD_ALL(r)); pdl[r] = vrem[r];
+    :: cinst == pinst && CLAIMED_BY_OTHER(r) -> dq[r] = FENCED; printf("EV D fences r%d: r%d claimed the lease\n", r, lclaim - 1)
+    :: else ->
+#ifdef READERS
+       lclaim = r + 1;
+#endif
+       dq[r] = READING; rd_ok[r] = (rinst[r] == pinst && HELD_ALL(LS(r))); pdl[r] = vrem[r];
        printf("EV D starts READ of r%d from P%d (view %d left)\n", r, cinst, vrem[r])
     fi }
 }
@@ -625,6 +725,9 @@ inline d_done(r)
 {
   atomic { dq[r] == READING ->
     pdl[r] = 0;
+#ifdef READERS
+    rdc = cinst;   /* NIXL delivers the READ's completion notification after its data */
+#endif
     if
     :: !KEEP(r) -> dq[r] = FENCED
     :: else ->
@@ -655,7 +758,7 @@ inline d_abort(r)
     dq[r] = FENCED;
 #endif
     if
-    :: COMP_TO(r) -> d_send(COMP, ALL_RANKS, rinst[r], KEY(r)); printf("EV D sends r%d's completion to P%d\n", r, cinst)
+    :: COMP_TO(r) -> d_send(COMP, ALL_RANKS, rinst[r], RKEY(r)); printf("EV D sends r%d's completion to P%d\n", r, cinst)
     :: else
     fi }
 }
@@ -698,6 +801,9 @@ inline d_answer(i)
              :: lg_none[j] -> skip
              :: !lg_none[j] && lg_nh[j] -> vrem[l] = VFLOOR; vconv[l] = 1   /* not held: the view ends */
              :: !lg_none[j] && !lg_nh[j] ->
+#ifdef READERS
+                vack[l] = 1;
+#endif
                 if :: !vconv[l] -> vrem[l] = CONVERTED(l); vconv[l] = 1 :: else fi;
                 /* 4.1: renew only a view alive at the send (sent before its end),
                  * to send + EXT, from a send younger than EXT */
@@ -763,12 +869,12 @@ end:
   :: atomic { FAULT CUTOK link_up -> link_up = 0; printf("EV link cut\n") }
   :: atomic { FAULT !link_up -> link_up = 1; printf("EV link healed\n") }
   /* loss: one rank's copy of a D -> P message, or a P -> D message */
-  :: atomic { FAULT dp_mask[0] & 1 -> dp_mask[0] = dp_mask[0] & ~1; dp_compact(); printf("EV network loses a D->P message\n") }
-  :: atomic { FAULT dp_mask[0] & (1 << LAST) -> dp_mask[0] = dp_mask[0] & ~(1 << LAST); dp_compact(); printf("EV network loses a D->P message\n") }
-  :: atomic { FAULT dp_mask[1] & 1 -> dp_mask[1] = dp_mask[1] & ~1; dp_compact(); printf("EV network loses a D->P message\n") }
-  :: atomic { FAULT dp_mask[1] & (1 << LAST) -> dp_mask[1] = dp_mask[1] & ~(1 << LAST); dp_compact(); printf("EV network loses a D->P message\n") }
-  :: atomic { FAULT pd_used[0] -> pd_used[0] = 0; pd_inst[0] = 0; pd_rank[0] = 0; pd_seq[0] = 0; pd_nh[0] = 0; pd_compact(); printf("EV network loses a P->D message\n") }
-  :: atomic { FAULT pd_used[1] -> pd_used[1] = 0; pd_inst[1] = 0; pd_rank[1] = 0; pd_seq[1] = 0; pd_nh[1] = 0; printf("EV network loses a P->D message\n") }
+  :: atomic { FAULT LOSSOK dp_mask[0] & 1 -> dp_mask[0] = dp_mask[0] & ~1; dp_compact(); printf("EV network loses a D->P message\n") }
+  :: atomic { FAULT LOSSOK dp_mask[0] & (1 << LAST) -> dp_mask[0] = dp_mask[0] & ~(1 << LAST); dp_compact(); printf("EV network loses a D->P message\n") }
+  :: atomic { FAULT LOSSOK dp_mask[1] & 1 -> dp_mask[1] = dp_mask[1] & ~1; dp_compact(); printf("EV network loses a D->P message\n") }
+  :: atomic { FAULT LOSSOK dp_mask[1] & (1 << LAST) -> dp_mask[1] = dp_mask[1] & ~(1 << LAST); dp_compact(); printf("EV network loses a D->P message\n") }
+  :: atomic { FAULT LOSSOK pd_used[0] -> pd_used[0] = 0; pd_inst[0] = 0; pd_rank[0] = 0; pd_seq[0] = 0; pd_nh[0] = 0; pd_compact(); printf("EV network loses a P->D message\n") }
+  :: atomic { FAULT LOSSOK pd_used[1] -> pd_used[1] = 0; pd_inst[1] = 0; pd_rank[1] = 0; pd_seq[1] = 0; pd_nh[1] = 0; printf("EV network loses a P->D message\n") }
   /* duplication: a second copy of a message in flight */
   :: atomic { FAULT DUPOK DPN > 1 && dp_mask[0] != 0 && dp_mask[1] == 0 ->
        dp_kind[1] = dp_kind[0]; dp_inst[1] = dp_inst[0]; dp_mask[1] = dp_mask[0]; dp_seq[1] = dp_seq[0]; dp_key[1] = dp_key[0] }
