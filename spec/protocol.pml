@@ -34,6 +34,15 @@
  *                         connections (the old `acked_engines`)
  *   MUT_NO_TOMBSTONES     P answers "held" for any live lease a colliding key
  *                         names (no tombstones, no ambiguity)
+ *   MUT_NO_COMPLETION_MARGIN  D keeps a completed READ seen before its view's
+ *                         or its posted deadline, with no margin (the old discard_late)
+ *   MUT_COMP_ANY_CONN     D sends an abort's completion over any connection
+ *   MUT_DROP_PARKED       an aborted parked READ is dropped, never reported
+ *   MUT_TWO_READS         two local requests of one lease both read it
+ *   MUT_FREE_ON_FIRST_COMPLETION  P frees on a completion while another agent
+ *                         that heartbeated the lease remains
+ *   MUT_READ_BEFORE_CLAIM D reads before P has answered a heartbeat naming
+ *                         the lease "held" (P does not know D reads it)
  * and one that must break the liveness claim L:
  *   MUT_NO_HELLO          D never says hello (so nothing is ever proven)
  */
@@ -48,6 +57,7 @@
 #define NO_Y
 #define NO_CRASH
 #define NO_RELEASE
+#define NO_ABORT
 #endif
 #ifdef SCOPE_RANKS         /* two TP ranks; loss, delay, stalls (drift: the other scopes) */
 #define NRANK 2
@@ -61,6 +71,7 @@
 #define NO_RELEASE
 #define NO_CUT
 #define NO_DUP
+#define NO_ABORT
 #endif
 #ifdef SCOPE_RESTART       /* crash, restart (ours or stock), reconnects, colliding keys; loss, delay, stalls, drift */
 #define NRANK 1
@@ -70,9 +81,38 @@
 #define NO_CUT
 #define NO_DUP
 #define NO_FORGET
+#define NO_ABORT
+#endif
+#ifdef SCOPE_ABORT         /* SCOPE_RESTART's faults with aborts of parked READs and their completions; no drift */
+#define NRANK 1
+#define DRIFT 0
+#define DPN 1
+#define PDN 1
+#define LN 1
+#define NO_CUT
+#define NO_DUP
+#define NO_FORGET
+#endif
+#ifdef SCOPE_READERS       /* two requests of D read one lease (r1 shares r0's); another D heartbeats and reads it; loss, delay, stalls */
+#define READERS
+#define DRIFT 0
+#define NO_LOSS
+#define NREQ 2
+#define NRANK 1
+#define DPN 1
+#define PDN 1
+#define LN 1
+#define NO_Y
+#define NO_CRASH
+#define NO_RELEASE
+#define NO_CUT
+#define NO_DUP
+#define NO_FORGET
+#define NO_ABORT
 #endif
 #ifdef NOFAULT             /* the liveness claim's schedule: two ranks, two requests */
 #define NREQ 2
+#define NO_ABORT
 #endif
 
 #ifndef NRANK
@@ -112,6 +152,13 @@
 #define VFLOOR (-(EXT - 1))
 #define PFLOOR (VFLOOR - 2 - DRIFT)
 #define KEY(l) ((l) == 1 -> 1 : 0)            /* r0 and Y share key 0 */
+#ifdef READERS
+#define LS(r) 0                               /* the lease slot request r reads */
+#define RKEY(r) 0                             /* the key request r names */
+#else
+#define LS(r) (r)
+#define RKEY(r) KEY(r)
+#endif
 
 #define YOK
 #define CRASHOK
@@ -120,6 +167,16 @@
 #define PDDUPOK
 #define FORGETOK
 #define RELEASEOK
+#define ABORTOK
+#define LOSSOK
+#ifdef NO_LOSS
+#undef LOSSOK
+#define LOSSOK false &&
+#endif
+#ifdef NO_ABORT
+#undef ABORTOK
+#define ABORTOK false &&
+#endif
 #ifdef NO_Y
 #undef YOK
 #define YOK false &&
@@ -162,10 +219,12 @@
 #define READING 2
 #define READ 3             /* READ completed and kept */
 #define FENCED 4           /* failed load: fenced, discarded, or the READ failed */
+#define DROPPED 5          /* MUT_DROP_PARKED: forgotten without a report */
 
 /* message kinds */
 #define HELLO 1
 #define LHB 2              /* LHB: or LHBT: (names collide the same way: reused ids, tags) */
+#define COMP 3             /* <id>:<count> outside a READ (abort cleanup, full prefix hit) */
 
 byte skew;
 
@@ -174,20 +233,27 @@ byte pinst = 1;            /* 0: down */
 bool pstock;               /* the running process is stock vLLM */
 bool restarted;
 bool held[NRANK * NL];
-short rem[NRANK * NL];     /* deadline minus now, P's clock (-1: overdue) */
+short rem[NRANK * NL];     /* deadline minus now, P's clock (0: due, freed at the next sweep) */
 bool amb[NRANK * NL];      /* ambiguous: its key has a tombstone, or a sharer was freed */
 byte tomb[NRANK];          /* P's clock left on key 0's tombstone (0: none) */
 bool loaded[NRANK];        /* D's agent admitted on this rank (P6) */
 bool ygranted;
 /* kv_transfer_params of D's requests (through the router) */
 byte rinst[NRQ];          /* remote_lease_instance (0: not granted) */
+/* SCOPE_READERS: several readers of lease 0 */
+short gdl;                 /* remote_lease_deadline minus now, P's clock, until r1 gets r0's params */
+byte lclaim;               /* D: the request that claimed lease 0's READ (r + 1; 0: none) */
+byte rdc;                  /* the completion D's READ carries, in flight to P (the READ's instance; 0: none) */
+bool hb_a, hb_b;           /* P: D (agent a) / another D (agent b) heartbeated lease 0 */
+bool b_done;               /* the other D's READ of lease 0 completed (its completion reached P) */
+bool vack[NRQ];           /* D: P answered a heartbeat naming the request's key "held" (P knows D reads it) */
 
 /* ---- network: a bag; a D -> P message goes to every rank in its mask ---- */
 bool link_up = 1;
 byte dp_kind[2];
 byte dp_inst[2];         /* the process whose agents it is addressed to */
 byte dp_mask[2];
-byte dp_seq[2];          /* LHB: its sequence number (SEQ) */
+byte dp_seq[2];          /* LHB: its sequence number (SEQ); COMP: the instance whose lease it means (ghost) */
 byte dp_key[2];
 bool pd_used[2];
 byte pd_inst[2];         /* sender's process (its agent) and the instance the answer names */
@@ -202,11 +268,13 @@ byte dq[NRQ];
 short vrem[NRQ];
 bool vconv[NRQ];
 bool rd_ok[NRQ];          /* ghost: the READ reached the granting process, which held it throughout */
+byte pdl[NRQ];            /* a posted READ: its view's deadline at the post, minus now (0: passed) */
 bool conn;                 /* upstream's connection to the engine (_remote_agents[E]) */
 byte cinst;                /* the process that connection reaches (its agents) */
 byte cskew;                /* P's skew at its handshake (the offset measured is POFF(cinst) + cskew) */
 byte proven[NRANK];        /* the instance each agent of it answered with (0: none) */
 bool hb_due[NRQ];         /* this tick's heartbeat, scheduler -> worker */
+bool dblk[NRQ];           /* D's KV blocks for the request: held until D reports it (finished_recving) */
 bool hello_due = 1;        /* hello_retry_s */
 /* A heartbeat's sequence number names its send: SEQ(age, r), the request and
  * how long ago it was sent (at most one per request per tick, so a number never
@@ -225,6 +293,7 @@ byte eng_proven;
 
 /* scratch: every atomic step leaves them 0 */
 byte i, j, k, l, m_kind, m_inst, m_seq, m_key, m_rank, m_nh, m_s, pstep;
+bool comp_ok, dblk_back;
 
 /* Bags are kept canonical (slot 0 fills first): the order of slots means nothing. */
 inline dp_compact()
@@ -266,11 +335,20 @@ inline pd_compact()
 #define READABLE(r) PROVEN_AS(rinst[r])
 #define FENCE_OTHER(r) OTHER_THAN(rinst[r])
 #endif
+/* R10 (SCOPE_READERS): D reads a lease only once P has answered a heartbeat
+ * naming it "held": P then counts D among the lease's agents, and frees on
+ * another D's completion only at expiry */
+#if defined(READERS) && !defined(MUT_READ_BEFORE_CLAIM)
+#define P_KNOWS(r) vack[r]
+#else
+#define P_KNOWS(r) true
+#endif
 #define MAY_READ(r) (vrem[r] > MARGIN)
 /* a request D is done with keeps no view (canonical states) */
 inline rem_d_done(r)
 {
-  if :: dq[r] >= READ -> vrem[r] = 0; vconv[r] = 0 :: else fi
+  if :: dq[r] >= READ -> vrem[r] = 0; vconv[r] = 0; vack[r] = 0 :: else fi;
+  if :: dq[r] == READ || dq[r] == FENCED -> dblk[r] = 0 :: else fi   /* reported */
 }
 /* LeaseViews._local: P's deadline on D's clock, converted with the connection's offset */
 #define CONV(r) (vrem[r] + POFF(rinst[r]) + skew - POFF(cinst) - cskew)
@@ -292,19 +370,27 @@ end:
        /* P's timers, on P's clock */
        i = 0;
        do
-       :: i < NRANK * NL -> if :: held[i] -> rem[i] = (rem[i] - pstep < -1 -> -1 : rem[i] - pstep) :: else fi; i++
+       :: i < NRANK * NL -> if :: held[i] -> rem[i] = (rem[i] - pstep < 0 -> 0 : rem[i] - pstep) :: else fi; i++
        :: else -> i = 0; break
        od;
        tomb[0] = (tomb[0] < pstep -> 0 : tomb[0] - pstep);
        tomb[LAST] = (tomb[LAST] < pstep -> 0 : tomb[LAST] - pstep);
        vrem[0] = (rinst[0] != 0 && !vconv[0] && dq[0] <= READING -> (vrem[0] - pstep < PFLOOR -> PFLOOR : vrem[0] - pstep) : vrem[0]);
        vrem[1] = (rinst[1] != 0 && !vconv[1] && dq[1] <= READING -> (vrem[1] - pstep < PFLOOR -> PFLOOR : vrem[1] - pstep) : vrem[1]);
+#ifdef READERS
+       gdl = (rinst[0] != 0 && rinst[1] == 0 -> (gdl - pstep < PFLOOR -> PFLOOR : gdl - pstep) : gdl);
+#endif
        printf("EV tick (P clock +%d)\n", pstep);
        pstep = 0;
        /* D's timers */
        vrem[0] = (vconv[0] && vrem[0] > VFLOOR -> vrem[0] - 1 : vrem[0]);
        vrem[1] = (vconv[1] && vrem[1] > VFLOOR -> vrem[1] - 1 : vrem[1]);
+       pdl[0] = (pdl[0] > 0 -> pdl[0] - 1 : 0); pdl[1] = (pdl[1] > 0 -> pdl[1] - 1 : 0);
        rem_d_done(0); rem_d_done(1);
+       /* D's blocks come back once D has nothing left of a request (vLLM frees
+        * them on the worker's report) */
+       dblk_back = !(dq[0] > READING && dblk[0]) && !(dq[1] > READING && dblk[1]);
+       assert(dblk_back);
        /* every copy of a heartbeat's number ages; AckLedger.prune: a send older
         * than EXT could move no view */
        i = 0;
@@ -343,7 +429,8 @@ inline grant(l)
 inline free_lease(k, l)
 {
   held[k * NL + l] = 0; rem[k * NL + l] = 0; amb[k * NL + l] = 0;
-  if :: l < NREQ && dq[l] == READING -> rd_ok[l] = 0 :: else fi;
+  if :: LS(0) == l && dq[0] == READING -> rd_ok[0] = 0 :: else fi;
+  if :: NREQ > 1 && LS(1) == l && dq[1] == READING -> rd_ok[1] = 0 :: else fi;
 #ifndef MUT_NO_TOMBSTONES
   if
   :: KEY(l) == 0 ->
@@ -362,8 +449,15 @@ active proctype Psched()
 end:
   do
   :: atomic { pinst == 1 && rinst[0] == 0 ->
-       grant(0); rinst[0] = pinst; vrem[0] = DUR; printf("EV P%d grants r0\n", pinst) }
-#if NREQ > 1
+       grant(0); rinst[0] = pinst; vrem[0] = DUR;
+#ifdef READERS
+       gdl = DUR;
+#endif
+       printf("EV P%d grants r0\n", pinst) }
+#ifdef READERS
+  /* a second request of D carries r0's params (n > 1, a retry, a duplicate) */
+  :: atomic { rinst[0] != 0 && rinst[1] == 0 -> rinst[1] = rinst[0]; vrem[1] = gdl; gdl = 0; printf("EV D gets r1 with r0's params\n") }
+#elif NREQ > 1
   :: atomic { pinst != 0 && !pstock && rinst[0] != 0 && rinst[1] == 0 ->
        grant(1); rinst[1] = pinst; vrem[1] = DUR }
 #endif
@@ -378,8 +472,8 @@ end:
        :: else -> k = 0; break
        od;
        tomb[0] = 0; tomb[LAST] = 0; loaded[0] = 0; loaded[LAST] = 0;
-       if :: dq[0] == READING && cinst == 1 -> dq[0] = FENCED :: else fi;
-       if :: dq[1] == READING && cinst == 1 -> dq[1] = FENCED :: else fi }
+       if :: dq[0] == READING && cinst == 1 -> dq[0] = FENCED; pdl[0] = 0 :: else fi;
+       if :: dq[1] == READING && cinst == 1 -> dq[1] = FENCED; pdl[1] = 0 :: else fi }
   :: atomic { FAULT pinst == 0 && !restarted ->
        /* the same engine id, a new process: a new instance (A5) */
        restarted = 1; pinst = 2;
@@ -420,7 +514,19 @@ inline p_recv(k, i)
     :: m_inst == pinst && pstock ->
        /* our hello is behind the HB:, escape: stock takes it for a heartbeat
         * naming none of its leases.  LHB:/LHBT: must never reach it. */
-       assert(m_kind == HELLO)
+       assert(m_kind != LHB)
+    :: m_inst == pinst && !pstock && m_kind == COMP ->
+       /* a completion frees the lease its id names here: on the process that
+        * granted it, D's own lease; on another, a colliding id's (Y) */
+       l = (m_seq == pinst -> m_key : (m_key == 0 -> YL : NL));
+       if
+       :: l < NL && held[k * NL + l] ->
+          comp_ok = (m_seq == pinst);
+          printf("EV P%d rank %d frees lease %d on a completion meant for P%d\n", pinst, k, l, m_seq);
+          assert(comp_ok); free_lease(k, l); comp_ok = 0
+       :: else
+       fi;
+       l = 0
     :: m_inst == pinst && !pstock && m_kind == HELLO ->
        /* P6/P7: admitted if it names a lease held here; welcomed at once */
        if
@@ -428,6 +534,9 @@ inline p_recv(k, i)
        :: else    /* refused */
        fi
     :: m_inst == pinst && !pstock && m_kind == LHB ->
+#ifdef READERS
+       hb_a = hb_a || (m_key == 0 && held[k * NL]);
+#endif
        /* P2: extend every lease the key names, before the sweep */
        l = 0;
        do
@@ -448,8 +557,14 @@ inline p_recv(k, i)
 
 inline p_expire(k, l)
 {
-  atomic { held[k * NL + l] && rem[k * NL + l] < 0 -> free_lease(k, l); printf("EV P%d rank %d frees lease %d (expired)\n", pinst, k, l) }
+  atomic { held[k * NL + l] && rem[k * NL + l] <= 0 -> free_lease(k, l); printf("EV P%d rank %d frees lease %d (expired)\n", pinst, k, l) }
 }
+
+#ifdef MUT_FREE_ON_FIRST_COMPLETION
+#define FREE_ON_COMPLETION(other) true
+#else
+#define FREE_ON_COMPLETION(other) (!(other))
+#endif
 
 proctype Pworker(byte rank)
 {
@@ -469,6 +584,24 @@ end:
                           :: else fi; l++
        :: else -> l = 0; break
        od }
+#ifdef READERS
+  /* D's READ completion, and the other D's: P frees lease 0 on one only when
+   * no other agent that heartbeated it remains (else at expiry) */
+  :: atomic { rdc != 0 ->
+       if
+       :: rdc == pinst && held[rank * NL] && FREE_ON_COMPLETION(hb_b) ->
+          free_lease(rank, 0); printf("EV P%d frees lease 0 on D's completion\n", pinst)
+       :: else
+       fi;
+       rdc = 0 }
+  :: atomic { FAULT held[rank * NL] ->
+       rem[rank * NL] = (rem[rank * NL] < EXT -> EXT : rem[rank * NL]); hb_b = 1 }
+  :: atomic { FAULT held[rank * NL] && !b_done -> b_done = 1;
+       if
+       :: FREE_ON_COMPLETION(hb_a) -> free_lease(rank, 0); printf("EV P%d frees lease 0 on the other D's completion\n", pinst)
+       :: else
+       fi }
+#endif
   /* P9 / eviction: P forgets D's agent */
   :: atomic { FAULT FORGETOK loaded[rank] -> loaded[rank] = 0; printf("EV P rank %d forgets the agent of D\n", rank) }
   od
@@ -491,8 +624,8 @@ active proctype Dsched()
 {
 end:
   do
-  :: atomic { dq[0] == NONE && rinst[0] != 0 -> dq[0] = QUEUED; hb_due[0] = 1 }
-  :: atomic { dq[1] == NONE && rinst[1] != 0 -> dq[1] = QUEUED; hb_due[1] = 1 }
+  :: atomic { dq[0] == NONE && rinst[0] != 0 -> dq[0] = QUEUED; hb_due[0] = 1; dblk[0] = 1 }
+  :: atomic { dq[1] == NONE && rinst[1] != 0 -> dq[1] = QUEUED; hb_due[1] = 1; dblk[1] = 1 }
   od
 }
 
@@ -521,7 +654,7 @@ inline d_hello(r)
     conn && hello_due && dq[r] == QUEUED && !PROVEN_AS(rinst[r]) && DP_ROOM ->
     hello_due = 0;
     printf("EV D says hello to P%d for r%d\n", cinst, r);
-    d_send(HELLO, (proven[0] != rinst[r] -> 1 : 0) | (proven[LAST] != rinst[r] -> 1 << LAST : 0), 0, KEY(r)) }
+    d_send(HELLO, (proven[0] != rinst[r] -> 1 : 0) | (proven[LAST] != rinst[r] -> 1 << LAST : 0), 0, RKEY(r)) }
 }
 
 /* D3: LHB over a connection proven r's instance, recorded in the ledger */
@@ -535,7 +668,7 @@ inline d_heartbeat(r)
     :: else -> i = 1
     fi;
     lg_seq[i] = SEQ(0, r); lg_mask[i] = ALL_RANKS; lg_nh[i] = 0; lg_none[i] = 0; i = 0;
-    d_send(LHB, ALL_RANKS, SEQ(0, r), KEY(r));
+    d_send(LHB, ALL_RANKS, SEQ(0, r), RKEY(r));
     printf("EV D sends LHB for r%d to P%d (view %d left)\n", r, cinst, vrem[r]);
 #ifdef MUT_RENEW_ON_SEND
     if :: vconv[r] && vrem[r] > MARGIN && vrem[r] < EXT -> vrem[r] = EXT; printf("EV D renews the view of r%d on send\n", r) :: else fi;
@@ -556,29 +689,78 @@ inline d_fence(r)
   atomic { conn && dq[r] == QUEUED && vconv[r] && (FENCE_OTHER(r) || !MAY_READ(r)) -> dq[r] = FENCED }
 }
 
+/* R9 (read_claims.py): D posts at most one READ per lease; the first request
+ * to read claims it, and every other local request of the lease is fenced */
+#if defined(READERS) && !defined(MUT_TWO_READS)
+#define CLAIMED_BY_OTHER(r) (lclaim != 0 && lclaim != (r) + 1)
+#else
+#define CLAIMED_BY_OTHER(r) false
+#endif
+
 /* D5: read over a connection proven r's instance (unproven: the READ waits) */
 inline d_start(r)
 {
-  atomic { conn && dq[r] == QUEUED && vconv[r] && !FENCE_OTHER(r) && READABLE(r) && MAY_READ(r) ->
+  atomic { conn && dq[r] == QUEUED && vconv[r] && !FENCE_OTHER(r) && READABLE(r) && MAY_READ(r) && P_KNOWS(r) ->
     if
     :: cinst != pinst -> dq[r] = FENCED   /* the process is gone: the READ fails */
-    :: else -> dq[r] = READING; rd_ok[r] = (rinst[r] == pinst && HELD_ALL(r));
+    :: cinst == pinst && CLAIMED_BY_OTHER(r) -> dq[r] = FENCED; printf("EV D fences r%d: r%d claimed the lease\n", r, lclaim - 1)
+    :: else ->
+#ifdef READERS
+       lclaim = r + 1;
+#endif
+       dq[r] = READING; rd_ok[r] = (rinst[r] == pinst && HELD_ALL(LS(r))); pdl[r] = vrem[r];
        printf("EV D starts READ of r%d from P%d (view %d left)\n", r, cinst, vrem[r])
     fi }
 }
 
-/* D sees the READ complete: discard_late, else it is kept */
+/* D sees the READ complete: discard_late keeps it if seen before the deadline
+ * it was posted with minus the margin, or while its view has more than the
+ * margin left (the margin covers the clocks' error at completion too) */
+#ifdef MUT_NO_COMPLETION_MARGIN
+#define KEEP(r) (vrem[r] > 0 || pdl[r] > 0)
+#else
+#define KEEP(r) (vrem[r] > MARGIN || pdl[r] > MARGIN)
+#endif
 inline d_done(r)
 {
   atomic { dq[r] == READING ->
+    pdl[r] = 0;
+#ifdef READERS
+    rdc = cinst;   /* NIXL delivers the READ's completion notification after its data */
+#endif
     if
-    :: vrem[r] <= 0 -> dq[r] = FENCED
+    :: !KEEP(r) -> dq[r] = FENCED
     :: else ->
        /* S: no READ completes over blocks P freed or another process holds */
        printf("EV the READ of r%d completes (view %d left)\n", r, vrem[r]);
        assert(rd_ok[r]); dq[r] = READ
     fi;
     rd_ok[r] = 0 }
+}
+
+/* The client aborts a request whose READ waits (parked: queued, unproven or
+ * not yet started): D reports it failed at once (its blocks come back), and
+ * sends P its completion only over a connection proven its instance.  An
+ * aborted posted READ is not modelled apart: it completes or fails, and is
+ * handled as any READ (d_done). */
+#ifdef MUT_COMP_ANY_CONN
+#define COMP_TO(r) conn
+#else
+#define COMP_TO(r) (conn && PROVEN_AS(rinst[r]))
+#endif
+inline d_abort(r)
+{
+  atomic { FAULT ABORTOK dq[r] == QUEUED ->
+    printf("EV the client aborts r%d\n", r);
+#ifdef MUT_DROP_PARKED
+    dq[r] = DROPPED;
+#else
+    dq[r] = FENCED;
+#endif
+    if
+    :: COMP_TO(r) -> d_send(COMP, ALL_RANKS, rinst[r], RKEY(r)); printf("EV D sends r%d's completion to P%d\n", r, cinst)
+    :: else
+    fi }
 }
 
 /* ack_requester.received: one answer */
@@ -619,6 +801,9 @@ inline d_answer(i)
              :: lg_none[j] -> skip
              :: !lg_none[j] && lg_nh[j] -> vrem[l] = VFLOOR; vconv[l] = 1   /* not held: the view ends */
              :: !lg_none[j] && !lg_nh[j] ->
+#ifdef READERS
+                vack[l] = 1;
+#endif
                 if :: !vconv[l] -> vrem[l] = CONVERTED(l); vconv[l] = 1 :: else fi;
                 /* 4.1: renew only a view alive at the send (sent before its end),
                  * to send + EXT, from a send younger than EXT */
@@ -671,6 +856,8 @@ end:
   :: d_done(1)
   :: d_answer(0)
   :: d_answer(1)
+  :: d_abort(0)
+  :: d_abort(1)
   od
 }
 
@@ -682,12 +869,12 @@ end:
   :: atomic { FAULT CUTOK link_up -> link_up = 0; printf("EV link cut\n") }
   :: atomic { FAULT !link_up -> link_up = 1; printf("EV link healed\n") }
   /* loss: one rank's copy of a D -> P message, or a P -> D message */
-  :: atomic { FAULT dp_mask[0] & 1 -> dp_mask[0] = dp_mask[0] & ~1; dp_compact(); printf("EV network loses a D->P message\n") }
-  :: atomic { FAULT dp_mask[0] & (1 << LAST) -> dp_mask[0] = dp_mask[0] & ~(1 << LAST); dp_compact(); printf("EV network loses a D->P message\n") }
-  :: atomic { FAULT dp_mask[1] & 1 -> dp_mask[1] = dp_mask[1] & ~1; dp_compact(); printf("EV network loses a D->P message\n") }
-  :: atomic { FAULT dp_mask[1] & (1 << LAST) -> dp_mask[1] = dp_mask[1] & ~(1 << LAST); dp_compact(); printf("EV network loses a D->P message\n") }
-  :: atomic { FAULT pd_used[0] -> pd_used[0] = 0; pd_inst[0] = 0; pd_rank[0] = 0; pd_seq[0] = 0; pd_nh[0] = 0; pd_compact(); printf("EV network loses a P->D message\n") }
-  :: atomic { FAULT pd_used[1] -> pd_used[1] = 0; pd_inst[1] = 0; pd_rank[1] = 0; pd_seq[1] = 0; pd_nh[1] = 0; printf("EV network loses a P->D message\n") }
+  :: atomic { FAULT LOSSOK dp_mask[0] & 1 -> dp_mask[0] = dp_mask[0] & ~1; dp_compact(); printf("EV network loses a D->P message\n") }
+  :: atomic { FAULT LOSSOK dp_mask[0] & (1 << LAST) -> dp_mask[0] = dp_mask[0] & ~(1 << LAST); dp_compact(); printf("EV network loses a D->P message\n") }
+  :: atomic { FAULT LOSSOK dp_mask[1] & 1 -> dp_mask[1] = dp_mask[1] & ~1; dp_compact(); printf("EV network loses a D->P message\n") }
+  :: atomic { FAULT LOSSOK dp_mask[1] & (1 << LAST) -> dp_mask[1] = dp_mask[1] & ~(1 << LAST); dp_compact(); printf("EV network loses a D->P message\n") }
+  :: atomic { FAULT LOSSOK pd_used[0] -> pd_used[0] = 0; pd_inst[0] = 0; pd_rank[0] = 0; pd_seq[0] = 0; pd_nh[0] = 0; pd_compact(); printf("EV network loses a P->D message\n") }
+  :: atomic { FAULT LOSSOK pd_used[1] -> pd_used[1] = 0; pd_inst[1] = 0; pd_rank[1] = 0; pd_seq[1] = 0; pd_nh[1] = 0; printf("EV network loses a P->D message\n") }
   /* duplication: a second copy of a message in flight */
   :: atomic { FAULT DUPOK DPN > 1 && dp_mask[0] != 0 && dp_mask[1] == 0 ->
        dp_kind[1] = dp_kind[0]; dp_inst[1] = dp_inst[0]; dp_mask[1] = dp_mask[0]; dp_seq[1] = dp_seq[0]; dp_key[1] = dp_key[0] }

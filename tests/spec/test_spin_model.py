@@ -23,13 +23,18 @@ from pathlib import Path
 import pytest
 
 MODEL = Path(__file__).resolve().parents[2] / "spec" / "protocol.pml"
-SCOPES = ("SCOPE_NET", "SCOPE_RANKS", "SCOPE_RESTART")
+SCOPES = ("SCOPE_NET", "SCOPE_RANKS", "SCOPE_RESTART", "SCOPE_ABORT")
 # mutation -> the scope whose faults expose it
 MUTATIONS = {
     "MUT_RENEW_ON_SEND": "SCOPE_NET",
     "MUT_NO_EPOCH": "SCOPE_RESTART",
     "MUT_REMEMBERED_CAPS": "SCOPE_RESTART",
     "MUT_NO_TOMBSTONES": "SCOPE_RESTART",
+    "MUT_NO_COMPLETION_MARGIN": "SCOPE_NET",
+    "MUT_COMP_ANY_CONN": "SCOPE_ABORT",
+    "MUT_DROP_PARKED": "SCOPE_ABORT",
+    "MUT_FREE_ON_FIRST_COMPLETION": "SCOPE_READERS",
+    "MUT_READ_BEFORE_CLAIM": "SCOPE_READERS",
 }
 # The mutation's counterexample must end at this assertion.
 MUTATION_ASSERTS = {
@@ -37,9 +42,23 @@ MUTATION_ASSERTS = {
     "MUT_NO_EPOCH": "rd_ok",
     "MUT_REMEMBERED_CAPS": "m_kind",
     "MUT_NO_TOMBSTONES": "rd_ok",
+    "MUT_NO_COMPLETION_MARGIN": "rd_ok",
+    "MUT_COMP_ANY_CONN": "comp_ok",
+    "MUT_DROP_PARKED": "dblk_back",
+    "MUT_FREE_ON_FIRST_COMPLETION": "rd_ok",
+    "MUT_READ_BEFORE_CLAIM": "rd_ok",
 }
 # Breadth-first where the space up to the counterexample is small: the shortest trail.
-BREADTH_FIRST = {"MUT_NO_EPOCH", "MUT_REMEMBERED_CAPS"}
+BREADTH_FIRST = {
+    "MUT_NO_EPOCH",
+    "MUT_REMEMBERED_CAPS",
+    "MUT_NO_COMPLETION_MARGIN",
+    "MUT_COMP_ANY_CONN",
+    "MUT_DROP_PARKED",
+    "MUT_FREE_ON_FIRST_COMPLETION",
+    "MUT_READ_BEFORE_CLAIM",
+}
+# SCOPE_READERS's whole space and MUT_TWO_READS take minutes: spec/README.md runs them by hand.
 # A search of the whole space must never stop at these bounds.
 DEPTH = 200_000
 MEMLIM_MB = 2048
