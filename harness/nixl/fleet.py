@@ -126,6 +126,10 @@ class EngineProcess:
     def release(self, ids: list[str] | None = None) -> None:
         self.call("release", ids=ids)
 
+    def abort(self, ids: list[str]) -> dict[str, str]:
+        """D: the client cancels ``ids`` (``Engine.abort``): id -> "queued", "admitted" or "gone"."""
+        return self.call("abort", ids=ids)
+
     def report(self) -> dict[str, Any]:
         return self.call("report")
 
