@@ -559,3 +559,16 @@ def test_cancel_of_an_admitted_request_never_reported_is_a_leak() -> None:
     # That D process died since: its blocks went with it.
     restarted = [{**e, "gen": 1} if e["ev"] == "engine" and e["name"] == "d1" else e for e in ev]
     assert run(restarted).figures["aborts_unreported"] == 0
+
+
+def test_progress_counts_a_cancelled_loads_other_data_apart_from_stale_reads() -> None:
+    from harness.chaos.progress import Tally
+
+    tally = Tally()
+    for e in (
+        {"t": 1.0, "ev": "written", "id": "r1", "digest": "aaa"},
+        {"t": 2.0, "ev": "read", "id": "r1", "d": "d0", "failed": False, "digest": "bbb", "aborted": True},
+        {"t": 2.0, "ev": "read", "id": "r1", "d": "d1", "failed": False, "digest": "bbb", "copy": 1},
+    ):
+        tally(e)
+    assert (tally.n["after_abort"], tally.n["stale"]) == (1, 1)
