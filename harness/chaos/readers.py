@@ -77,9 +77,14 @@ def figures(events: list[dict[str, Any]], requests: dict[str, dict[str, Any]]) -
             aborts[e["where"]] = aborts.get(e["where"], 0) + 1
     dups = [r for r in requests.values() if "dup" in r]
     second = {"ok": 0, "failed": 0}
+    written = {e["id"]: e["digest"] for e in events if e["ev"] == "written"}
+    freed = {e["id"]: e["t"] for e in events if e["ev"] == "freed"}
+    after_free = {"same_data": 0, "other_data": 0}
     for e in events:
         if e["ev"] == "read" and e.get("copy"):
             second["failed" if e["failed"] else "ok"] += 1
+            if not e["failed"] and freed.get(e["id"], e["t"] + 1) <= e["t"]:
+                after_free["same_data" if written.get(e["id"]) == e["digest"] else "other_data"] += 1
     return {
         "aborts": dict(sorted(aborts.items())),
         "dups": {
@@ -87,4 +92,7 @@ def figures(events: list[dict[str, Any]], requests: dict[str, dict[str, Any]]) -
             "other_d": sum(1 for r in dups if r["dup"]["d"] != r["d"]),
         },
         "second_reads": second,  # "ok": completed (judged stale or not by the read rule)
+        # Second reads D accepted that completed after P had freed the lease: with other data a
+        # stale read; with the same data posted before the free, or read before P reused the blocks.
+        "second_reads_after_free": after_free,
     }

@@ -463,6 +463,7 @@ def test_second_reader_of_freed_blocks_is_stale_and_says_who_freed_them() -> Non
     assert res.figures["stale_second_reader"] == 1 and res.figures["dups"] == {"same_d": 1, "other_d": 0}
     (v,) = res.violations
     assert "r1 (second reader, on the same D) on d0" in v.what and "p0 freed it at 12.100s (read)" in v.what
+    assert res.figures["second_reads_after_free"] == {"same_data": 0, "other_data": 1}
 
 
 def test_second_reader_on_another_d_fenced_is_no_violation() -> None:
