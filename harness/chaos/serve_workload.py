@@ -11,8 +11,9 @@ answer compared with what P alone answers to the same prompt.
 - Clients (stream requests only, from a seeded stream of their own): a fraction
   ``abort_frac`` cancels (the client hangs up ``cancel_s`` after sending, while
   the request may wait on D or its READ be in flight: the router and D abort
-  it); ``n2_frac`` asks for n = 2 choices (D's two children share P's
-  ``kv_transfer_params``: two readers of one lease); ``dup_frac`` hedges the
+  it); ``n2_frac`` asks for n = 2 choices (top-1 sampling: vLLM refuses n > 1
+  at temperature 0; D's two children share P's ``kv_transfer_params``: two
+  readers of one lease); ``dup_frac`` hedges the
   decode step as a router that retries would: P's prefill straight from P, then
   the same ``kv_transfer_params`` to D twice at once (the same D or both Ds).
 
@@ -43,6 +44,8 @@ ABORT_FRAC = 0.05  # of stream requests, cancelled by their client
 N2_FRAC = 0.1  # of stream requests, n = 2
 DUP_FRAC = 0.05  # of stream requests, the decode step sent twice with P's params
 CANCEL_MAX_S = 2.0  # a cancelling client hangs up within this long
+# vLLM refuses n > 1 with greedy sampling (temperature 0); top-1 sampling is greedy all the same.
+N_SAMPLING = {"temperature": 1.0, "top_k": 1}
 # What the router sends P: prefill, and hold the KV for a D (P answers with its params).
 P_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
             "remote_block_ids": None, "remote_host": None, "remote_port": None}  # fmt: skip
@@ -141,7 +144,7 @@ class ServeWorkload:
         rid = f"s{next(self._ids)}"
         k = self.rng.randrange(len(self.texts))
         self.hist.add("routed", id=rid, prompt=k, burst=False, probe=False, n=n)
-        r = client.complete(self.url, self.texts[k], MAX_TOKENS, timeout=CLIENT_TIMEOUT_S, n=n)
+        r = client.complete(self.url, self.texts[k], MAX_TOKENS, timeout=CLIENT_TIMEOUT_S, n=n, **N_SAMPLING)
         texts = [c.get("text") for c in (r.body or {}).get("choices", [])]
         equal = r.ok and len(texts) == n and all(t == self.refs[k] for t in texts)
         self.hist.add(
