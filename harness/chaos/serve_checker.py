@@ -109,7 +109,8 @@ def _how(req: dict[str, Any], answer: dict[str, Any]) -> str:
         return f" (n={req['n']}: some choice differs)"
     if req.get("hedge"):
         same = "same D" if len(set(req["hedge"])) == 1 else "two Ds"
-        return f" (hedged decode step on {answer.get('d')}, reader {answer.get('copy', 0) + 1} of 2, {same})"
+        nth = answer.get("copy", 0) + 1  # by submission: which of the two read first is not known
+        return f" (hedged decode step on {answer.get('d')}, submission {nth} of 2, {same})"
     return ""
 
 

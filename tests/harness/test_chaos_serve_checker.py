@@ -148,7 +148,7 @@ def test_second_reader_of_a_hedged_decode_step_answering_other_text_is_stale() -
     ]
     res = serve_checker.check(sorted(ev, key=lambda e: e["t"]))
     assert [v.rule for v in res.violations] == ["stale"]
-    assert "s7 (hedged decode step on d0, reader 2 of 2, same D)" in res.violations[0].what
+    assert "s7 (hedged decode step on d0, submission 2 of 2, same D)" in res.violations[0].what
     assert res.figures["hedged"] == 1 and res.figures["unanswered"] == 0
 
 
