@@ -259,13 +259,15 @@ clean:
 # default 10), LANE=harness|serve, IMPL=ours|stock.  Writes .build/chaos/ (history.jsonl,
 # summary.json, timeline.png); exits non-zero on any violation.  Needs root (namespaces).
 # LANE=serve runs 1 P + 2 D `vllm serve` behind vllm-router (needs .venv-cpu and .venv-router).
+# CHAOS_ARGS: more of tools/chaos.py's options, e.g. the workload's "--abort-frac 0.1 --dup-frac 0.2".
 SEED ?= 1
 MINUTES ?= 10
 LANE ?= harness
 IMPL ?= ours
+CHAOS_ARGS ?=
 .PHONY: chaos
 chaos: build system-deps $(VENV)/.demo-deps
-	$(VPY) -m tools.chaos --seed $(SEED) --minutes $(MINUTES) --lane $(LANE) --impl $(IMPL) --out .build/chaos
+	$(VPY) -m tools.chaos --seed $(SEED) --minutes $(MINUTES) --lane $(LANE) --impl $(IMPL) --out .build/chaos $(CHAOS_ARGS)
 
 # The GPU lane: tests/e2e's P/D story (routed answers equal P alone; D frozen past its lease while P
 # reuses the blocks, fenced and recomputed; D killed -9, P reclaims) on vLLM's CUDA wheel, NIXL over

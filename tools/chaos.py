@@ -14,14 +14,17 @@ import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 SHOWN = (
     "requests", "reads", "reads_ok", "reads_failed", "fenced", "discarded", "stale", "expiries",
-    "premature_expiries", "leaks", "recovery_s", "worst_p_step_gain_s", "max_rss_growth", "crashes",
-    "faults_by_kind",
+    "premature_expiries", "leaks", "d_leaks", "aborts", "dups", "second_reads", "stale_second_reader",
+    "stale_after_abort", "second_reads_after_free", "recovery_s", "worst_p_step_gain_s", "max_rss_growth",
+    "crashes", "faults_by_kind",
 )  # fmt: skip
 SHOWN_SERVE = (
-    "requests", "answers_ok", "stale", "timeouts", "errors", "unanswered", "expiries", "leaks",
+    "requests", "answers_ok", "stale", "timeouts", "cancelled", "n2", "hedged", "errors", "unanswered",
+    "expiries", "leaks",
     "recovery_s", "max_rss_growth", "crashes", "faults_by_kind",
 )  # fmt: skip
 
@@ -35,6 +38,14 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=Path(".build/chaos"))
     ap.add_argument("--rate", type=float, default=4.0, help="requests per second (harness lane)")
     ap.add_argument("--burst", type=int, default=1000, help="requests per burst (harness lane)")
+    ap.add_argument(
+        "--abort-frac", type=float, default=None, help="of stream requests, cancelled by their client"
+    )
+    ap.add_argument("--dup-frac", type=float, default=None, help="of stream requests, submitted twice")
+    ap.add_argument(
+        "--dup-other-frac", type=float, default=None, help="of those, on another D (harness lane)"
+    )
+    ap.add_argument("--n2-frac", type=float, default=None, help="of stream requests, n = 2 (serve lane)")
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # tear the hosts and engines down as Ctrl-C does
 
@@ -61,9 +72,10 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         summary = serve_lane.run(
             serve_lane.Options(
-                seed=args.seed, minutes=args.minutes, impl=args.impl, workdir=args.out, say=say, kinds=kinds
+                seed=args.seed, minutes=args.minutes, impl=args.impl, workdir=args.out, say=say, kinds=kinds,
+                **_given(args, abort_frac="abort_frac", dup_frac="dup_frac", n2_frac="n2_frac"),
             )
-        )
+        )  # fmt: skip
     else:
         from harness.chaos import harness_lane
 
@@ -77,6 +89,7 @@ def main(argv: list[str] | None = None) -> int:
                 burst_size=args.burst,
                 say=say,
                 kinds=kinds,
+                **_given(args, abort_frac="abort_frac", dup_frac="dup_frac", dup_other_frac="dup_other_frac"),
             )
         )
     fig = summary["figures"]
@@ -87,6 +100,11 @@ def main(argv: list[str] | None = None) -> int:
     verdict = "OK" if summary["ok"] else f"VIOLATIONS: {len(summary['violations'])}"
     say(f"{verdict}; history, summary.json and timeline.png in {args.out}")
     return 0 if summary["ok"] else 1
+
+
+def _given(args: argparse.Namespace, **names: str) -> dict[str, Any]:
+    """The workload knobs given on the command line (the lane's defaults for the others)."""
+    return {field: getattr(args, arg) for field, arg in names.items() if getattr(args, arg) is not None}
 
 
 def _interrupt(signum: int, frame: object) -> None:

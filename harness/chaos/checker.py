@@ -2,18 +2,23 @@
 
 - **stale**: a read D accepted (not a failed load) returned data other than its
   request's pattern (its digest differs from what P wrote), or a read of a
-  request P never wrote.
+  request P never wrote; a second reader of one lease (``readers``) included.
+  A cancelled request's load is thrown away by vLLM: its data is counted
+  (``stale_after_abort``), not judged.
 - **premature expiry**: P let a lease lapse although no fault cut that lease's
   P-D pair off (or stopped, killed or starved either engine) during the
   extension before the expiry, plus a settle time after each fault (one step
   after a resume; after network faults, as long as the chain of faults on the
   pair lasted: TCP's retransmission backoff, ``pair_fault_ends``), and D had
   not given the request up (its load failed before the expiry: D no longer
-  heartbeats it and tells P nothing).  A legitimate expiry names the fault(s)
-  that allowed it, or ``GAVE_UP``.
+  heartbeats it and tells P nothing) or cancelled it (every submission of it,
+  ``readers.given_up``).  A legitimate expiry names the fault(s) that allowed
+  it, or ``GAVE_UP`` or ``readers.ABORTED``.
 - **leak**: at the end, a lease on a live P never ended; a D still holds
   per-engine state for an engine id that is not live; a connector structure is
-  larger than in the quiet after warm-up.
+  larger than in the quiet after warm-up; a D holds KV blocks or pending
+  receives it did not hold after warm-up, or never reported the load of a
+  request cancelled while admitted (``d_leaks``).
 - **recovery**: after the final heal, some P-D pair of live engines did not
   serve a new request correctly within ``recovery_s``.
 - **P step**: a P step's connector time, while a peer of that P was dead,
@@ -35,6 +40,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+from . import readers
+from .d_leaks import d_leaks
 
 NETWORK_FAULTS = frozenset({"partition", "partition_group", "asym", "flap"})
 PROCESS_FAULTS = frozenset({"stop", "kill", "starve", "crash"})
@@ -232,9 +240,11 @@ def check(events: list[dict[str, Any]], bounds: dict[str, float] | None = None) 
     figures["bursts"] = sum(1 for e in events if e["ev"] == "burst")
     figures["faults_by_kind"] = by_kind(faults)
 
-    _check_reads(events, written, violations, figures)
+    _check_reads(events, written, violations, figures, requests)
+    figures.update(readers.figures(events, requests))
     _check_expiries(events, requests, faults, engines, extension, b, violations, figures)
     check_leaks(events, requests, engines, violations, figures)
+    check_d_leaks(events, engines, violations, figures)
     pairs = {f"{p}->{d}": (p, d) for p in engines.live("P") for d in engines.live("D")}
     check_recovery(
         events, _new_reads_by_pair(events, requests, written), pairs, "new request", b, violations, figures
@@ -270,13 +280,29 @@ def by_kind(faults: list[Fault]) -> dict[str, int]:
     return dict(sorted(out.items()))
 
 
+def check_d_leaks(
+    events: list[dict[str, Any]],
+    engines: EngineLifetimes,
+    violations: list[Violation],
+    figures: dict[str, Any],
+) -> None:
+    """``d_leaks``'s findings as ``leak`` violations, counted into ``leaks``."""
+    end_t = events[-1]["t"] if events else 0.0
+    found, figs = d_leaks(events, engines.live_gen)
+    violations.extend(Violation("leak", end_t, what, where) for what, where in found)
+    figures.update(figs, leaks=figures.get("leaks", 0) + figs["d_leaks"])
+
+
 def _check_reads(
     events: list[dict[str, Any]],
     written: dict[str, str],
     violations: list[Violation],
     figures: dict[str, Any],
+    requests: dict[str, dict[str, Any]] | None = None,
 ) -> None:
-    reads = ok = failed = stale = 0
+    requests = requests or {}
+    freed = {e["id"]: e for e in events if e["ev"] == "freed"}
+    reads = ok = failed = stale = after_abort = stale_second = 0
     for e in events:
         if e["ev"] != "read":
             continue
@@ -289,9 +315,19 @@ def _check_reads(
             stale += 1
             violations.append(Violation("stale", e["t"], f"read of {e['id']} on {e['d']}: P never wrote it"))
         elif expect != e["digest"]:
+            if e.get("aborted"):
+                after_abort += 1  # thrown away by vLLM with its cancelled request
+                continue
             stale += 1
+            stale_second += bool(e.get("copy"))
+            who, when = readers.reader(e, requests), readers.freed_before(e, freed)
             violations.append(
-                Violation("stale", e["t"], f"read of {e['id']} on {e['d']} returned other data", (e["d"],))
+                Violation(
+                    "stale",
+                    e["t"],
+                    f"read of {e['id']}{who} on {e['d']} returned other data{when}",
+                    (e["d"],),
+                )
             )
         else:
             ok += 1
@@ -304,8 +340,9 @@ def _check_reads(
         fenced += e.get("fenced", 0)
         discarded += e.get("discarded", 0)
     figures.update(
-        reads=reads, reads_ok=ok, reads_failed=failed, stale=stale, fenced=fenced, discarded=discarded
-    )
+        reads=reads, reads_ok=ok, reads_failed=failed, stale=stale, fenced=fenced, discarded=discarded,
+        stale_second_reader=stale_second, stale_after_abort=after_abort,
+    )  # fmt: skip
 
 
 def _check_expiries(
@@ -323,11 +360,8 @@ def _check_expiries(
     # When D gave each request up: its load failed (fenced, discarded, or the READ
     # failed).  D heartbeats only what it still waits for, and a failed load tells
     # P nothing, so P can only let that lease lapse.
-    gave_up: dict[str, float] = {}
+    gave_up = readers.given_up(events, requests)  # id -> (when, why): every submission failed or cancelled
     ends: dict[tuple[str, str], dict[int, float]] = {}  # per pair: fid -> until when it excuses
-    for e in events:
-        if e["ev"] == "read" and e["failed"] and e["id"] not in gave_up:
-            gave_up[e["id"]] = e["t"]
     for e in events:
         if e["ev"] != "freed" or e["reason"] != "expiry":
             continue
@@ -352,8 +386,10 @@ def _check_expiries(
             for f in why:
                 allowed_by[f.kind] = allowed_by.get(f.kind, 0) + 1
             continue
-        if gave_up.get(e["id"], float("inf")) <= e["t"]:
-            allowed_by[GAVE_UP] = allowed_by.get(GAVE_UP, 0) + 1
+        given_t, given_why = gave_up.get(e["id"], (float("inf"), None))
+        if given_t <= e["t"]:
+            label = given_why or GAVE_UP
+            allowed_by[label] = allowed_by.get(label, 0) + 1
             continue
         premature += 1
         violations.append(

@@ -28,7 +28,7 @@ from .history import History
 from .nemesis import Nemesis, available_kinds  # noqa: F401 - the lane's entry point
 from .nodes import Node
 from .progress import Reads, Tally
-from .workload import Workload
+from .workload import ABORT_FRAC, DUP_FRAC, DUP_OTHER_FRAC, Workload
 
 LEASE = 6  # scaled down from vLLM's 30 s: a partition or stall past it fits in seconds
 EXTENSION = default_lease_extension(LEASE)
@@ -56,6 +56,9 @@ class Options:
     workdir: Path = Path(".build/chaos")
     rate: float = 4.0  # requests per second, all P together
     burst_size: int = 1000
+    abort_frac: float = ABORT_FRAC  # of stream requests, cancelled by their client
+    dup_frac: float = DUP_FRAC  # of stream requests, submitted twice with the same P params
+    dup_other_frac: float = DUP_OTHER_FRAC  # of those, the second on another D
     say: Callable[[str], None] = print
     kinds: tuple[str, ...] = schedule.KINDS
     extra: dict[str, Any] = field(default_factory=dict)
@@ -145,6 +148,9 @@ def run(opts: Options) -> dict[str, Any]:
         bounds=BOUNDS,
         rate=opts.rate,
         burst_size=opts.burst_size,
+        abort_frac=opts.abort_frac,
+        dup_frac=opts.dup_frac,
+        dup_other_frac=opts.dup_other_frac,
         engines={n: {"role": r, "host": h} for n, (r, h) in lay.engines.items()},
         plan=len(plan),
     )
@@ -178,7 +184,10 @@ def run(opts: Options) -> dict[str, Any]:
         ds = [n for n in nodes.values() if n.role == "D"]
         all_nodes = ps + ds
         bursts = [horizon * x for x in (0.3, 0.65)] if horizon >= 240 else [horizon * 0.4]
-        wl = Workload(hist, ps, ds, opts.seed, LEASE, opts.rate, opts.burst_size, bursts)
+        wl = Workload(
+            hist, ps, ds, opts.seed, LEASE, opts.rate, opts.burst_size, bursts,
+            opts.abort_frac, opts.dup_frac, opts.dup_other_frac,
+        )  # fmt: skip
         nem: Nemesis | None = None
         try:
             hist.add("phase", name="warm")

@@ -4,17 +4,22 @@ Kinds of line (``ev``) and their fields:
 
 - ``run``: seed, impl, lane, lease, extension, interval, bounds, engines
 - ``engine``: name, role, host, engine_id, pid, up (a start, a restart or a kill)
-- ``request``: id, p, d, blocks, wait_s, burst, probe
-- ``written``: id, digest (P wrote the request's KV) / ``read``: id, d, failed, digest
+- ``request``: id, p, d, blocks, wait_s, burst, probe; abort_s (its client cancels it that long
+  after it reached D), dup (d, wait_s: its P params submitted a second time)
+- ``written``: id, digest (P wrote the request's KV) / ``read``: id, d, failed, digest; copy (1: the
+  second submission's), aborted (the load of a cancelled request)
+- ``abort``: id, copy, d, d_engine, d_gen, where (D found it "queued", "admitted" or "gone")
 - ``freed``: id, p, reason ("read" or "expiry"), hb_last (P's last heartbeat naming it)
 - ``stats``: engine, fenced, discarded (cumulative, this engine process)
 - ``fault``: fid, kind, hosts, engines, until, detail / ``heal``: fid / ``heal_all``
-- ``sizes``: engine, phase ("warm", "run", "end"), sizes, keys, rss_kb
+- ``sizes``: engine, phase ("warm", "run", "end"), sizes, keys, rss_kb; held (D: free KV
+  blocks, loads admitted and not reported, pending receives, with ids; ``Engine.d_held``)
 - ``steps``: engine, start, conn, pre (P's steps: start, connector s, preemptions)
 - ``phase``: name ("warm", "faults", "recovery", "quiet", "end")
 - ``error``: engine, text
-- ``routed``: id, prompt, burst, probe / ``answer``: id, status, equal (to P alone), error,
-  elapsed_s, d (serve lane: a request through vllm-router and what came back)
+- ``routed``: id, prompt, burst, probe, n, cancel_s, hedge / ``answer``: id, status, equal (to P
+  alone), error, elapsed_s, d, copy, cancelled (serve lane: a request through vllm-router, or a
+  hedged decode step, and what came back)
 """
 
 from __future__ import annotations

@@ -32,6 +32,20 @@ JOBS_PER_TURN = 8
 
 
 CRASH_FID_BASE = 10_000  # crash "faults" get ids above the nemesis's
+COPY_SEP = "~"  # D's local id of a request's second submission: ``d-<id>~1``
+
+
+def local_id(req: dict[str, Any]) -> str:
+    """D's local id of one submission of a request (``copy`` 0: the first)."""
+    copy = req.get("copy", 0)
+    return d_id(req["id"]) + (f"{COPY_SEP}{copy}" if copy else "")
+
+
+def of_local(local: str) -> tuple[str, int]:
+    """(P's request id, copy) of a D local id."""
+    rid = local[2:] if local.startswith("d-") else local
+    base, sep, copy = rid.rpartition(COPY_SEP)
+    return (base, int(copy)) if sep and copy.isdigit() else (rid, 0)
 
 
 def last_fatal(log_path: str) -> str:
@@ -72,6 +86,7 @@ class Node:
         self.state = "down"  # up | stopped | down
         self.jobs: queue.Queue[Callable[[EngineProcess], None]] = queue.Queue()
         self.holds: dict[str, float] = {}  # D: local id -> monotonic release time
+        self.aborts: dict[str, float] = {}  # D: local id -> when the client cancels it (monotonic)
         self._holds_lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -152,6 +167,7 @@ class Node:
                 break
         with self._holds_lock:
             self.holds.clear()
+            self.aborts.clear()
         self.live = self.pending = 0
 
     def _replay_written(self, eng: EngineProcess) -> None:
@@ -197,6 +213,11 @@ class Node:
         with self._holds_lock:
             for i in local_ids:
                 self.holds[i] = until
+
+    def cancel_at(self, local: str, at: float) -> None:
+        """D: the client cancels ``local`` at ``at`` (monotonic), wherever it is then."""
+        with self._holds_lock:
+            self.aborts[local] = at
 
     def release_all_holds(self) -> None:
         with self._holds_lock:
@@ -267,14 +288,20 @@ class Node:
             due = [i for i, t in self.holds.items() if t <= now]
             for i in due:
                 del self.holds[i]
+            cancel = [i for i, t in self.aborts.items() if t <= now]
+            for i in cancel:
+                del self.aborts[i]
         if due:
             eng.release(due)
+        if cancel:
+            self._abort(eng, cancel)
         if now - self._last_drain >= DRAIN_EVERY_S:
             self._last_drain = now
             self.drain(eng)
         idle = (
             self.jobs.empty()
             and not self.holds
+            and not self.aborts
             and (self.live == 0 if self.role == "P" else self.pending == 0)
         )
         if idle:
@@ -298,9 +325,10 @@ class Node:
                 hb_last=None if hb_last is None else h.rel(hb_last),
                 hb=hb,
             )
-        for local_id, failed, digest, t, _admitted in out["loaded"]:
-            rid = local_id[2:] if local_id.startswith("d-") else local_id
-            h.add("read", t=h.rel(t), id=rid, d=self.name, failed=failed, digest=digest)
+        for local, failed, digest, t, _admitted, aborted in out["loaded"]:
+            rid, copy = of_local(local)
+            extra = {k: v for k, v in (("copy", copy), ("aborted", aborted)) if v}
+            h.add("read", t=h.rel(t), id=rid, d=self.name, failed=failed, digest=digest, **extra)
         if self.role == "P" and out["steps"]:
             h.add(
                 "steps",
@@ -337,8 +365,25 @@ class Node:
                 sizes=out["sizes"]["sizes"],
                 keys=out["sizes"]["keys"],
                 rss_kb=rss_kb(eng.pid),
+                **({"held": out["d_held"]} if out.get("d_held") else {}),
             )
         return out
+
+    def _abort(self, eng: EngineProcess, cancel: list[str]) -> None:
+        """The client cancels: each abort in the history with where it found the request."""
+        t = self.hist.now()
+        for local, where in eng.abort(cancel).items():
+            rid, copy = of_local(local)
+            self.hist.add(
+                "abort",
+                t=t,
+                id=rid,
+                copy=copy,
+                d=self.name,
+                d_engine=self.engine_id,
+                d_gen=self.gen,
+                where=where,
+            )
 
     # -- the two jobs ---------------------------------------------------------
     def prefill_job(
@@ -362,7 +407,9 @@ class Node:
         self.enqueue(job)
 
     def submit_job(self, items: list[tuple[dict[str, Any], dict[str, Any]]]) -> None:
-        """Queue ``(request, params)`` on this D; each waits ``wait_s`` in D's queue."""
+        """Queue ``(request, params)`` on this D; each waits ``wait_s`` in D's queue, and
+        one with ``abort_s`` is cancelled by its client that long after it was submitted.
+        A request's second submission (the same params) has ``copy`` 1 (``local_id``)."""
 
         def job(eng: EngineProcess) -> None:
             now = time.monotonic()
@@ -370,9 +417,12 @@ class Node:
             free = [(r, p) for r, p in items if r["wait_s"] <= 0]
             for group, hold in ((held, True), (free, False)):
                 if group:
-                    eng.submit([(d_id(r["id"]), p, r["blocks"] * 32) for r, p in group], hold=hold)
+                    eng.submit([(local_id(r), p, r["blocks"] * 32) for r, p in group], hold=hold)
             for r, _ in held:
-                self.hold([d_id(r["id"])], now + r["wait_s"])
+                self.hold([local_id(r)], now + r["wait_s"])
+            for r, _ in items:
+                if r.get("abort_s") is not None:
+                    self.cancel_at(local_id(r), now + r["abort_s"])
             self.pending += len(items)
 
         self.enqueue(job)

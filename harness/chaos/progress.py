@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-Verdict = Callable[[dict[str, Any], str], None]  # (the read event, "ok" | "failed" | "stale")
+# (the read event, "ok" | "failed" | "stale" | "after_abort": a cancelled request's load of other
+# data, thrown away by vLLM, not a stale read: see ``readers``)
+Verdict = Callable[[dict[str, Any], str], None]
 
 
 class Reads:
@@ -33,8 +35,10 @@ class Reads:
     def _judge(self, read: dict[str, Any]) -> None:
         if read["failed"]:
             self.on_verdict(read, "failed")
+        elif self.written.get(read["id"]) == read["digest"]:
+            self.on_verdict(read, "ok")
         else:
-            self.on_verdict(read, "ok" if self.written.get(read["id"]) == read["digest"] else "stale")
+            self.on_verdict(read, "after_abort" if read.get("aborted") else "stale")
 
 
 class Tally:
@@ -44,6 +48,7 @@ class Tally:
             "reads_ok": 0,
             "reads_failed": 0,
             "stale": 0,
+            "after_abort": 0,
             "expiries": 0,
             "faults": 0,
             "errors": 0,
@@ -53,7 +58,7 @@ class Tally:
         self.reads = Reads(self._verdict)
 
     def _verdict(self, read: dict[str, Any], verdict: str) -> None:
-        self.n["reads_" + verdict if verdict != "stale" else "stale"] += 1
+        self.n["reads_" + verdict if verdict in ("ok", "failed") else verdict] += 1
 
     def __call__(self, e: dict[str, Any]) -> None:
         ev = e["ev"]

@@ -2,14 +2,20 @@
 (``checker``), its recovery rule over this lane's evidence, and beside them the
 rules that only `vllm serve` histories need.
 
-- **stale**: an ``answer`` with HTTP 200 whose text differs from P alone's.
+- **stale**: an ``answer`` with HTTP 200 whose text differs from P alone's (every
+  choice of an n = 2 answer; each of a hedged decode step's two answers, the
+  second reader of one lease).  A client that hung up (``cancelled``) is
+  counted, not a timeout.
 - **recovery** (``checker.check_recovery``, the one rule of both lanes, over D's
   answers): after the final heal, some D that is up served no probe correctly
   within ``recovery_s`` (a probe is attributed to the D whose finished-request
   counter moved).
 - **leak** (``checker.check_leaks``): at the end, a ``sizes`` figure of an
-  engine above its quiet value after warm-up: P's KV blocks in use (ours and
-  stock) and P's active leases (ours; stock has no such count).
+  engine above its quiet value after warm-up: P's and D's KV blocks in use
+  (ours and stock), D's running and waiting requests (a request cancelled while
+  its load was parked, never reported, keeps its blocks, and vLLM counts it
+  neither running nor waiting: the blocks show it), and P's active leases
+  (ours; stock has no such count).
 - **memory** and **crash**: as in the harness lane, over the servers' process trees.
 
 Not checked here, and why: reads against a per-request pattern (a server's KV
@@ -55,7 +61,7 @@ def check_answers(
     """Stale answers, each with the faults in force while it was in flight (the
     moment it was answered may be after they healed)."""
     sent = {e["id"]: e for e in events if e["ev"] == "routed"}
-    ok = stale = timeouts = 0
+    ok = stale = timeouts = cancelled = 0
     errors: dict[str, int] = {}
     for e in events:
         if e["ev"] != "answer":
@@ -67,14 +73,18 @@ def check_answers(
             req = sent.get(e["id"], {})
             t0 = req.get("t", e["t"])
             during = [f.label() for f in faults if f.start <= e["t"] and f.end >= t0]
+            how = _how(req, e)
             violations.append(
                 Violation(
                     "stale",
                     e["t"],
-                    f"{e['id']} (prompt {req.get('prompt')}, sent at {t0:.1f}s) answered 200, not as P alone;"
+                    f"{e['id']}{how} (prompt {req.get('prompt')}, sent at {t0:.1f}s) answered 200,"
+                    " not as P alone;"
                     f" faults while in flight: {', '.join(during) or 'none'}",
                 )
             )
+        elif e.get("cancelled"):
+            cancelled += 1
         elif e["status"] == 0 and "timed out" in e.get("error", ""):
             timeouts += 1
         else:
@@ -85,9 +95,23 @@ def check_answers(
         answers_ok=ok,
         stale=stale,
         timeouts=timeouts,
+        cancelled=cancelled,
         errors=dict(sorted(errors.items())),
-        unanswered=len(sent) - sum(1 for e in events if e["ev"] == "answer"),
+        unanswered=len(sent) - len({e["id"] for e in events if e["ev"] == "answer"}),
+        n2=sum(1 for r in sent.values() if r.get("n", 1) > 1),
+        hedged=sum(1 for r in sent.values() if r.get("hedge")),
     )
+
+
+def _how(req: dict[str, Any], answer: dict[str, Any]) -> str:
+    """What kind of request a stale answer was: n = 2, or which reader of a hedged one."""
+    if req.get("n", 1) > 1:
+        return f" (n={req['n']}: some choice differs)"
+    if req.get("hedge"):
+        same = "same D" if len(set(req["hedge"])) == 1 else "two Ds"
+        nth = answer.get("copy", 0) + 1  # by submission: which of the two read first is not known
+        return f" (hedged decode step on {answer.get('d')}, submission {nth} of 2, {same})"
+    return ""
 
 
 def _first_answers_by_d(events: list[dict[str, Any]]) -> Callable[[float], dict[str, float]]:

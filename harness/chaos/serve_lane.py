@@ -55,6 +55,9 @@ class Options:
     workdir: Path = Path(".build/chaos")
     say: Callable[[str], None] = print
     kinds: tuple[str, ...] = schedule.KINDS
+    abort_frac: float = serve_workload.ABORT_FRAC  # of stream requests, cancelled by their client
+    n2_frac: float = serve_workload.N2_FRAC  # of stream requests, n = 2
+    dup_frac: float = serve_workload.DUP_FRAC  # of stream requests, the decode step sent twice
 
 
 def unavailable_reason() -> str | None:
@@ -116,7 +119,8 @@ def run(opts: Options) -> dict[str, Any]:
     hist.add(
         "run", seed=opts.seed, impl=opts.impl, lane="serve", lease=LEASE, extension=EXTENSION,
         interval=INTERVAL, minutes=opts.minutes, bounds=serve_checker.SERVE_BOUNDS, rate=RATE,
-        burst_size=BURST, engines={n: {"role": r, "host": h} for n, (r, h, _) in ENGINES.items()},
+        burst_size=BURST, abort_frac=opts.abort_frac, n2_frac=opts.n2_frac, dup_frac=opts.dup_frac,
+        engines={n: {"role": r, "host": h} for n, (r, h, _) in ENGINES.items()},
         plan=len(plan),
     )  # fmt: skip
     netns.sweep_stale()
@@ -143,7 +147,10 @@ def run(opts: Options) -> dict[str, Any]:
             hist.add("phase", name="warm")
             texts = serve_workload.prompts(opts.seed)
             refs = serve_workload.references(p.url, texts)
-            wl = serve_workload.ServeWorkload(hist, router.url, texts, refs, opts.seed, RATE)
+            wl = serve_workload.ServeWorkload(
+                hist, router.url, texts, refs, opts.seed, RATE, (p.url, ds),
+                (opts.abort_frac, opts.n2_frac, opts.dup_frac),
+            )  # fmt: skip
             served = wl.probe(ds, limit_s=180)
             say(f"warm-up: {len(served)}/{len(ds)} Ds served a routed request as P alone")
             time.sleep(LEASE + EXTENSION)

@@ -30,6 +30,10 @@ from .nodes import CRASH_FID_BASE, Node, last_fatal, rss_kb
 ROLES = {"prefill": "P", "decode": "D"}
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")  # vLLM's name, then its old one
 LEASES_ACTIVE = "vllm:nixl_lease_active"  # P, ours only
+D_REQUESTS = {
+    "requests_running": "vllm:num_requests_running",
+    "requests_waiting": "vllm:num_requests_waiting",
+}
 
 
 class ServeNode:
@@ -120,6 +124,9 @@ class ServeNode:
             sizes["kv_blocks_used"] = round(usage * self.cfg.num_blocks)
             if self.role == "P" and LEASES_ACTIVE in text:
                 sizes["leases_active"] = round(client.metric_sum(text, LEASES_ACTIVE))
+            if self.role == "D":  # a request never let go shows here, or in its blocks above
+                for key, name in D_REQUESTS.items():
+                    sizes[key] = round(client.metric_sum(text, name))
         rss = sum(rss_kb(p) for p in self.pids()) if self.state == "up" else 0
         self.hist.add(
             "sizes", engine=self.name, engine_id=self.engine_id, phase=phase, sizes=sizes, keys={}, rss_kb=rss

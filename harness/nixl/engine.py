@@ -276,29 +276,34 @@ class Engine:
             # Released requests take their place in the queue by submission, as if never held.
             self.waiting = sorted(self.waiting + moved, key=lambda r: self.reqs[r]["seq"])
 
-    def abort(self, ids: list[str]) -> dict[str, int]:
-        """D: the client cancels these requests, as vLLM's scheduler does it: one
-        still queued ends at once; one admitted (waiting for its KV) ends, but
-        keeps its blocks until the workers report its load finished or failed."""
-        queued = admitted = 0
+    def abort(self, ids: list[str]) -> dict[str, str]:
+        """D: the client cancels ``ids``, as vLLM's ``Scheduler.finish_requests`` does
+        with ``FINISHED_ABORTED``.  A request still queued (held or waiting, no blocks)
+        ends at once: the connector's ``request_finished`` tells P to free (upstream
+        sends the completion with no blocks).  One admitted (WAITING_FOR_REMOTE_KVS)
+        is finished the same way but keeps its KV blocks until the worker reports its
+        load, done or failed: vLLM frees them only then, so a load never reported
+        holds them for ever.  Returns id -> "queued", "admitted" or "gone" (already
+        read, already aborted, or unknown)."""
+        out: dict[str, str] = {}
+        now = time.monotonic()
         for local_id in ids:
             rec = self.reqs.get(local_id)
-            if rec is None or "read_t" in rec or rec.get("aborted"):
+            if rec is None or "read_t" in rec or "aborted_t" in rec:
+                out[local_id] = "gone"
                 continue
             req = rec["req"]
-            rec["aborted"] = True
-            rec["aborted_t"] = time.monotonic()
-            waiting = req.status == self.status.WAITING_FOR_REMOTE_KVS
+            rec["aborted_t"] = now
             req.status = self.status.FINISHED_ABORTED
-            self.sched.request_finished(req, rec.get("blocks", []))
-            if waiting:
-                admitted += 1  # freed in _absorb, once reported
+            if local_id in self.unread:
+                rec["abort_where"] = out[local_id] = "admitted"
+                self.sched.request_finished(req, rec["blocks"])
                 continue
-            queued += 1
-            self.held.pop(local_id, None)
-            if local_id in self.waiting:
+            rec["abort_where"] = out[local_id] = "queued"
+            if self.held.pop(local_id, None) is None:
                 self.waiting.remove(local_id)
-        return {"queued": queued, "admitted": admitted}
+            self.sched.request_finished(req, [])
+        return out
 
     def _schedule_d(self) -> None:
         still = []
@@ -478,7 +483,7 @@ class Engine:
             self.unread.pop(req_id, None)
             rec["failed"] = req_id in self.failed_pending
             self.failed_pending.discard(req_id)
-            if not rec.get("aborted"):  # an aborted request was finished at its abort
+            if "aborted_t" not in rec:  # an aborted request was finished at its abort
                 req = rec["req"]
                 req.status = self.status.FINISHED_LENGTH_CAPPED
                 self.sched.request_finished(req, rec["blocks"])
@@ -614,6 +619,8 @@ class Engine:
                 self.sent_counts.pop(req_id, None)
             else:
                 if "read_t" not in rec:
+                    if rec.get("abort_where") == "queued":  # ended at its abort (the caller recorded it)
+                        del self.reqs[req_id]
                     continue
                 loaded.append(
                     (
@@ -622,6 +629,7 @@ class Engine:
                         _short(rec.get("digest", {})),
                         rec["read_t"],
                         rec.get("admitted_t"),
+                        "aborted_t" in rec,
                     )
                 )
             del self.reqs[req_id]
@@ -647,6 +655,23 @@ class Engine:
             "last_error": self.errors[-1][-2000:] if self.errors else "",
             "sizes": structure_sizes(self),
             "stats": self.rank0.stats(),
+            "d_held": self.d_held() if self.spec.role == "D" else None,
+        }
+
+    def d_held(self) -> dict[str, Any]:
+        """D: what the engine still holds for remote loads: its free KV blocks, and
+        the ids (at most ``HELD_IDS_MAX`` each) of the requests admitted whose load
+        the worker has not reported (their blocks) and of upstream's pending receives
+        (rank 0's ``_recving_metadata``)."""
+        recving = getattr(self.rank0.worker, "_recving_metadata", {})
+        return {
+            "free_blocks": len(self.free_blocks),
+            "unread": len(self.unread),
+            "unread_ids": sorted(self.unread)[:HELD_IDS_MAX],
+            "unread_aborted": sum(1 for r in self.unread if "aborted_t" in self.reqs.get(r, {})),
+            "recving": len(recving),
+            "recving_ids": sorted(map(str, recving))[:HELD_IDS_MAX],
+            "queued": len(self.waiting) + len(self.held),
         }
 
     def timings(self) -> dict[str, Any]:
@@ -732,6 +757,7 @@ def _short(digest: dict[Any, str]) -> str:
     return "/".join(str(digest[h])[:16] for h in sorted(digest))
 
 
+HELD_IDS_MAX = 20  # ids a leak report names (the counts are whole)
 PEER_KEYS_MAX = 64  # a dict this small with str keys may be keyed by engine id: its keys are reported
 
 

@@ -126,10 +126,9 @@ class EngineProcess:
     def release(self, ids: list[str] | None = None) -> None:
         self.call("release", ids=ids)
 
-    def abort(self, ids: list[str]) -> dict[str, int]:
-        """D: cancel these requests (``Engine.abort``)."""
-        result: dict[str, int] = self.call("abort", ids=ids)
-        return result
+    def abort(self, ids: list[str]) -> dict[str, str]:
+        """D: the client cancels ``ids`` (``Engine.abort``): id -> "queued", "admitted" or "gone"."""
+        return self.call("abort", ids=ids)
 
     def report(self) -> dict[str, Any]:
         return self.call("report")

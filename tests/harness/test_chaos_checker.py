@@ -426,3 +426,150 @@ def test_crash_is_a_violation_and_excuses_the_dead_engines_expiries() -> None:
     res = run(ev)
     assert rules(res) == {"crash"}
     assert res.figures["crashes"] == ["d0 at 11.0s: ucp_request.inl:356 Fatal"]
+
+
+# -- clients that cancel, second readers of one lease, D-side leaks --------------------------------
+
+
+def held(free: int, unread: list[str] = (), recving: list[str] = (), aborted: int = 0) -> dict[str, Any]:
+    return {
+        "free_blocks": free, "unread": len(unread), "unread_ids": list(unread), "unread_aborted": aborted,
+        "recving": len(recving), "recving_ids": list(recving), "queued": 0,
+    }  # fmt: skip
+
+
+def with_held(ev: list[dict[str, Any]], end_d1: dict[str, Any]) -> list[dict[str, Any]]:
+    """``base`` with D's held figures: all free after warm-up; ``end_d1`` for d1 at the end."""
+    for e in ev:
+        if e["ev"] == "sizes" and e["engine"] in ("d0", "d1"):
+            e["held"] = held(2047) if e["phase"] == "warm" or e["engine"] == "d0" else end_d1
+    return ev
+
+
+def dup_request(rid: str, t: float, d2: str = "d0") -> dict[str, Any]:
+    return {**request(rid, t), "dup": {"d": d2, "wait_s": 0.5}}
+
+
+def test_second_reader_of_freed_blocks_is_stale_and_says_who_freed_them() -> None:
+    ev = base() + [
+        dup_request("r1", 10.0),
+        {"t": 10.0, "ev": "written", "id": "r1", "digest": "aaa"},
+        {"t": 12.0, "ev": "read", "id": "r1", "d": "d0", "failed": False, "digest": "aaa"},
+        {"t": 12.1, "ev": "freed", "id": "r1", "p": "p0", "reason": "read"},
+        {"t": 12.5, "ev": "read", "id": "r1", "d": "d0", "failed": False, "digest": "bbb", "copy": 1},
+    ]
+    res = run(ev)
+    assert rules(res) == {"stale"}
+    assert res.figures["stale_second_reader"] == 1 and res.figures["dups"] == {"same_d": 1, "other_d": 0}
+    (v,) = res.violations
+    assert "r1 (second reader, on the same D) on d0" in v.what and "p0 freed it at 12.100s (read)" in v.what
+    assert res.figures["second_reads_after_free"] == {"same_data": 0, "other_data": 1}
+
+
+def test_second_reader_on_another_d_fenced_is_no_violation() -> None:
+    ev = base() + [
+        dup_request("r1", 10.0, d2="d1"),
+        {"t": 10.0, "ev": "written", "id": "r1", "digest": "aaa"},
+        {"t": 12.0, "ev": "read", "id": "r1", "d": "d0", "failed": False, "digest": "aaa"},
+        {"t": 12.1, "ev": "freed", "id": "r1", "p": "p0", "reason": "read"},
+        {"t": 12.5, "ev": "read", "id": "r1", "d": "d1", "failed": True, "digest": "", "copy": 1},
+    ]
+    res = run(ev)
+    assert res.ok, res.violations
+    assert res.figures["second_reads"] == {"ok": 0, "failed": 1}
+    assert res.figures["dups"] == {"same_d": 0, "other_d": 1}
+
+
+def test_cancelled_requests_load_with_other_data_is_counted_not_stale() -> None:
+    ev = base() + [
+        {**request("r1", 10.0), "abort_s": 0.5},
+        {"t": 10.0, "ev": "written", "id": "r1", "digest": "aaa"},
+        {"t": 10.5, "ev": "abort", "id": "r1", "copy": 0, "d": "d0", "d_gen": 0, "where": "admitted"},
+        {"t": 12.0, "ev": "read", "id": "r1", "d": "d0", "failed": False, "digest": "bbb", "aborted": True},
+        {"t": 12.1, "ev": "freed", "id": "r1", "p": "p0", "reason": "read"},
+    ]
+    res = run(ev)
+    assert res.ok, res.violations
+    assert res.figures["stale_after_abort"] == 1 and res.figures["aborts"] == {"admitted": 1}
+
+
+def test_expiry_after_every_submission_gave_up_names_the_cancel() -> None:
+    ev = base() + [
+        dup_request("r1", 10.0),
+        {"t": 11.0, "ev": "read", "id": "r1", "d": "d0", "failed": True, "digest": "", "copy": 1},
+        {"t": 11.5, "ev": "abort", "id": "r1", "copy": 0, "d": "d0", "d_gen": 0, "where": "queued"},
+        {"t": 16.0, "ev": "freed", "id": "r1", "p": "p0", "reason": "expiry"},
+    ]
+    res = run(ev)
+    assert res.ok, res.violations
+    assert res.figures["expiries_allowed_by"] == {"aborted on D": 1}
+
+
+def test_expiry_while_a_second_submission_still_waits_is_premature() -> None:
+    ev = base() + [
+        dup_request("r1", 10.0),
+        {"t": 11.0, "ev": "read", "id": "r1", "d": "d0", "failed": True, "digest": ""},
+        {"t": 16.0, "ev": "freed", "id": "r1", "p": "p0", "reason": "expiry"},
+    ]
+    assert rules(run(ev)) == {"premature_expiry"}
+
+
+def test_cancel_that_found_a_waiting_request_gone_does_not_give_it_up() -> None:
+    ev = base() + [
+        request("r1", 10.0),
+        {"t": 11.0, "ev": "abort", "id": "r1", "copy": 0, "d": "d0", "d_gen": 0, "where": "gone"},
+        {"t": 16.0, "ev": "freed", "id": "r1", "p": "p0", "reason": "expiry"},
+    ]
+    assert rules(run(ev)) == {"premature_expiry"}
+
+
+def test_d_holding_blocks_after_the_heal_is_a_leak_with_ids() -> None:
+    res = run(with_held(base(), held(2015, ["d-r1", "d-r2"], aborted=2)))
+    assert rules(res) == {"leak"} and res.figures["d_blocks_not_free"] == {"d1": 32}
+    (v,) = res.violations
+    assert "d1 (d1): 32 KV blocks not free after the heal (free 2015, 2047 after warm-up)" in v.what
+    assert "2 admitted loads never reported (2 of them cancelled): ['d-r1', 'd-r2']" in v.what
+
+
+def test_pending_receives_after_the_heal_are_a_leak_with_ids() -> None:
+    res = run(with_held(base(), held(2047, recving=["d-r3"])))
+    assert rules(res) == {"leak"} and res.figures["d_leaks"] == 1
+    assert "_recving_metadata holds 1 pending receives after the heal (0 after warm-up): ['d-r3']" in (
+        res.violations[0].what
+    )
+
+
+def test_clean_d_at_the_end_is_no_leak() -> None:
+    res = run(with_held(base(), held(2047)))
+    assert res.ok, res.violations
+    assert res.figures["checked_d_end"] and res.figures["d_leaks"] == 0
+
+
+def test_cancel_of_an_admitted_request_never_reported_is_a_leak() -> None:
+    abort = {"t": 11.0, "ev": "abort", "id": "r1", "copy": 0, "d": "d1", "d_gen": 0, "where": "admitted"}
+    ev = base() + [{**request("r1", 10.0, d="d1"), "abort_s": 1.0}, abort]
+    ev.append({"t": 12.0, "ev": "freed", "id": "r1", "p": "p0", "reason": "read"})
+    res = run(ev)
+    assert rules(res) == {"leak"} and res.figures["aborts_unreported"] == 1
+    assert "r1 cancelled on d1 at 11.000s while admitted" in res.violations[0].what
+    # Reported (failed or not) by the same process: no leak.
+    reported = ev + [
+        {"t": 11.5, "ev": "read", "id": "r1", "d": "d1", "failed": True, "digest": "", "aborted": True}
+    ]
+    assert run(reported).ok
+    # That D process died since: its blocks went with it.
+    restarted = [{**e, "gen": 1} if e["ev"] == "engine" and e["name"] == "d1" else e for e in ev]
+    assert run(restarted).figures["aborts_unreported"] == 0
+
+
+def test_progress_counts_a_cancelled_loads_other_data_apart_from_stale_reads() -> None:
+    from harness.chaos.progress import Tally
+
+    tally = Tally()
+    for e in (
+        {"t": 1.0, "ev": "written", "id": "r1", "digest": "aaa"},
+        {"t": 2.0, "ev": "read", "id": "r1", "d": "d0", "failed": False, "digest": "bbb", "aborted": True},
+        {"t": 2.0, "ev": "read", "id": "r1", "d": "d1", "failed": False, "digest": "bbb", "copy": 1},
+    ):
+        tally(e)
+    assert (tally.n["after_abort"], tally.n["stale"]) == (1, 1)

@@ -129,3 +129,51 @@ def test_timeline_draws_a_serve_history(tmp_path) -> None:
     events[0]["engines"] = {"p0": {"role": "P", "host": "p"}, "d0": {"role": "D", "host": "d"}}
     timeline.draw(events, serve_checker.check(events), tmp_path / "t.png")
     assert (tmp_path / "t.png").stat().st_size > 10_000
+
+
+def test_second_reader_of_a_hedged_decode_step_answering_other_text_is_stale() -> None:
+    ok = {"status": 200, "error": "", "elapsed_s": 1.0, "d": "d0"}
+    ev = base() + [
+        {
+            "t": 10.0,
+            "ev": "routed",
+            "id": "s7",
+            "prompt": 2,
+            "burst": False,
+            "probe": False,
+            "hedge": ["d0", "d0"],
+        },
+        {"t": 11.0, "ev": "answer", "id": "s7", "copy": 0, "equal": True, **ok},
+        {"t": 11.2, "ev": "answer", "id": "s7", "copy": 1, "equal": False, **ok},
+    ]
+    res = serve_checker.check(sorted(ev, key=lambda e: e["t"]))
+    assert [v.rule for v in res.violations] == ["stale"]
+    assert "s7 (hedged decode step on d0, submission 2 of 2, same D)" in res.violations[0].what
+    assert res.figures["hedged"] == 1 and res.figures["unanswered"] == 0
+
+
+def test_n2_answer_and_cancelled_client_are_named_and_counted() -> None:
+    ev = base() + [
+        {"t": 10.0, "ev": "routed", "id": "s8", "prompt": 2, "burst": False, "probe": False, "n": 2},
+        {"t": 11.0, "ev": "answer", "id": "s8", "status": 200, "equal": False, "error": "", "elapsed_s": 1.0},
+        {"t": 12.0, "ev": "routed", "id": "s9", "prompt": 2, "burst": False, "probe": False, "cancel_s": 0.3},
+        {"t": 12.3, "ev": "answer", "id": "s9", "status": 0, "equal": False, "elapsed_s": 0.3,
+         "error": "TimeoutError: timed out", "cancelled": True},
+    ]  # fmt: skip
+    res = serve_checker.check(sorted(ev, key=lambda e: e["t"]))
+    assert [v.rule for v in res.violations] == [
+        "stale"
+    ] and "s8 (n=2: some choice differs)" in res.violations[0].what
+    assert (res.figures["cancelled"], res.figures["timeouts"], res.figures["n2"]) == (1, 1, 1)
+
+
+def test_d_holding_blocks_or_requests_after_the_heal_is_a_leak() -> None:
+    ev = base()
+    for e in ev:
+        if e["ev"] == "sizes" and e["engine"] == "d0":
+            e["sizes"]["requests_waiting"] = 0
+            if e["phase"] == "end":
+                e["sizes"].update(kv_blocks_used=24, requests_waiting=2)
+    res = serve_checker.check(ev)
+    assert {v.rule for v in res.violations} == {"leak"}
+    assert sorted(res.figures["structures_grown"]) == ["d0 kv_blocks_used 0->24", "d0 requests_waiting 0->2"]

@@ -1,7 +1,8 @@
 """`make chaos` at test size: the harness lane (2 P + 3 D NIXL engines on five
 network-namespace hosts) under a fixed seed's nemesis for 2 minutes, then
-healed, probed and checked.  Correctness only: the checker's rules on stale
-reads, premature expiries, leaks, recovery and crashes (all but UCX's own
+healed, probed and checked, with the workload's default cancelling clients and
+second readers.  Correctness only: the checker's rules on stale reads (second
+readers' included), premature expiries, leaks (D's included), recovery and crashes (all but UCX's own
 abort, below; ``summary.json`` keeps the timing figures; benchmarks, not this
 test, judge them).  Serial: five engines and a nemesis on a shared machine
 (~5 minutes)."""
