@@ -60,6 +60,9 @@ class EngineSpec:
     # wrote it ends (flushed), so a P killed or crashed before the harness
     # drained it still tells what it wrote: a read of it can then be judged.
     written_log: bool = False
+    # Push mode: the NixlPushConnector pair (P WRITEs into the blocks D registers),
+    # not the pull one; D's request ids must then match P's (upstream matches them).
+    push: bool = False
     # Orphan guard: the engine exits this long after it started.
     max_lifetime_s: float = 600.0
 

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from vllm_support import STOCK_PUSH_WORKER, Clock, make_worker, p_meta
 
+from vllm_nixl_lease.adapter.p_worker.push_write_hold import PushWriteHold
 from vllm_nixl_lease.adapter.workers import LeaseNixlPushConnectorWorker
 
 LEASE = 12
@@ -148,3 +149,11 @@ def test_no_write_starts_after_the_lease_freed_the_blocks(
     assert _count(worker, "num_push_writes_refused") == 1
     worker._xfer_blocks_for_req("another", None)
     assert posted == ["another"]
+
+
+def test_freed_leases_remembered_are_bounded() -> None:
+    hold = PushWriteHold(bound_s=1.0, remembered=2)
+    assert hold.hold_expired(["a", "b", "c"], lambda _: False, 0.0) == set()
+    assert hold.begin("a"), "the oldest freed lease is forgotten past the bound"
+    assert not hold.begin("b") and not hold.begin("c")
+    assert hold.take_refused() == 2 and hold.take_refused() == 0
