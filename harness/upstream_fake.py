@@ -38,6 +38,9 @@ class FakeNixlWrapper:
         self.fail_sends = 0
         self.fail_error: type[Exception] = RuntimeError
         self._keep_sent = keep_sent
+        self.xfer_states: dict[Any, str] = {}
+        self.refuse_release: set[Any] = set()
+        self.released: list[Any] = []
 
     def deliver(self, agent: str, *messages: bytes) -> None:
         self.inbox.setdefault(agent, []).extend(messages)
@@ -74,8 +77,18 @@ class FakeNixlWrapper:
     def release_dlist_handle(self, handle: Any) -> None:
         pass
 
+    # Transfers: a test sets ``xfer_states[handle]`` ("PROC", "DONE", "ERR");
+    # a handle in ``refuse_release`` cannot be cancelled (NIXL raises).
+    def check_xfer_state(self, handle: Any) -> str:
+        return self.xfer_states.get(handle, "DONE")
+
+    def get_xfer_telemetry(self, handle: Any) -> Any:
+        return None
+
     def release_xfer_handle(self, handle: Any) -> None:
-        pass
+        if handle in self.refuse_release:
+            raise RuntimeError("fake: transfer cannot be cancelled")
+        self.released.append(handle)
 
 
 def stock_worker_class(name: str = "NixlPullConnectorWorker") -> type:
@@ -95,6 +108,7 @@ def make_upstream_worker(
     stats = importlib.import_module(f"{NIXL}.stats")
     w: Any = object.__new__(cls or stock_worker_class())
     w.nixl_wrapper = nixl if nixl is not None else FakeNixlWrapper()
+    w.engine_id = "fake-engine"  # upstream's _log_failure names it
     w.tp_rank = 0
     w.world_size = 1
     w.pcp_rank = 0
@@ -121,6 +135,11 @@ def make_upstream_worker(
     w._hb_handshake_notif_only = False
     w._pending_completion_notifs = queue.Queue()
     w._push_writer_wake = threading.Event()
+    # The push worker's WRITE bookkeeping (its get_transfer_results reads it).
+    w._sending_transfers = defaultdict(list)
+    w._send_failures = set()
+    w._sending_transfers_lock = threading.Lock()
+    w._evict_finished_inbox = queue.Queue()
     # Read by upstream's get_transfer_results (the whole step runs unchanged).
     w._failed_recv_reqs = queue.Queue()
     w._recv_failures = set()

@@ -935,6 +935,8 @@ def _handle(eng: Engine, cmd: str, kwargs: dict[str, Any]) -> Any:
         return eng.profile(**kwargs)
     if cmd == "stats":
         return eng.stats()
+    if cmd == "gate_writes":
+        return eng.rank0.gate_writes(**kwargs)
     if cmd == "agent_metadata":
         return eng.rank0.agent_metadata()
     raise ValueError(f"unknown command {cmd!r}")

@@ -54,7 +54,7 @@ def vllm_config(spec: EngineSpec, engine_id: str) -> Any:
     from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, ParallelConfig, VllmConfig
 
     kv = KVTransferConfig(
-        kv_connector="NixlConnector",
+        kv_connector="NixlPushConnector" if spec.push else "NixlConnector",
         kv_role="kv_producer" if spec.role == "P" else "kv_consumer",
         kv_buffer_device="cpu",
         engine_id=engine_id,

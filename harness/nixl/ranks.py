@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import os
 import resource
+import threading
 import time
 import traceback
 import zlib
@@ -34,12 +35,12 @@ from .spec import EngineSpec
 
 def connector_class(spec: EngineSpec) -> type:
     if spec.stock:
-        from vllm.distributed.kv_transfer.kv_connector.v1.nixl.connector import NixlPullConnector
+        from vllm.distributed.kv_transfer.kv_connector.v1.nixl import connector as stock
 
-        return NixlPullConnector
-    from vllm_nixl_lease.adapter.connector import LeaseNixlPullConnector
+        return stock.NixlPushConnector if spec.push else stock.NixlPullConnector
+    from vllm_nixl_lease.adapter import connector as ours
 
-    return LeaseNixlPullConnector
+    return ours.LeaseNixlPushConnector if spec.push else ours.LeaseNixlPullConnector
 
 
 class Rank:
@@ -77,6 +78,13 @@ class Rank:
         self.heads = self.cache.shape[1]
         self.head_offset = rank * self.heads
         self._install_probes()
+        # Push P: ``gate_writes`` makes the writer thread wait before posting a
+        # WRITE (a test cuts the link meanwhile, so the WRITE queues in UCX).
+        self.write_gate = threading.Event()
+        self.write_gate.set()
+        self.writes_waiting: list[str] = []
+        if spec.push and spec.role == "P":
+            self._install_write_gate()
 
     # -- observation -----------------------------------------------------
     def _install_probes(self) -> None:
@@ -182,6 +190,28 @@ class Rank:
         wrapper.get_new_notifs = get_new_notifs
         wrapper.send_notif = send_notif
         w._reap_expired_send_leases = reap
+
+    def _install_write_gate(self) -> None:
+        w = self.worker
+        post = w._xfer_blocks_for_req  # upstream's writer thread calls it through the instance
+
+        def gated(req_id: str, meta: Any) -> None:
+            if not self.write_gate.is_set():
+                self.writes_waiting.append(req_id)
+                self.write_gate.wait()
+            post(req_id, meta)
+
+        w._xfer_blocks_for_req = gated
+
+    def gate_writes(self, closed: bool) -> list[str]:
+        """Close (or open) the push writer's gate; the requests waiting at it so far."""
+        waiting = list(self.writes_waiting)
+        if closed:
+            self.write_gate.clear()
+        else:
+            self.writes_waiting.clear()
+            self.write_gate.set()
+        return waiting
 
     def handshake_metadata(self) -> Any:
         return self.connector.get_handshake_metadata()

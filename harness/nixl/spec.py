@@ -63,6 +63,9 @@ class EngineSpec:
     # P: NIXL hands the connector none of D's hellos (P's hello handling stopped,
     # as in a slow admission): our D's connections to it are never proven.
     drop_hellos: bool = False
+    # Push mode: the NixlPushConnector pair (P WRITEs into the blocks D registers),
+    # not the pull one; D's request ids must then match P's (upstream matches them).
+    push: bool = False
     # Orphan guard: the engine exits this long after it started.
     max_lifetime_s: float = 600.0
 

@@ -138,6 +138,18 @@ LEASE_COUNTERS: dict[str, tuple[str, str]] = {
         "P steps that came after a gap longer than half the extension (P itself stalled): the "
         "leases due meanwhile waited one heartbeat interval before expiring.",
     ),
+    "num_push_frees_held": (
+        "vllm:nixl_lease_push_frees_held",
+        "Push mode: expired leases whose blocks P kept until its own WRITE of them ended.",
+    ),
+    "num_push_writes_refused": (
+        "vllm:nixl_lease_push_writes_refused",
+        "Push mode: WRITEs P did not start because the request's lease had expired and freed its blocks.",
+    ),
+    "num_push_writes_cancelled": (
+        "vllm:nixl_lease_push_writes_cancelled",
+        "Push mode: WRITEs still running a whole lease after their lease expired, cancelled through NIXL.",
+    ),
 }
 # key -> (Prometheus name, help text); values in seconds.
 LEASE_HISTOGRAMS: dict[str, tuple[str, str]] = {

@@ -13,18 +13,21 @@ Components (one set per worker; a worker is P, D or both with ``kv_both``):
 - ``engine_reaper``: ``EngineReaper`` (D, pull) -- releases upstream's state of
   P engines gone idle past ``engine_ttl``, which upstream checks only on a new handshake;
 - ``ack_answerer``: ``AckAnswerer`` (P, pull) -- admits hellos, answers them;
-- ``idle_pause``: ``IdlePause`` (P) -- pauses an empty step while leases are held.
+- ``idle_pause``: ``IdlePause`` (P) -- pauses an empty step while leases are held;
+- ``write_hold``: ``PushWriteHold`` (P, push) -- an expired lease's free waits for P's WRITE of it.
 They reach upstream only through ``upstream.UpstreamWorker``.
 """
 
 from __future__ import annotations
 
 import queue
+import time
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorTransferResults
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_worker import NixlPullConnectorWorker
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_worker import NixlPushConnectorWorker
+from vllm.logger import init_logger
 
 from .._wire import heartbeat_payload, is_heartbeat
 from ..decode.lease_views import LeaseViews
@@ -38,7 +41,11 @@ from .metadata import LEASE_HEARTBEATS_ATTR, LEASE_INSTANCE_ATTR, LEASE_VIEWS_AT
 from .p_worker.ack_answerer import AckAnswerer
 from .p_worker.idle_pause import IdlePause
 from .p_worker.lease_keeper import HeartbeatForm, LeaseKeeper
+from .p_worker.push_write_hold import PushWriteHold
+from .ratelimit import RateLimitedLog
 from .stats import LeaseKVConnectorStats
+
+_logger = init_logger(__name__)
 
 
 class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
@@ -200,7 +207,12 @@ class LeaseNixlPushConnectorWorker(NixlPushConnectorWorker):
         self._reqs_to_process = self.lease_keeper.in_batch
         self.heartbeat_sender = HeartbeatSender(self, lease_config.max_heartbeat_bytes)
         self.idle_pause = IdlePause(lease_config.idle_step_sleep_s, self.lease_keeper.table)
+        # A WRITE still running a whole lease after its lease expired is cancelled.
+        self.write_hold = PushWriteHold(lease_config.lease_duration)
+        self._write_hold_log = RateLimitedLog(_logger)
+        self._write_refused_log = RateLimitedLog(_logger)  # the writer thread's own
 
+    # -- one step, in the order upstream calls these --------------------------
     def start_load_kv(self, metadata: Any) -> None:
         self.idle_pause.begin_step(metadata)
         super().start_load_kv(metadata)
@@ -208,8 +220,30 @@ class LeaseNixlPushConnectorWorker(NixlPushConnectorWorker):
     def _send_heartbeats(self, metadata: Any) -> None:
         self.heartbeat_sender.send(metadata)
 
+    def _xfer_blocks_for_req(self, req_id: str, meta: Any) -> None:
+        # Writer thread: never post a WRITE of blocks whose lease was already freed.
+        if not self.write_hold.begin(req_id):
+            self._write_refused_log.warning(
+                1, "Push WRITE of %s not started: its lease expired, its blocks are freed", req_id
+            )
+            return
+        try:
+            super()._xfer_blocks_for_req(req_id, meta)
+        finally:
+            self.write_hold.end(req_id)
+
     def get_transfer_results(self) -> Any:
+        # _get_new_notifs, _reap_expired_send_leases (holds frees), then the WRITEs that ended
         results = super().get_transfer_results()
+        hold = self.write_hold
+        if hold.held:
+            freed, cancelled = hold.settle(self._write_in_flight, self._cancel_writes, time.perf_counter())
+            if freed:
+                results.finished_sending.update(freed)
+                for req_id in freed:
+                    self._evict_finished_inbox.put(req_id)
+            self.xfer_stats.add("num_push_writes_cancelled", cancelled)
+        self.xfer_stats.add("num_push_writes_refused", hold.take_refused())
         if self.idle_pause.enabled:
             self.idle_pause.end_step(results, len(self._recving_transfers))
         return results
@@ -240,4 +274,48 @@ class LeaseNixlPushConnectorWorker(NixlPushConnectorWorker):
         self.lease_keeper.extend(HeartbeatForm.IDS, (payload.encode(),))
 
     def _reap_expired_send_leases(self, done_sending: set[str]) -> None:
+        before = set(done_sending)
         self.lease_keeper.expire(done_sending)
+        if len(done_sending) == len(before):
+            return
+        held = self.write_hold.hold_expired(done_sending - before, self._write_in_flight, time.perf_counter())
+        if held:  # counted as expired by the sweep; freed once their WRITE ends
+            done_sending -= held
+            self.xfer_stats.add("num_push_frees_held", len(held))
+            self._write_hold_log.warning(
+                len(held), "%d expired lease(s) keep their blocks until P's WRITE of them ends", len(held)
+            )
+
+    def _write_in_flight(self, req_id: str) -> bool:
+        with self._sending_transfers_lock:
+            return bool(self._sending_transfers.get(req_id))
+
+    def _cancel_writes(self, req_id: str) -> bool:
+        """A held WRITE past the bound: NIXL cancels each handle or refuses
+        (a transfer it cannot stop); True once none is left."""
+        with self._sending_transfers_lock:
+            handles = self._sending_transfers.get(req_id, [])
+            kept = []
+            for handle in handles:
+                try:
+                    self.nixl_wrapper.release_xfer_handle(handle)
+                except Exception as exc:
+                    kept.append(handle)
+                    self._write_hold_log.warning(
+                        1,
+                        "Push WRITE of %s outlived its lease; NIXL refused to cancel it (%s): blocks held",
+                        req_id,
+                        exc,
+                    )
+            if kept:
+                self._sending_transfers[req_id] = kept
+                return False
+            self._sending_transfers.pop(req_id, None)
+            self._send_failures.discard(req_id)
+        self._write_hold_log.warning(
+            1,
+            "Push WRITE of %s ran %.0f s past its lease: cancelled, blocks freed",
+            req_id,
+            self.write_hold.bound_s,
+        )
+        return True

@@ -2,8 +2,8 @@
 set, backed by the lease core.
 
 Upstream code we do not override (both ``start_load_kv`` variants, the push
-worker's ``get_transfer_results`` and, in 0.32, its ``_get_new_notifs``) keeps
-reading and writing those two attributes directly.  Giving it views instead
+worker's ``get_transfer_results``, which ours only wraps, and, in 0.32, its
+``_get_new_notifs``) keeps reading and writing those two attributes directly.  Giving it views instead
 of copies means the grant path, the deadline rebasing onto the worker clock
 and the push completion path stay exactly upstream's code, while every lease
 lives in one place: the ``NotificationRouter``/``LeaseTable``.
