@@ -60,6 +60,9 @@ class EngineSpec:
     # wrote it ends (flushed), so a P killed or crashed before the harness
     # drained it still tells what it wrote: a read of it can then be judged.
     written_log: bool = False
+    # P: False leaves ``remote_lease_protocol_max`` out of the params, as a
+    # version-2 P does (D then says hello 2 and gets no clock in P's answers).
+    lease_protocol_max: bool = True
     # Orphan guard: the engine exits this long after it started.
     max_lifetime_s: float = 600.0
 
