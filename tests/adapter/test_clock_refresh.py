@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from test_acks import EXT, Pair, acks_of
+from test_acks import CONFIG, EXT, Pair, acks_of
 from vllm_support import Clock
 
 from vllm_nixl_lease._wire import (
@@ -179,3 +179,15 @@ def test_p_moves_its_clock_onto_the_schedulers_by_the_largest_shift(clock: Clock
     ack = [a for a in acks_of([("P-agent-0", m) for m in answers]) if a is not None and a.seqs][0]
     assert ack.clock == pytest.approx(clock.now - 0.05 + 10.0, abs=1e-6)
     assert all(m.startswith(HEARTBEAT_ACK_PREFIX) for m in answers)
+
+
+def test_d_forgets_versions_and_measurements_with_their_views_and_connection(clock: Clock) -> None:
+    """What the refresh keeps per engine and per P instance is pruned by the sweep."""
+    net = ready(clock)
+    round_trip(net)
+    assert net.acks._offset_sent and net.acks._hello_versions
+    net.views.drop("d1")
+    del net.d._remote_agents["P"]
+    clock.advance(CONFIG.forget_sweep_s + 1)
+    net.d_receive([("P-agent-0", b"LACK:")])  # any message: a step that ages state
+    assert net.acks._offset_sent == {} and net.acks._hello_versions == {}
