@@ -26,6 +26,9 @@ P -> D, only to agents whose hello P admitted:
   (these were not), ``LACK:<instance>:<seqs>:*`` (count none as extended);
   with no seqs, the welcome that answers a hello.  ``instance`` names the P
   process (a fresh one per start), so D can tell a restarted P apart.
+  Version 3: to an agent whose hello said 3, the instance field of an answer to
+  heartbeats is ``<instance>@<clock_us>``, P's clock when the newest of them
+  arrived, from which D refreshes its clock offset (``ack_requester.py``).
 
 Imports nothing from vLLM.
 """
@@ -40,7 +43,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeGuard
 
-LEASE_PROTOCOL_VERSION = 2
+LEASE_PROTOCOL_VERSION = 3
+# The version P advertises in ``remote_lease_protocol``: a version-2 D takes it
+# as it is, so P keeps advertising 2 and names the newest hello version it
+# accepts in ``remote_lease_protocol_max`` (which a version-2 D ignores).
+LEASE_PROTOCOL_BASE = 2
+HELLO_VERSIONS = frozenset(range(LEASE_PROTOCOL_BASE, LEASE_PROTOCOL_VERSION + 1))
+# Hello versions from which P's answers carry its clock.
+CLOCK_HELLO_VERSION = 3
 HEARTBEAT_PREFIX = b"HB:"
 HEARTBEAT_SEPARATOR = b","
 # The lease protocol's escape (docs/PROTOCOL.md section 2): a heartbeat whose
@@ -185,19 +195,33 @@ def parse_acked_heartbeat(msg: bytes) -> tuple[int, bytes, bool] | None:
     return seq, b"" if comma < 0 else body[comma + 1 :], tagged
 
 
-def heartbeat_ack_message(instance: str, seqs: Iterable[int], not_extended: bytes = b"") -> bytes:
+def heartbeat_ack_message(
+    instance: str, seqs: Iterable[int], not_extended: bytes = b"", clock: float | None = None
+) -> bytes:
     """``LACK:<instance>:<seq>,...[:<keys>]``; ``not_extended`` is a comma-joined
     key list or ``ACK_NONE``, and applies to every listed heartbeat (a key
     missing from one counts as missing from all: conservative).  No seqs: the
-    welcome that answers a hello."""
-    head = b"%s%s:%s" % (HEARTBEAT_ACK_PREFIX, instance.encode("ascii"), b",".join(b"%d" % s for s in seqs))
+    welcome that answers a hello.  ``clock`` (version 3, seconds on P's clock):
+    ``LACK:<instance>@<clock_us>:...``, rounded up (a later reading only makes
+    D's offset more conservative); left out when not a finite number >= 0."""
+    field = instance.encode("ascii")
+    if clock is not None and math.isfinite(clock) and 0 <= clock < MAX_CLOCK_S:
+        field += b"%s%d" % (_clock_mark, math.ceil(clock * 1e6))
+    head = b"%s%s:%s" % (HEARTBEAT_ACK_PREFIX, field, b",".join(b"%d" % s for s in seqs))
     return head + b":" + not_extended if not_extended else head
+
+
+_clock_mark = b"@"  # lower case: a separator inside the instance field, not a field of its own
+# Clock readings above this are refused (20 digits of microseconds; a
+# perf_counter counts from boot, so this is millions of years).
+MAX_CLOCK_S = 1e13
 
 
 class HeartbeatAck(NamedTuple):
     instance: str
     seqs: list[int]  # empty: a welcome
     not_extended: frozenset[str] | None  # None: count none as extended
+    clock: float | None = None  # P's clock (seconds) when the newest heartbeat arrived (v3)
 
 
 def parse_heartbeat_ack(msg: bytes) -> HeartbeatAck | None:
@@ -207,8 +231,15 @@ def parse_heartbeat_ack(msg: bytes) -> HeartbeatAck | None:
     parts = msg[len(HEARTBEAT_ACK_PREFIX) :].split(b":", 2)
     if len(parts) < 2:
         return None
+    field, mark, clock_digits = parts[0].partition(_clock_mark)
+    clock = None
+    if mark:
+        micros = _seq(clock_digits)
+        if micros is None:
+            return None
+        clock = micros / 1e6
     try:
-        instance = parts[0].decode("ascii")
+        instance = field.decode("ascii")
     except UnicodeDecodeError:
         return None
     if not is_instance(instance):
@@ -224,13 +255,13 @@ def parse_heartbeat_ack(msg: bytes) -> HeartbeatAck | None:
     if not seqs and rest:
         return None
     if not rest:
-        return HeartbeatAck(instance, seqs, frozenset())
+        return HeartbeatAck(instance, seqs, frozenset(), clock)
     if rest == ACK_NONE:
-        return HeartbeatAck(instance, seqs, None)
+        return HeartbeatAck(instance, seqs, None, clock)
     try:
-        return HeartbeatAck(instance, seqs, frozenset(rest.decode("utf-8").split(",")))
+        return HeartbeatAck(instance, seqs, frozenset(rest.decode("utf-8").split(",")), clock)
     except UnicodeDecodeError:
-        return HeartbeatAck(instance, seqs, None)  # cannot tell which: none counts
+        return HeartbeatAck(instance, seqs, None, clock)  # cannot tell which: none counts
 
 
 def _seq(digits: bytes) -> int | None:
@@ -244,7 +275,8 @@ def _seq(digits: bytes) -> int | None:
 PARAM_LEASE_DEADLINE = "remote_lease_deadline"  # P's deadline, on P's scheduler clock
 PARAM_LEASE_EXTENSION = "remote_lease_extension"  # how far one heartbeat moves it (P's)
 PARAM_LEASE_INTERVAL = "remote_lease_interval"  # how often P expects heartbeats (P's)
-PARAM_LEASE_PROTOCOL = "remote_lease_protocol"  # LEASE_PROTOCOL_VERSION: P takes our messages
+PARAM_LEASE_PROTOCOL = "remote_lease_protocol"  # LEASE_PROTOCOL_BASE: P takes our messages
+PARAM_LEASE_PROTOCOL_MAX = "remote_lease_protocol_max"  # the newest hello version P accepts
 PARAM_LEASE_INSTANCE = "remote_lease_instance"  # the P process that granted the lease
 PARAM_LEASE_TAG = "remote_lease_tag"  # the lease's tag, for ``LHBT:`` (lease_tags.py)
 
@@ -263,6 +295,7 @@ class LeaseTerms:
     interval: float | None
     instance: str = ""
     tag: str | None = None
+    hello_version: int = LEASE_PROTOCOL_BASE  # the version D's hellos to this P say
 
     @property
     def acknowledged(self) -> bool:
@@ -288,10 +321,16 @@ def lease_terms(params: Mapping[str, Any] | None) -> LeaseTerms | None:
     interval = params.get(PARAM_LEASE_INTERVAL)
     interval = float(interval) if _finite(interval) and interval >= 0 else None
     instance = params.get(PARAM_LEASE_INSTANCE)
-    if params.get(PARAM_LEASE_PROTOCOL) != LEASE_PROTOCOL_VERSION or not is_instance(instance):
+    if params.get(PARAM_LEASE_PROTOCOL) != LEASE_PROTOCOL_BASE or not is_instance(instance):
         return LeaseTerms(float(deadline), float(extension), interval)
     tag = params.get(PARAM_LEASE_TAG)
-    return LeaseTerms(float(deadline), float(extension), interval, instance, tag if is_tag(tag) else None)
+    newest = params.get(PARAM_LEASE_PROTOCOL_MAX)
+    version = LEASE_PROTOCOL_BASE
+    if isinstance(newest, int) and not isinstance(newest, bool) and newest > LEASE_PROTOCOL_BASE:
+        version = min(newest, LEASE_PROTOCOL_VERSION)  # the newest both speak
+    return LeaseTerms(
+        float(deadline), float(extension), interval, instance, tag if is_tag(tag) else None, version
+    )
 
 
 def is_tag(value: object) -> TypeGuard[str]:

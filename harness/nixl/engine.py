@@ -31,6 +31,7 @@ from vllm_nixl_lease._wire import (
     ESCAPE_PREFIX,
     HEARTBEAT_ACK_PREFIX,
     HELLO_KIND,
+    PARAM_LEASE_PROTOCOL_MAX,
     PARAM_LEASE_TAG,
     parse_acked_heartbeat,
 )
@@ -237,6 +238,8 @@ class Engine:
             req.num_computed_tokens = tokens
             req.status = self.status.FINISHED_LENGTH_CAPPED
             delay, params = self.sched.request_finished(req, rec["blocks"])
+            if params and not self.spec.lease_protocol_max:
+                params.pop(PARAM_LEASE_PROTOCOL_MAX, None)  # as a version-2 P
             if params and PARAM_LEASE_TAG in params:
                 self.by_tag[params[PARAM_LEASE_TAG]] = req_id  # our D names it so in LHBT:
             rec["finished_t"] = time.monotonic()
@@ -912,6 +915,16 @@ def engine_main(spec: EngineSpec, conn: Any) -> None:
             eng.errors.append(traceback.format_exc())
 
 
+def skew_clock(seconds: float) -> float:
+    """Move this process's ``time.perf_counter`` by ``seconds`` from now on: a
+    clock that drifted or was slewed after the handshake measured the offset
+    (the engine's TP ranks are other processes: TP 1 only).  Returns the new reading."""
+    before = time.perf_counter
+    time.perf_counter = lambda: before() + seconds
+    log(f"clock skewed by {seconds:+g}s")
+    return time.perf_counter()
+
+
 def _handle(eng: Engine, cmd: str, kwargs: dict[str, Any]) -> Any:
     if cmd == "prefill":
         return eng.prefill(**kwargs)
@@ -939,4 +952,6 @@ def _handle(eng: Engine, cmd: str, kwargs: dict[str, Any]) -> Any:
         return eng.rank0.gate_writes(**kwargs)
     if cmd == "agent_metadata":
         return eng.rank0.agent_metadata()
+    if cmd == "skew_clock":
+        return skew_clock(**kwargs)
     raise ValueError(f"unknown command {cmd!r}")

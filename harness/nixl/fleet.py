@@ -148,6 +148,10 @@ class EngineProcess:
         """P: note every lease's deadline now; later frees by expiry are measured against them."""
         return self.call("snapshot_deadlines")
 
+    def skew_clock(self, seconds: float) -> float:
+        """Move the engine's ``time.perf_counter`` by ``seconds`` from now on (TP 1)."""
+        return float(self.call("skew_clock", seconds=seconds))
+
     def freeze(self) -> None:
         """SIGSTOP the engine and its TP ranks: a D whose forward loop stalls."""
         signal_tree(self.pid, signal.SIGSTOP)

@@ -30,6 +30,7 @@ from harness.procs import redirect_output
 from vllm_nixl_lease._wire import (
     ESCAPE_PREFIX,
     HELLO_KIND,
+    LEASE_PROTOCOL_VERSION,
     acked_heartbeat_message,
     heartbeat_ack_message,
     heartbeat_message,
@@ -62,7 +63,7 @@ def malformed_hellos(metadata: bytes, key: str) -> list[bytes]:
         HELLO + b"2:1000:AAAA:a,b",
         HELLO + b"99999999999999999999999:1000:AAAA:" + key.encode(),
         HELLO + b"2:1000:QUFBQUFBQUFB:" + key.encode(),  # metadata that is not NIXL's
-        hello_message(1.0, metadata, key, version=3),  # a newer version
+        hello_message(1.0, metadata, key, version=LEASE_PROTOCOL_VERSION + 1),  # a newer version
         hello_message(1.0, metadata, "not-a-lease-here"),
         good[:-1] + b"\x00",
         good + b"," + b"x" * 8,

@@ -66,6 +66,9 @@ class EngineSpec:
     # Push mode: the NixlPushConnector pair (P WRITEs into the blocks D registers),
     # not the pull one; D's request ids must then match P's (upstream matches them).
     push: bool = False
+    # P: False leaves ``remote_lease_protocol_max`` out of the params, as a
+    # version-2 P does (D then says hello 2 and gets no clock in P's answers).
+    lease_protocol_max: bool = True
     # Orphan guard: the engine exits this long after it started.
     max_lifetime_s: float = 600.0
 

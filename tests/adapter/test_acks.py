@@ -137,6 +137,7 @@ class Pair:
         meta = SimpleNamespace()
         collector.attach(meta)
         self.fence.add_views(meta)
+        self.acks.note_views(meta)  # as the worker's start_load_kv: the hello version
         return params
 
     def d_heartbeat(self, *p_ids: str, tagged: bool = False, instance: str | None = None) -> None:
@@ -199,7 +200,7 @@ class Pair:
 
 
 def settle(acker: AckAnswerer) -> None:
-    concurrent.futures.wait([load for load, _ in acker._loading.values()], timeout=5)
+    concurrent.futures.wait([load for load, *_ in acker._loading.values()], timeout=5)
 
 
 def acks_of(sent: list[tuple[str, bytes]]) -> list[HeartbeatAck | None]:

@@ -21,7 +21,7 @@ from vllm_support import (
 
 from vllm_nixl_lease._wire import (
     HEARTBEAT_ACK_PREFIX,
-    LEASE_PROTOCOL_VERSION,
+    LEASE_PROTOCOL_BASE,
     PARAM_LEASE_DEADLINE,
     PARAM_LEASE_EXTENSION,
     PARAM_LEASE_INSTANCE,
@@ -74,7 +74,7 @@ def test_p_reports_its_lease_deadline_and_extension(scheduler_factory, clock: Cl
     assert params[PARAM_LEASE_DEADLINE] == sched._reqs_need_send["p-1"] == clock.now + LEASE
     assert params[PARAM_LEASE_EXTENSION] == default_lease_extension(LEASE)
     assert params[PARAM_LEASE_INTERVAL] == default_heartbeat_interval(LEASE)
-    assert params[PARAM_LEASE_PROTOCOL] == LEASE_PROTOCOL_VERSION
+    assert params[PARAM_LEASE_PROTOCOL] == LEASE_PROTOCOL_BASE
     assert params[PARAM_LEASE_INSTANCE] == sched.lease_params.instance.instance
     assert is_instance(params[PARAM_LEASE_INSTANCE]) and is_tag(params[PARAM_LEASE_TAG])
     # Nothing to hold (no blocks): no lease, no deadline.
@@ -244,7 +244,7 @@ def test_acked_views_move_only_on_p_workers_answers(d_worker, clock: Clock) -> N
                 if agent == p.nixl_wrapper.name:
                     p.nixl_wrapper.deliver("d-agent", msg)
             p._get_new_notifs()
-            concurrent.futures.wait([load for load, _ in p.ack_answerer._loading.values()], timeout=5)
+            concurrent.futures.wait([load for load, *_ in p.ack_answerer._loading.values()], timeout=5)
             p._get_new_notifs()  # the hello loaded: the welcome (and answers) go out
         d_worker.nixl_wrapper.sent = []
 
@@ -253,7 +253,7 @@ def test_acked_views_move_only_on_p_workers_answers(d_worker, clock: Clock) -> N
     carry_to_p(0)
     for p in p_workers:
         (welcome,) = p.nixl_wrapper.sent
-        assert parse_heartbeat_ack(welcome[1]) == (instance, [], frozenset())
+        assert parse_heartbeat_ack(welcome[1]) == (instance, [], frozenset(), None)
         d_worker.nixl_wrapper.deliver(p.nixl_wrapper.name, welcome[1])
         p.nixl_wrapper.sent = []
     d_worker._get_new_notifs()

@@ -9,11 +9,18 @@ the heartbeats and views from each request's params, our worker sends them.
   raw version-1 messages a D that remembered an engine's capabilities would
   still send are counted, never applied, never raised on;
 - our D with a P of an unknown newer version (``remote_lease_protocol`` > 2):
-  a P without acknowledgements, exactly as version 1.
+  a P without acknowledgements, exactly as version 1;
+- version 3 (P's clock in its answers) with version 2 both ways: our P
+  advertises ``remote_lease_protocol`` 2 and ``remote_lease_protocol_max`` 3,
+  our D says hello 2 to a P without the key (today's version 2, which refuses
+  any other) and 3 to one that takes it, and our P answers a version-2 D in
+  version 2's exact form, which its strict parser takes.
 """
 
 from __future__ import annotations
 
+import concurrent.futures
+import re
 from types import SimpleNamespace
 
 import pytest
@@ -29,17 +36,21 @@ from vllm_support import (
 
 from vllm_nixl_lease._wire import (
     ESCAPE_PREFIX,
+    LEASE_PROTOCOL_BASE,
     LEASE_PROTOCOL_VERSION,
     PARAM_LEASE_DEADLINE,
     PARAM_LEASE_EXTENSION,
     PARAM_LEASE_INSTANCE,
     PARAM_LEASE_INTERVAL,
     PARAM_LEASE_PROTOCOL,
+    PARAM_LEASE_PROTOCOL_MAX,
     PARAM_LEASE_TAG,
+    acked_heartbeat_message,
     heartbeat_message,
     hello_message,
     lease_terms,
     new_instance,
+    parse_hello,
 )
 from vllm_nixl_lease.adapter.config import LeaseConfig
 from vllm_nixl_lease.adapter.p_scheduler.lease_params import LeaseParams
@@ -85,6 +96,7 @@ class OurD:
         """One scheduler + worker step; the messages the worker sent."""
         meta = self.sched.build_connector_meta(None)
         self.worker.read_fence.add_views(meta)
+        self.worker.ack_requester.note_views(meta)
         self.worker.heartbeat_sender.send(meta)
         sent, self.worker.nixl_wrapper.sent = self.worker.nixl_wrapper.sent, []
         return [m for _, m in sent]
@@ -168,7 +180,7 @@ def test_our_p_advertises_nothing_a_v1_d_takes_for_acknowledgements(scheduler_fa
     params = remote_prefill_params("P1", "p-1")
     LeaseParams(CONFIG).add(params, "p-1", clock.now + 5)
     assert V1_ACKS not in params and V1_TAGS not in params
-    assert params[PARAM_LEASE_PROTOCOL] == LEASE_PROTOCOL_VERSION
+    assert params[PARAM_LEASE_PROTOCOL] == LEASE_PROTOCOL_BASE
     assert params[PARAM_LEASE_INTERVAL] == 2 and params[PARAM_LEASE_INSTANCE]
 
 
@@ -217,3 +229,87 @@ def test_our_p_refuses_a_hello_of_a_newer_version(clock: Clock) -> None:
     assert p.nixl_wrapper.sent == []
     assert sum(p.xfer_stats.data["num_hellos_refused"]) == 1
     assert len(p.ack_answerer) == 0
+
+
+# -- version 3 (P's clock in its answers) beside version 2 ----------------------------------
+# Version 2's answer exactly as its strict parser (``parse_heartbeat_ack`` of today) takes it.
+V2_ANSWER = re.compile(rb"LACK:[0-9a-f]{16}:(?:[0-9]{1,20}(?:,[0-9]{1,20})*)?(?::.*)?", re.DOTALL)
+
+
+def test_our_p_advertises_version_2_and_the_newest_hello_it_takes(clock: Clock) -> None:
+    params = remote_prefill_params("P1", "p-1")
+    LeaseParams(CONFIG).add(params, "p-1", clock.now + 5)
+    assert params[PARAM_LEASE_PROTOCOL] == LEASE_PROTOCOL_BASE == 2
+    assert params[PARAM_LEASE_PROTOCOL_MAX] == LEASE_PROTOCOL_VERSION == 3
+
+
+def _hello_version(d: OurD, params: dict, clock: Clock) -> int:
+    d.queue("d1", params)
+    for _ in range(4):
+        for msg in d.step():
+            hello = parse_hello(msg)
+            if hello is not None:
+                return hello.version
+        clock.advance(0.5)
+    raise AssertionError("D never said hello")
+
+
+def test_our_d_says_hello_3_to_our_p(scheduler_factory, clock: Clock) -> None:
+    params = remote_prefill_params("P1", "p-1")
+    LeaseParams(CONFIG).add(params, "p-1", clock.now + 5)
+    assert _hello_version(OurD(scheduler_factory()), params, clock) == 3
+
+
+def test_our_d_says_hello_2_to_a_v2_p(scheduler_factory, clock: Clock) -> None:
+    """The row of docs/PROTOCOL.md section 6 (ours v3, P ours v2)."""
+    params = remote_prefill_params("P1", "p-1")
+    LeaseParams(CONFIG).add(params, "p-1", clock.now + 5)
+    del params[PARAM_LEASE_PROTOCOL_MAX]
+    assert _hello_version(OurD(scheduler_factory()), params, clock) == 2
+
+
+def test_our_d_says_hello_3_to_a_newer_p(scheduler_factory, clock: Clock) -> None:
+    params = remote_prefill_params("P1", "p-1")
+    LeaseParams(CONFIG).add(params, "p-1", clock.now + 5)
+    params[PARAM_LEASE_PROTOCOL_MAX] = LEASE_PROTOCOL_VERSION + 1
+    assert _hello_version(OurD(scheduler_factory()), params, clock) == 3
+
+
+def _answers_to(p, agent: str, version: int) -> list[bytes]:  # type: ignore[no-untyped-def]
+    """Hello (``version``), welcome, one acknowledged heartbeat of p-1: what P sent ``agent``."""
+    p.nixl_wrapper.deliver(agent, hello_message(1.0, f"fake-md:{agent}".encode(), "p-1", version))
+    p_step(p)
+    concurrent.futures.wait([load for load, *_ in p.ack_answerer._loading.values()], timeout=5)
+    p_step(p)
+    p.nixl_wrapper.deliver(agent, acked_heartbeat_message(1, heartbeat_message(["p-1"])))
+    p_step(p)
+    sent = [m for to, m in p.nixl_wrapper.sent if to == agent]
+    p.nixl_wrapper.sent = []
+    return sent
+
+
+def _scheduler_step(p, clock: Clock) -> None:  # type: ignore[no-untyped-def]
+    """A P step whose metadata grants a lease: the worker sees the scheduler's clock."""
+    from vllm_nixl_lease.adapter.metadata import LeaseConnectorMetadata
+
+    meta = LeaseConnectorMetadata()
+    meta.reqs_to_send = {"p-2": clock.now + 5.0}
+    meta.scheduler_clock = clock.now
+    p.start_load_kv(meta)
+
+
+def test_our_p_answers_a_v2_d_without_a_clock(clock: Clock) -> None:
+    """Today's version-2 D: welcomed and answered in version 2's form; a version-3
+    D on the same P gets P's clock."""
+    p = _our_p(clock)
+    _scheduler_step(p, clock)
+    assert p.ack_answerer._clock_shift is not None
+    old = _answers_to(p, "v2-d-agent", 2)
+    assert len(old) == 2 and all(V2_ANSWER.fullmatch(m) for m in old), old  # welcome, answer
+    new = _answers_to(p, "v3-d-agent", 3)
+    assert len(new) == 2 and b"@" not in new[0] and b"@" in new[1], new
+
+
+def test_our_p_sends_no_clock_before_it_saw_the_schedulers(clock: Clock) -> None:
+    p = _our_p(clock)
+    assert all(V2_ANSWER.fullmatch(m) for m in _answers_to(p, "v3-d-agent", 3))

@@ -57,17 +57,22 @@ def test_wire_round_trip() -> None:
     assert tagged == b"HB:,LHBT:43,AAAAAAAAAAA"
     assert parse_acked_heartbeat(tagged) == (43, b"AAAAAAAAAAA", True)
     i = INSTANCE
-    assert parse_heartbeat_ack(heartbeat_ack_message(i, [7])) == (i, [7], frozenset())
-    assert parse_heartbeat_ack(heartbeat_ack_message(i, [7, 9], b"x,y")) == (i, [7, 9], frozenset({"x", "y"}))
-    assert parse_heartbeat_ack(heartbeat_ack_message(i, [7], b"*")) == (i, [7], None)
-    assert parse_heartbeat_ack(heartbeat_ack_message(i, [])) == (i, [], frozenset())  # the welcome
+    assert parse_heartbeat_ack(heartbeat_ack_message(i, [7])) == (i, [7], frozenset(), None)
+    assert parse_heartbeat_ack(heartbeat_ack_message(i, [7, 9], b"x,y")) == (
+        i,
+        [7, 9],
+        frozenset({"x", "y"}),
+        None,
+    )
+    assert parse_heartbeat_ack(heartbeat_ack_message(i, [7], b"*")) == (i, [7], None, None)
+    assert parse_heartbeat_ack(heartbeat_ack_message(i, [])) == (i, [], frozenset(), None)  # the welcome
     for bad in (b"HB:,LHB:", b"HB:,LHB:x,a", b"HB:,LHB:-1,a", b"HB:,LHB:1" + b"0" * 20 + b",a", b"LHB:7:a"):
         assert parse_acked_heartbeat(bad) is None
     lack = b"LACK:" + i.encode()
     for bad in (b"LACK:", b"LACK:x", lack, lack + b":x", lack + b":1,,2", lack + b":1,x:a", lack + b"::a"):
         assert parse_heartbeat_ack(bad) is None
     assert parse_heartbeat_ack(b"LACK:" + i.upper().encode() + b":1") is None  # instances are lowercase
-    assert parse_heartbeat_ack(lack + b":3:\xff") == (i, [3], None)
+    assert parse_heartbeat_ack(lack + b":3:\xff") == (i, [3], None, None)
 
 
 # One step of the world: ("hb", ids) D sends a heartbeat now; ("tick", dt)

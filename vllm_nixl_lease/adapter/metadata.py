@@ -10,6 +10,8 @@ from typing import Any, NamedTuple
 
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlConnectorMetadata
 
+from .._wire import LEASE_PROTOCOL_BASE
+
 # Attribute set on upstream's NixlConnectorMetadata: engine id -> EngineHeartbeats.
 LEASE_HEARTBEATS_ATTR = "lease_heartbeats"
 # Attribute set on upstream's NixlConnectorMetadata: LeaseViewUpdates.
@@ -76,6 +78,7 @@ class NewView(NamedTuple):
     deadline: float  # P's, on P's clock
     extension: float  # P's
     interval: float | None  # P's heartbeat interval, when P said
+    hello_version: int = LEASE_PROTOCOL_BASE  # the version D's hellos to that P say
 
 
 @dataclass(slots=True)

@@ -128,6 +128,11 @@ LEASE_COUNTERS: dict[str, tuple[str, str]] = {
         "Lease views D ended because P's answers proved another P process runs under that engine "
         "id (a restart): those requests are fenced, never read.",
     ),
+    "num_clock_offset_refreshes": (
+        "vllm:nixl_lease_clock_offset_refreshes",
+        "Times D refreshed its estimate of a P engine's clock offset from the clock P's answer "
+        "carried (protocol version 3).",
+    ),
     "num_reads_waiting_proof": (
         "vllm:nixl_lease_reads_waiting_proof",
         "READs D held back until P's answer proved which P process the connection reaches "

@@ -48,8 +48,9 @@ class UpstreamWorker(Protocol):
     tp_rank: int
     # engine id -> {(P pp rank, P tp rank) -> NIXL agent name}
     _remote_agents: Mapping[str, Mapping[tuple[int, int], AgentName]]
-    # engine id -> P's clock minus ours, measured during the handshake
-    _engine_clock_offset: Mapping[str, float]
+    # engine id -> P's clock minus ours, measured during the handshake (under
+    # the handshake lock), refreshed from P's answers (ack_requester.py)
+    _engine_clock_offset: dict[str, float]
     # engine id -> last perf_counter() it was used (upstream's idle-engine eviction)
     _engine_last_active: dict[str, float]
     # request id -> NIXL handles of reads in flight

@@ -85,7 +85,10 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
             return
         self.idle_pause.begin_step(metadata)
         self.lease_keeper.adopt_instance(metadata)  # P: this P process, before any grant
+        # P: its scheduler's clock, before upstream rebases this step's leases with it
+        self.ack_answerer.observe_scheduler_clock(getattr(metadata, "scheduler_clock", None))
         self.read_fence.add_views(metadata)
+        self.ack_requester.note_views(metadata)  # D: which hello version each P takes
         # Heartbeats before the reads (upstream sends them after): a step that
         # posts thousands of READs must not delay P's renewals or D's answers.
         self.heartbeat_sender.send(metadata)

@@ -78,7 +78,7 @@ class LeaseViewCollector:
         ``(key, version)`` naming the request (``HeartbeatTracker.chunk_of``
         right after tracking it)."""
         self._new[local_id] = NewView(
-            engine_id, instance, name, terms.deadline, terms.extension, terms.interval
+            engine_id, instance, name, terms.deadline, terms.extension, terms.interval, terms.hello_version
         )
         if chunk is not None:
             self._chunks[local_id] = chunk

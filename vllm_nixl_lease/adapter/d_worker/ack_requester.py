@@ -32,6 +32,17 @@ then each is behind the ``HB:,`` escape it parses harmlessly.
   end.  A connection whose instance D holds leases of is kept: it was proven
   after those leases were granted, so it reaches the live process, and the
   other instance's views simply end (a restart while D held leases of both).
+- Clock (version 3).  An answer to heartbeats from a P that takes version 3
+  hellos carries P's clock ``t_p`` when the newest of them arrived.  The
+  newest of the heartbeats it answers that D recorded, sent at ``s`` (D's
+  clock), reached P before ``t_p``, so P's clock minus D's was at most
+  ``t_p - s``: D writes that into upstream's ``_engine_clock_offset`` (read
+  by every conversion of a P deadline, upstream's too), replacing the
+  handshake's estimate with one never too small, off by at most the round
+  trip.  The newest measurement wins (by ``s``), so drift since is at most
+  one answer interval's worth.  Views already converted keep their deadline.
+  Hellos say version 3 only to a P whose params advertise it
+  (``LeaseTerms.hello_version``, learned from the views the scheduler ships).
 Per-agent state is kept only for agents of current connections.
 """
 
@@ -45,14 +56,16 @@ from vllm.logger import init_logger
 
 from ..._wire import (
     HEARTBEAT_ACK_PREFIX,
+    LEASE_PROTOCOL_BASE,
     acked_heartbeat_message,
     heartbeat_payload,
     hello_message,
     parse_heartbeat_ack,
 )
-from ...decode.ack_ledger import AckLedger
+from ...decode.ack_ledger import AckLedger, Proven
 from ...decode.lease_views import LeaseViews
 from ..config import LeaseConfig
+from ..metadata import LEASE_VIEWS_ATTR, LeaseViewUpdates
 from ..ratelimit import RateLimitedLog
 from ..upstream import NixlWrapper, UpstreamWorker
 
@@ -98,6 +111,10 @@ class AckRequester:
         self._engine_by_agent: dict[str, str] = {}  # P agent -> engine, checked on each use
         # engine id -> (the instance D released the connection for, when)
         self.rehandshaken: dict[str, tuple[str, float]] = {}
+        # (engine, instance) -> the hello version its P accepts, when newer than 2
+        self._hello_versions: dict[tuple[str, str], int] = {}
+        # engine id -> send time of the heartbeat its clock offset was last measured from
+        self._offset_sent: dict[str, float] = {}
         self._log = RateLimitedLog(logger)
         self._stranger_log = RateLimitedLog(logger)
 
@@ -235,7 +252,18 @@ class AckRequester:
             except Exception as exc:
                 self._log.warning(1, "Cannot build the heartbeat-ack hello (no acknowledgements): %s", exc)
                 return None
-        return hello_message(self._interval, self._metadata, key)
+        version = self._hello_versions.get((engine_id, instance), LEASE_PROTOCOL_BASE)
+        return hello_message(self._interval, self._metadata, key, version)
+
+    def note_views(self, metadata: object) -> None:
+        """The hello version of each P instance the step's new views name."""
+        updates: LeaseViewUpdates | None = getattr(metadata, LEASE_VIEWS_ATTR, None)
+        if updates is None:
+            return
+        versions = self._hello_versions
+        for view in updates.new.values():
+            if view.instance and view.hello_version > LEASE_PROTOCOL_BASE:
+                versions[(view.engine_id, view.instance)] = view.hello_version
 
     # -- answers -------------------------------------------------------------
     def idle(self) -> bool:
@@ -285,11 +313,16 @@ class AckRequester:
                     if ended:
                         stats.add("num_views_ended", ended)
                 answers += len(ack.seqs)
-                offset = self._upstream._engine_clock_offset.get(engine_id)
+                resolved: list[Proven] = []
                 for seq in ack.seqs:
                     proven = self.ledger.answered(agent, seq, ack.not_extended, ack.instance)
-                    if proven is None or proven.engine_id != engine_id:
-                        continue
+                    if proven is not None and proven.engine_id == engine_id:
+                        resolved.append(proven)
+                if ack.clock is not None and resolved:
+                    # Before the renewals: the views they convert take the fresh offset.
+                    self._refresh_offset(engine_id, agent, ack.clock, max(p.started for p in resolved))
+                offset = self._upstream._engine_clock_offset.get(engine_id)
+                for proven in resolved:
                     if proven.chunk is not None:
                         key, version = proven.chunk
                         self._views.chunk_acked(
@@ -317,6 +350,23 @@ class AckRequester:
         if now >= self._next_sweep:
             self._next_sweep = now + self._sweep_s
             self._forget_gone()
+
+    def _refresh_offset(self, engine_id: str, agent: str, p_clock: float, sent: float) -> None:
+        """P's clock read ``p_clock`` after the heartbeat D sent at ``sent``
+        arrived: P's clock minus D's is at most ``p_clock - sent``.  Written
+        under upstream's handshake lock, and only while ``agent`` is still of
+        the connection (a handshake finishing meanwhile measures its own)."""
+        if sent < self._offset_sent.get(engine_id, -math.inf):
+            return  # an older measurement than the one in use
+        up = self._upstream
+        with up._handshake_lock:
+            agents = up._remote_agents.get(engine_id)
+            offsets = up._engine_clock_offset
+            if engine_id not in offsets or not agents or all(agent_name(a) != agent for a in agents.values()):
+                return
+            offsets[engine_id] = p_clock - sent
+        self._offset_sent[engine_id] = sent
+        up.xfer_stats.add("num_clock_offset_refreshes", 1)
 
     def _engine_of(self, agent: str, look_again: bool) -> tuple[str | None, bool]:
         """The engine of the current connection ``agent`` belongs to (None: none).
@@ -350,6 +400,12 @@ class AckRequester:
                 del table[agent]
         for sent in [k for k in self._hello_sent if k[0] not in current]:
             del self._hello_sent[sent]
+        engines = self._upstream._remote_agents
+        for engine_id in [e for e in self._offset_sent if e not in engines]:
+            del self._offset_sent[engine_id]
+        views = self._views
+        for key in [k for k in self._hello_versions if views.any_name(*k) is None]:
+            del self._hello_versions[key]
         now = time.perf_counter()
         done = self.rehandshaken
         for engine_id in [e for e, (_, t) in done.items() if now - t > REHANDSHAKE_ONCE_PER_S]:

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._wire import (
+    LEASE_PROTOCOL_BASE,
     LEASE_PROTOCOL_VERSION,
     PARAM_LEASE_DEADLINE,
     PARAM_LEASE_EXTENSION,
     PARAM_LEASE_INSTANCE,
     PARAM_LEASE_INTERVAL,
     PARAM_LEASE_PROTOCOL,
+    PARAM_LEASE_PROTOCOL_MAX,
     PARAM_LEASE_TAG,
     new_instance,
 )
@@ -54,13 +56,15 @@ class LeaseParams:
     def add(self, params: dict[str, Any], req_id: str, deadline: float | None) -> None:
         """The lease deadline (this scheduler's ``perf_counter``, the clock the
         handshake listener echoes for D's offset estimate), how far and how often
-        heartbeats move it, the protocol version, this instance and the lease's tag."""
+        heartbeats move it, the protocol versions, this instance and the lease's tag."""
         if deadline is None:
             return
         params[PARAM_LEASE_DEADLINE] = deadline
         params[PARAM_LEASE_EXTENSION] = self._extension
         params[PARAM_LEASE_INTERVAL] = self._interval
-        params[PARAM_LEASE_PROTOCOL] = LEASE_PROTOCOL_VERSION
+        # 2, which a version-2 D takes as it is; a newer D reads the newest hello we accept.
+        params[PARAM_LEASE_PROTOCOL] = LEASE_PROTOCOL_BASE
+        params[PARAM_LEASE_PROTOCOL_MAX] = LEASE_PROTOCOL_VERSION
         params[PARAM_LEASE_INSTANCE] = self.instance.instance
         try:
             params[PARAM_LEASE_TAG] = lease_tag(req_id, self.instance.tag_key)

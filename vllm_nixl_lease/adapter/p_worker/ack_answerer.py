@@ -31,6 +31,16 @@ renews its lease views on evidence, not on the timing of its own sends
   collecting, past ``MAX_PENDING_SEQS`` heartbeats it is answered at once.
 - Agents not heard from for ``forget_after_s`` are unloaded, unless upstream
   uses them too.
+- P's clock (version 3).  To an agent whose hello said 3, an answer to
+  heartbeats carries P's clock when the newest of them arrived, on the clock
+  of P's scheduler (the one its lease deadlines and the handshake use), so D
+  can refresh its clock offset (``ack_requester.py``).  This worker's clock is
+  moved onto the scheduler's by the largest ``scheduler_clock - perf_counter()``
+  seen in the metadata (``observe_scheduler_clock``): each such reading is at
+  most the true shift, and at least the one upstream rebased any lease with
+  (it reads its clock after ours), so the clock P reports is never later
+  than the scheduler's, and D never converts a deadline past this worker's.
+  No reading yet: no clock (D keeps the offset it has).
 
 Only our D sends these, and only to a P whose params advertise this protocol
 version (``p_scheduler/lease_params.py``).  Nothing here can raise into the step.
@@ -47,9 +57,10 @@ from vllm.logger import init_logger
 
 from ..._wire import (
     ACK_NONE,
+    CLOCK_HELLO_VERSION,
     ESCAPE_PREFIX,
     HELLO_KIND,
-    LEASE_PROTOCOL_VERSION,
+    HELLO_VERSIONS,
     heartbeat_ack_message,
     is_tag,
     parse_acked_heartbeat,
@@ -88,10 +99,11 @@ _IDS, _TAGS = HeartbeatForm.IDS, HeartbeatForm.TAGS  # module globals: cheaper t
 class _Answer:
     """The heartbeats of one agent not answered yet."""
 
-    __slots__ = ("since", "held", "partial", "missing", "missing_bytes", "none")
+    __slots__ = ("since", "newest", "held", "partial", "missing", "missing_bytes", "none")
 
     def __init__(self, since: float) -> None:
         self.since = since  # when the oldest of them arrived
+        self.newest = since  # ... and the newest (the clock a version-3 answer carries)
         self.held: list[int] = []  # seqs whose names were all held here
         self.partial: list[int] = []  # seqs naming some that were not
         self.missing: set[str] = set()
@@ -116,12 +128,13 @@ class _Answer:
 class _Agent:
     """A D agent whose hello P admitted and loaded."""
 
-    __slots__ = ("heard", "useful", "interval_s")
+    __slots__ = ("heard", "useful", "interval_s", "version")
 
-    def __init__(self, now: float, interval_s: float) -> None:
+    def __init__(self, now: float, interval_s: float, version: int) -> None:
         self.heard = now  # last hello or heartbeat
         self.useful = now  # last heartbeat that named a lease held here
         self.interval_s = interval_s  # the heartbeat interval it said it keeps
+        self.version = version  # the protocol version its hello said
 
 
 class AckAnswerer:
@@ -139,13 +152,29 @@ class AckAnswerer:
         self._welcomed: dict[str, float] = {}  # agent -> last welcome sent
         self._welcome_gap = min(self._answer_gap, MAX_WELCOME_GAP_S)
         self._agents: dict[str, _Agent] = {}  # loaded agents
-        self._loading: dict[str, tuple[Future[AgentName], float]] = {}  # agent -> (load, its interval)
+        # agent -> (load, its interval, its hello's version)
+        self._loading: dict[str, tuple[Future[AgentName], float, int]] = {}
         # agent -> (answer, heartbeats it acknowledges) waiting for the agent's load
         self._queued: dict[str, list[tuple[bytes, int]]] = {}
         self._executor: ThreadPoolExecutor | None = None
         self._next_sweep = 0.0
+        # The scheduler's clock minus this worker's, the largest seen (None: none yet).
+        self._clock_shift: float | None = None
         self._log = RateLimitedLog(logger)
         self._refused_log = RateLimitedLog(logger)
+
+    def observe_scheduler_clock(self, scheduler_clock: object) -> None:
+        """One step's ``meta.scheduler_clock`` (0 or absent: a scheduler that
+        sets none), read before upstream rebases the step's leases with it."""
+        if (
+            not isinstance(scheduler_clock, float)
+            or not scheduler_clock > 0
+            or not math.isfinite(scheduler_clock)
+        ):
+            return
+        shift = scheduler_clock - time.perf_counter()
+        if self._clock_shift is None or shift > self._clock_shift:
+            self._clock_shift = shift
 
     def idle(self) -> bool:
         """No D agent known: with no message, a step has nothing to answer or forget."""
@@ -212,6 +241,8 @@ class AckAnswerer:
         answer = self._pending.get(agent)
         if answer is None:
             answer = self._pending[agent] = _Answer(now)
+        else:
+            answer.newest = now
         if missing is None:
             answer.none = True
             answer.partial.append(seq)
@@ -244,21 +275,32 @@ class AckAnswerer:
             # Forgotten or unloaded since the heartbeats arrived.
             self._upstream.xfer_stats.add("num_heartbeat_acks_dropped", len(answer))
             return
-        self._answer_seqs(agent, answer.held, b"", now)
+        clock = self._clock_for(agent, answer.newest)
+        self._answer_seqs(agent, answer.held, b"", clock)
         if answer.partial:
             not_extended = ACK_NONE if answer.none else b",".join(sorted(m.encode() for m in answer.missing))
-            self._answer_seqs(agent, answer.partial, not_extended, now)
+            self._answer_seqs(agent, answer.partial, not_extended, clock)
+
+    def _clock_for(self, agent: str, arrived: float) -> float | None:
+        """The clock a version-3 agent's answer carries: ``arrived`` on the scheduler's clock."""
+        shift = self._clock_shift
+        if shift is None:
+            return None
+        known = self._agents.get(agent)
+        loading = self._loading.get(agent)
+        version = known.version if known is not None else loading[2] if loading is not None else 0
+        return arrived + shift if version >= CLOCK_HELLO_VERSION else None
 
     def _answerable(self, agent: str) -> bool:
         """Loaded from its hello, or loading (answers then wait in ``_queued``)."""
         return agent in self._agents or agent in self._loading
 
-    def _answer_seqs(self, agent: str, seqs: list[int], not_extended: bytes, now: float) -> None:
+    def _answer_seqs(self, agent: str, seqs: list[int], not_extended: bytes, clock: float | None) -> None:
         instance = self._keeper.instance  # this P process (LeaseKeeper.adopt_instance)
         stats = self._upstream.xfer_stats
         for start in range(0, len(seqs), MAX_SEQS_PER_ANSWER):
             chunk = seqs[start : start + MAX_SEQS_PER_ANSWER]
-            msg = heartbeat_ack_message(instance, chunk, not_extended)
+            msg = heartbeat_ack_message(instance, chunk, not_extended, clock)
             if agent in self._agents:
                 self._send(agent, msg, len(chunk))
                 continue
@@ -294,13 +336,14 @@ class AckAnswerer:
         if hello is None:
             self._malformed(agent, msg)
             return
-        if hello.version != LEASE_PROTOCOL_VERSION:
-            self._refuse(agent, f"protocol version {hello.version}, not {LEASE_PROTOCOL_VERSION}")
+        if hello.version not in HELLO_VERSIONS:
+            self._refuse(agent, f"protocol version {hello.version}, not one of {sorted(HELLO_VERSIONS)}")
             return
         known = self._agents.get(agent)
         if known is not None:
             known.heard = now
             known.interval_s = hello.interval_s
+            known.version = hello.version
             # D asks again when it lacks proof or answers; repeats closer than
             # this are a flood, which must not make P send every step.
             if now - self._welcomed.get(agent, -math.inf) >= self._welcome_gap:
@@ -313,7 +356,7 @@ class AckAnswerer:
             return
         if self._used_by_upstream(agent):
             # Already loaded (e.g. kv_both): nothing to add.
-            self._agents[agent] = _Agent(now, hello.interval_s)
+            self._agents[agent] = _Agent(now, hello.interval_s, hello.version)
             self._welcome(agent)
             return
         if len(self._loading) >= MAX_AGENT_LOADS:
@@ -324,7 +367,7 @@ class AckAnswerer:
         if self._executor is None:
             self._executor = ThreadPoolExecutor(1, thread_name_prefix="lease-ack-hello")
         load = self._executor.submit(self._upstream.nixl_wrapper.add_remote_agent, hello.metadata)
-        self._loading[agent] = (load, hello.interval_s)
+        self._loading[agent] = (load, hello.interval_s, hello.version)
 
     def _holds(self, key: str) -> bool:
         """Does ``key`` (a tag or P's request id) name a lease held here?"""
@@ -343,7 +386,7 @@ class AckAnswerer:
 
     def _finish_loads(self) -> None:
         now = time.perf_counter()
-        for agent, (fut, interval_s) in list(self._loading.items()):
+        for agent, (fut, interval_s, version) in list(self._loading.items()):
             if not fut.done():
                 continue
             del self._loading[agent]
@@ -362,7 +405,7 @@ class AckAnswerer:
                 if name not in self._agents and not self._used_by_upstream(name):
                     self._remove(name)
                 continue
-            self._agents[agent] = _Agent(now, interval_s)
+            self._agents[agent] = _Agent(now, interval_s, version)
             self._welcome(agent)
             for msg, heartbeats in queued:
                 self._send(agent, msg, heartbeats)
