@@ -206,9 +206,19 @@ def heartbeat_ack_message(
     D's offset more conservative); left out when not a finite number >= 0."""
     field = instance.encode("ascii")
     if clock is not None and math.isfinite(clock) and 0 <= clock < MAX_CLOCK_S:
-        field += b"%s%d" % (_clock_mark, math.ceil(clock * 1e6))
+        field += b"%s%d" % (_clock_mark, clock_micros(clock))
     head = b"%s%s:%s" % (HEARTBEAT_ACK_PREFIX, field, b",".join(b"%d" % s for s in seqs))
     return head + b":" + not_extended if not_extended else head
+
+
+def clock_micros(clock: float) -> int:
+    """``clock`` in whole microseconds, rounded up so that the receiver's
+    ``micros / 1e6`` is never below ``clock`` (the product and the quotient
+    each round to the nearest float, which can land a step under it)."""
+    micros = math.ceil(clock * 1e6)
+    while micros / 1e6 < clock:
+        micros += 1
+    return micros
 
 
 _clock_mark = b"@"  # lower case: a separator inside the instance field, not a field of its own

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from vllm_nixl_lease._wire import (
@@ -36,6 +36,7 @@ def test_clock_round_trips_in_every_answer_form() -> None:
 
 
 @given(st.floats(0, 1e9, allow_nan=False))
+@example(281474977.12373203)  # ceil(clock * 1e6) / 1e6 lands a float step under it
 def test_the_clock_is_rounded_up(clock: float) -> None:
     """Never earlier than P's reading: a later one only makes D's offset larger (safer)."""
     ack = parse_heartbeat_ack(heartbeat_ack_message(I16, [1], clock=clock))
