@@ -524,6 +524,17 @@ def test_hello_needs_a_lease_held_here(clock: Clock) -> None:
     assert len(acker) == 0 and p.count("num_hellos_refused") == 3
 
 
+@pytest.mark.parametrize("p_id", ["abcdEFGH-_1", "AAAAAAAAAAA"])
+def test_a_request_id_shaped_like_a_tag_is_a_hello_key(clock: Clock, p_id: str) -> None:
+    # Any 11 base64url characters are a valid request id (a client-chosen one, or
+    # vLLM's with randomization off): a D naming leases by id says hello with it.
+    net = Pair(clock)
+    net.grant(p_id, "d1")
+    assert net.names[p_id] == p_id
+    net.prove()  # welcomed: P looked the key up as an id once no tag matched
+    assert net.p[0].count("num_hellos_refused") == 0
+
+
 def test_hello_flood_is_bounded(clock: Clock) -> None:
     net = Pair(clock)
     keeper, acker, p = net.keepers[0], net.ackers[0], net.p[0]
