@@ -31,6 +31,7 @@ from vllm_nixl_lease._wire import (
     heartbeat_ack_message,
     heartbeat_message,
     hello_message,
+    keepalive_message,
     lease_terms,
     parse_heartbeat_ack,
 )
@@ -212,9 +213,12 @@ def test_view_moves_only_when_p_answers(clock: Clock) -> None:
     clock.advance(3)
     net.d_heartbeat("p1")
     sent = net.take_d_sends()
-    # Not proven yet: only the hello leaves; the heartbeat waits for the welcome.
-    assert [m[: len(HELLO)] for _, m in sent] == [HELLO]
+    # Not proven yet: the hello, and the tick as a keep-alive (plain HB:, no seq);
+    # the acknowledged heartbeat waits for the welcome.
+    assert [m[: len(HELLO)] for _, m in sent] == [HELLO, b"HB:p1"]
     net.p_step(sent)
+    assert net.keepers[0].deadlines["p1"] == pytest.approx(clock.now + EXT)  # P extended it
+    assert net.remaining("d1") == pytest.approx(EXT - 3)  # the keep-alive renews no view
     welcome = net.take_p_sends()
     assert acks_of(welcome) == [HeartbeatAck(net.proc.instance, [], frozenset())]
     net.d_receive(welcome)
@@ -232,6 +236,38 @@ def test_view_moves_only_when_p_answers(clock: Clock) -> None:
     assert net.remaining("d1") == pytest.approx(EXT - 1)
     assert net.d.count("num_heartbeat_views_renewed") == 1
     assert net.p[0].count("num_heartbeat_acks_sent") == 1
+
+
+def test_unproven_keepalives_hold_ps_leases_through_a_slow_admission_and_renew_no_view(clock: Clock) -> None:
+    # P takes longer than the lease to welcome D (many agents loading, a TP=8 P's
+    # eight welcomes): every tick still extends P's leases; only answers move D's views.
+    net = Pair(clock)
+    net.grant("p1", "d1", tagged=True)
+    tag = net.names["p1"]
+    for _ in range(3):  # three ticks, 3 x 4 s: longer than the lease (EXT)
+        clock.advance(4)
+        net.d_heartbeat("p1", tagged=True)
+        net.d_step()  # a step without a tick: the waiting group is not sent again
+        sent = net.take_d_sends()
+        beats = [m for _, m in sent if not m.startswith(HELLO)]
+        assert beats == [keepalive_message(heartbeat_message([tag]), tagged=True)]
+        # P's hello handling is held back: the hellos are not delivered, the keep-alives are.
+        net.p_step([(a, m) for a, m in sent if not m.startswith(HELLO)])
+        assert net.keepers[0].deadlines["p1"] == pytest.approx(clock.now + EXT)
+    assert net.take_p_sends() == []  # no answer to a keep-alive from an agent P did not admit
+    assert net.remaining("d1") < 0  # D's view was never renewed: its READ stays fenced
+    assert net.acks.proof("P", net.proc.instance) == PENDING
+
+
+def test_a_group_waiting_for_proof_is_dropped_once_its_views_are_gone(clock: Clock) -> None:
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    net.d_heartbeat("p1")
+    assert set(net.sender.awaiting_proof) == {f"g-{net.proc.instance}"}
+    net.fence.drop_views(SimpleNamespace(**{LEASE_VIEWS_ATTR: SimpleNamespace(dropped=["d1"])}))
+    net.take_d_sends()
+    net.d_step()
+    assert net.sender.awaiting_proof == {} and net.take_d_sends() == []
 
 
 def test_a_read_waits_for_the_proof_of_its_p_process(clock: Clock) -> None:

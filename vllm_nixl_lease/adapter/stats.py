@@ -111,6 +111,11 @@ LEASE_COUNTERS: dict[str, tuple[str, str]] = {
         "Lease views D ended because P's answers proved another P process runs under that engine "
         "id (a restart): those requests are fenced, never read.",
     ),
+    "num_lease_terms_clamped": (
+        "vllm:nixl_lease_terms_clamped",
+        "Lease views D started with P's advertised extension clamped to max_view_extension "
+        "(their renewals end sooner; bad or hostile lease terms).",
+    ),
     "num_reads_waiting_proof": (
         "vllm:nixl_lease_reads_waiting_proof",
         "READs D held back until P's answer proved which P process the connection reaches "

@@ -82,6 +82,7 @@ class ReadFence:
         self._posted: dict[str, float] = {}
         self._log = RateLimitedLog(logger)
         self._log_late = RateLimitedLog(logger)
+        self._log_terms = RateLimitedLog(logger)
 
     def view_margin(self, view: NewView) -> float:
         """The margin of one view: ``lease_safety_margin`` at most, and at most
@@ -97,8 +98,11 @@ class ReadFence:
             return
         chunks = getattr(updates, "chunks", None) or {}
         views = self.views
+        clamped = 0
         for local_id, view in updates.new.items():
-            views.add(
+            # The margin from P's own terms (a longer extension never shrinks it below
+            # what the clamped one gives), the renewals by at most the cap.
+            clamped += views.add(
                 local_id,
                 view.engine_id,
                 view.name,
@@ -107,6 +111,16 @@ class ReadFence:
                 view.instance,
                 chunks.get(local_id),
                 self.view_margin(view),
+            )
+        if clamped:
+            self._upstream.xfer_stats.add("num_lease_terms_clamped", clamped)
+            self._log_terms.warning(
+                clamped,
+                "P advertised a lease extension over %.0f s for %d request(s); D renews its views by "
+                "%.0f s at most (max_view_extension: its views only end sooner)",
+                views.extension_cap,
+                clamped,
+                views.extension_cap,
             )
         if len(chunks) > len(updates.new):  # views whose names were repacked into new chunks
             offsets = self._upstream._engine_clock_offset
