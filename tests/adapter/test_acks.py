@@ -953,3 +953,53 @@ def test_our_messages_never_raise_in_a_stock_p(clock: Clock) -> None:
     clock.advance(2)
     assert w._get_new_notifs() == set()
     assert w._reqs_to_send["p1"] == pytest.approx(clock.now + w._lease_extension)  # LHB: is a heartbeat to it
+
+
+# -- notify-only completions (issue 35 item 7) --------------------------------
+NOTIFY = SimpleNamespace(remote=SimpleNamespace(engine_id="P"), local_block_ids=[[]], awaiting_kvs=True)
+
+
+def test_a_completion_without_a_read_goes_only_over_a_connection_proven_to_its_process(clock: Clock) -> None:
+    """A full prefix-cache hit or an abort's cleanup only notifies P ``<id>:<count>``,
+    which frees the lease: after a P restart under the same engine id it must not
+    reach the new process, where a lease may share the (client-chosen) id."""
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    net.grant("p2", "d2")
+    net.prove()
+    assert not net.fence.fenced("d1", NOTIFY)  # proven: upstream sends it
+    old = net.proc
+    net.proc = PProcess(1, "P-restarted")
+    net.connect(net.proc)  # D handshook again: the new connection proves nothing yet
+    assert net.fence.fenced("d2", NOTIFY)  # withheld, not parked, not failed
+    assert "d2" not in net.fence.parked and net.d.failed_transfers == []
+    assert net.d.count("num_completions_withheld") == 1
+    assert "d2" in net.d._recving_transfers  # reported as loaded: its KV is local (as upstream)
+    net.grant("p2", "d3")  # the new process leases the same id
+    net.d_heartbeat("p2", instance=net.proc.instance)
+    net.p_step(net.take_d_sends())
+    net.d_receive(net.take_p_sends())
+    assert net.acks.proof("P", old.instance) == OTHER
+    assert net.fence.fenced("d2", NOTIFY)  # proven another process: still withheld
+    assert net.d.count("num_completions_withheld") == 2
+    assert not net.fence.fenced("d3", NOTIFY)  # the new process's own lease: sent
+
+
+def test_a_completion_of_a_plain_view_goes_only_over_its_bound_connection(clock: Clock) -> None:
+    net = Pair(clock)
+    net.grant("p1", "d1", plain=True)
+    net.grant("p2", "d2", plain=True)
+    assert not net.fence.fenced("d1", READ)  # binds d1's view to this connection
+    net.connect(PProcess(1, "P-restarted"))
+    assert net.fence.fenced("d1", NOTIFY)
+    assert net.d.count("num_completions_withheld") == 1
+    assert not net.fence.fenced("d2", NOTIFY)  # first use: bound to the current connection
+
+
+def test_a_completion_of_an_ended_view_is_withheld(clock: Clock) -> None:
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    net.prove()
+    clock.advance(EXT)  # never renewed: lapsed, P may have freed it and granted the id again
+    assert net.fence.fenced("d1", NOTIFY)
+    assert net.d.count("num_completions_withheld") == 1

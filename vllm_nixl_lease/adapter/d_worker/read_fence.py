@@ -26,6 +26,16 @@ fenced.  A plain P's view (no instance) is bound to the connection it is first
 read over; if upstream replaced that connection since (a repeated handshake,
 an invalid engine) the READ is fenced: the old process's views end with it.
 
+Completions without a READ (upstream's notify-only path: a full prefix-cache
+hit, and the cleanup of a request aborted while queued, each an
+``<id>:<count>`` notification P frees the lease on) are bound the same way:
+for a view of instance I only over a connection proven I, for a plain view
+only over the connection it is bound to (a first use binds it), and only
+while the view is alive; otherwise D does not send it (``WITHHOLD``: the
+lease expires on P instead; counted and logged).  Sent over whatever
+connection exists, after a P restart it could free a lease of the new process
+that shares the id (client-chosen ids).
+
 Each view's margin follows the lease terms P advertised: at most
 ``lease_safety_margin``, and at most half the room between P's extension and
 D's heartbeat interval plus P's answer delay, so P and D configured with
@@ -36,7 +46,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from vllm.logger import init_logger
 
@@ -45,13 +55,13 @@ from ...decode.lease_views import LeaseViews
 from ..config import LeaseConfig
 from ..metadata import LEASE_VIEWS_ATTR, LeaseViewUpdates, NewView
 from ..ratelimit import RateLimitedLog
-from ..upstream import ReadMeta, UpstreamWorker
-from .ack_requester import OTHER, PENDING, agent_name
+from ..upstream import AgentName, ReadMeta, UpstreamWorker
+from .ack_requester import OTHER, PENDING, PROVEN, agent_name
 
 logger = init_logger(__name__)
 
 
-READ, FENCE, WAIT = "read", "fence", "wait"
+READ, FENCE, WAIT, WITHHOLD = "read", "fence", "wait", "withhold"
 
 
 class ReadFence:
@@ -83,6 +93,7 @@ class ReadFence:
         self._log = RateLimitedLog(logger)
         self._log_late = RateLimitedLog(logger)
         self._log_terms = RateLimitedLog(logger)
+        self._log_withheld = RateLimitedLog(logger)
 
     def view_margin(self, view: NewView) -> float:
         """The margin of one view: ``lease_safety_margin`` at most, and at most
@@ -156,6 +167,9 @@ class ReadFence:
                     if left is not None:
                         self._posted[req_id] = now + left
             return False
+        if verdict == WITHHOLD:
+            self._withhold(req_id, meta)
+            return True
         if verdict == WAIT:
             if req_id not in self.parked:
                 self._upstream.xfer_stats.add("num_reads_waiting_proof", 1)
@@ -175,6 +189,21 @@ class ReadFence:
         self._forget(req_id)
         up._handle_failed_transfer(req_id, None, up._recv_failures, record_failed_transfer=False)
         return True
+
+    def _withhold(self, req_id: str, meta: ReadMeta) -> None:
+        """Do not send a notify-only completion that might reach another P process."""
+        up = self._upstream
+        up.xfer_stats.add("num_completions_withheld", 1)
+        self._log_withheld.warning(
+            1,
+            "Not sending the completion of %s to engine %s: the connection is not proven to reach "
+            "the P process that granted its lease (or its view ended); the lease expires on P instead",
+            req_id,
+            meta.remote.engine_id if meta.remote is not None else "?",
+        )
+        if getattr(meta, "awaiting_kvs", False):
+            # As upstream after a notify-only send: the KV is local, report the load done.
+            up._recving_transfers.setdefault(req_id, [])
 
     def take_parked(self) -> list[tuple[str, ReadMeta]]:
         """READs that waited for proof, to try again; those whose view is gone
@@ -196,10 +225,11 @@ class ReadFence:
         offset = self._upstream._engine_clock_offset.get(engine_id)
         if offset is None:
             return READ
-        # Nothing to read (e.g. all prefix-cached): upstream only notifies P.
-        if not any(len(group) > 0 for group in meta.local_block_ids):
-            return READ
         instance = self.views.instance_of(req_id)
+        # Nothing to read (a full prefix-cache hit, an aborted request's cleanup):
+        # upstream only notifies P, which frees the lease on it.
+        if not any(len(group) > 0 for group in meta.local_block_ids):
+            return self._notify_verdict(req_id, engine_id, instance, agents, offset)
         if instance:
             proof = OTHER if self._proof is None else self._proof(engine_id, instance)
             if proof == OTHER:
@@ -214,6 +244,26 @@ class ReadFence:
             if bound != connection:
                 return FENCE  # the process it was granted by may be gone with that connection
         return READ if self.views.may_read(req_id, time.perf_counter(), offset) else FENCE
+
+    def _notify_verdict(
+        self,
+        req_id: str,
+        engine_id: str,
+        instance: str | None,
+        agents: Mapping[tuple[int, int], AgentName],
+        offset: float,
+    ) -> str:
+        """READ (send the completion) only over the connection the view is bound
+        to, while the view is alive; else WITHHOLD."""
+        if instance:
+            proven = self._proof is not None and self._proof(engine_id, instance) == PROVEN
+            if not proven:
+                return WITHHOLD
+        else:
+            connection = frozenset(agent_name(a) for a in agents.values())
+            if self._bound.setdefault(req_id, connection) != connection:
+                return WITHHOLD
+        return READ if self.views.may_read(req_id, time.perf_counter(), offset) else WITHHOLD
 
     # -- READs completed this step (after upstream's _pop_done_transfers) ----
     def discard_late(self, done: set[str], failed: set[str]) -> None:
