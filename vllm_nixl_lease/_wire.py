@@ -19,7 +19,11 @@ of its own:
   connection info (base64url, no memory), so P can answer; ``key`` names a
   lease D holds on P (its tag or id), which admits the hello;
 - acknowledged heartbeat: ``HB:,LHB:<seq>,<id>,<id>,...``;
-- tagged heartbeat: ``HB:,LHBT:<seq>,<tag>,<tag>,...`` (``lease_tags.py``).
+- tagged heartbeat: ``HB:,LHBT:<seq>,<tag>,<tag>,...`` (``lease_tags.py``);
+- keep-alive, over a connection not yet proven: upstream's ``HB:<id>,...``
+  for leases named by id, ``HB:,LHBT:0,<tag>,...`` (``KEEPALIVE_SEQ``) for
+  leases named by tag: P extends them as any heartbeat; D records no answer
+  to them, so they never renew D's views.
 P -> D, only to agents whose hello P admitted:
 - acknowledgement: ``LACK:<instance>:<seqs>`` (every key those heartbeats named
   was held, unambiguously, and is now extended), ``LACK:<instance>:<seqs>:<keys>``
@@ -174,6 +178,19 @@ def acked_heartbeat_message(seq: int, heartbeat: bytes, tagged: bool = False) ->
     ``HB:,LHB:<seq>,<ids>``, or ``HB:,LHBT:<seq>,<tags>`` when it names tags."""
     kind = TAGGED_HEARTBEAT_KIND if tagged else ACKED_HEARTBEAT_KIND
     return b"%s%s%d,%s" % (ESCAPE_PREFIX, kind, seq, heartbeat_payload(heartbeat))
+
+
+# The sequence number of a keep-alive: D never opens it (its ledger starts at 1),
+# so an answer to it proves nothing; P extends what it names like any heartbeat.
+KEEPALIVE_SEQ = 0
+
+
+def keepalive_message(heartbeat: bytes, tagged: bool) -> bytes:
+    """What D sends for an ``HB:`` message while the connection is not proven
+    to reach the P instance whose leases it names: the message itself when it
+    names P's request ids (every P extends ``HB:``), ``HB:,LHBT:0,<tags>``
+    when it names tags (only our P knows them; a stock P parses it harmlessly)."""
+    return acked_heartbeat_message(KEEPALIVE_SEQ, heartbeat, tagged=True) if tagged else heartbeat
 
 
 def parse_acked_heartbeat(msg: bytes) -> tuple[int, bytes, bool] | None:

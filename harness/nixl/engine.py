@@ -141,6 +141,8 @@ class Engine:
         # so a step does not walk a queue of 100k requests it may not admit.
         self.waiting: list[str] = []
         self.held: dict[str, int] = {}  # D: kept waiting by the test ("overloaded")
+        self.cached: set[str] = set()  # D: submitted as full prefix-cache hits (``submit``)
+        self.cached_done: list[str] = []  # D: full prefix hits admitted, finished next step
         self._submitted = 0
         self.unread: dict[str, list[int]] = {}  # D: admitted, read not finished: their blocks
         self.fills: dict[str, list[int]] = {}
@@ -185,6 +187,7 @@ class Engine:
         self.hb_recv_log: deque[tuple[float, str, int]] = deque(maxlen=TIMING_KEEP)
         self.hb_recv = {"msgs": 0, "bytes": 0}
         self.hellos_recv = 0  # P: our hellos received (a stock P must take them harmlessly)
+        self.hellos_held = 0  # P: hellos dropped by ``hold_hellos``
         # D: P's answers that named keys as not extended (they end D's views): (t, agent, head)
         self.acks_not_extended: list[tuple[float, str, bytes]] = []
         self.hb_agents: set[str] = set()  # P: agents whose heartbeats arrived
@@ -247,8 +250,13 @@ class Engine:
             out[req_id] = params
         return out
 
-    def submit(self, items: list[tuple[str, dict[str, Any], int]], hold: bool) -> None:
-        """D: requests enter the waiting queue (``on_new_request``)."""
+    def submit(
+        self, items: list[tuple[str, dict[str, Any], int]], hold: bool, cached: list[str] | None = None
+    ) -> None:
+        """D: requests enter the waiting queue (``on_new_request``).  ``cached``: local
+        ids whose prompt D finds whole in its prefix cache when admitted (no READ:
+        upstream only notifies P ``<id>:<count>``, its notify-only path)."""
+        self.cached.update(cached or ())
         for local_id, params, tokens in items:
             req = SimpleNamespace(
                 request_id=local_id,
@@ -309,6 +317,12 @@ class Engine:
         return out
 
     def _schedule_d(self) -> None:
+        for local_id in self.cached_done:  # a full prefix hit ran on local KV: finish it
+            rec = self.reqs[local_id]
+            rec["req"].status = self.status.FINISHED_LENGTH_CAPPED
+            self.sched.request_finished(rec["req"], rec["blocks"])
+            self.free_blocks.extend(rec["blocks"])
+        self.cached_done = []
         still = []
         admitted = 0
         for pos, local_id in enumerate(self.waiting):
@@ -321,6 +335,15 @@ class Engine:
             blocks = self._alloc(-(-rec["tokens"] // kv_cache.BLOCK_SIZE))
             if blocks is None:
                 still.append(local_id)  # D is full: stays in the queue
+                continue
+            if local_id in self.cached:
+                # Nothing external to load: upstream schedules a notify-only "read".
+                self.sched.update_state_after_alloc(req, FakeBlocks(blocks), 0)
+                self.cached.discard(local_id)
+                req.status = self.status.RUNNING
+                rec.update(blocks=blocks, admitted_t=time.monotonic(), read_t=time.monotonic(), cached=True)
+                self.cached_done.append(local_id)
+                admitted += 1
                 continue
             self.sched.update_state_after_alloc(req, FakeBlocks(blocks), count or 0)
             req.status = self.status.WAITING_FOR_REMOTE_KVS
@@ -736,6 +759,26 @@ class Engine:
             out.append(rr.recv())
         return out
 
+    def hold_hellos(self, seconds: float) -> int:
+        """P (ours), rank 0: drop every hello D sends for the next ``seconds``, as a
+        P whose admission is slow (many agents loading; a TP=8 P's eight welcomes)
+        never gets to D's; D's connection stays unproven meanwhile.  Returns the
+        hellos dropped by the previous hold."""
+        answerer = self.rank0.worker.ack_answerer
+        dropped, self.hellos_held = self.hellos_held, 0
+        until = time.monotonic() + seconds
+        hello = getattr(answerer, "_harness_hello", None) or answerer._hello
+        answerer._harness_hello = hello
+
+        def held(agent: str, msg: bytes, now: float) -> None:
+            if time.monotonic() < until:
+                self.hellos_held += 1
+                return
+            hello(agent, msg, now)
+
+        answerer._hello = held
+        return dropped
+
     def shutdown(self) -> None:
         for rr in self.remote:
             try:
@@ -764,9 +807,15 @@ HELD_IDS_MAX = 20  # ids a leak report names (the counts are whole)
 PEER_KEYS_MAX = 64  # a dict this small with str keys may be keyed by engine id: its keys are reported
 
 
-def structure_sizes(eng: Engine) -> dict[str, Any]:
+def rss_kib() -> int:
+    """This process's resident set size (KiB)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
+
+
+def structure_sizes(eng: Engine, depth: int = 1) -> dict[str, Any]:
     """Sizes of the connector's collections, scheduler and worker (rank 0),
-    one level into the components of this package; and the keys of small
+    ``depth`` levels into the components of this package; and the keys of small
     str-keyed dicts (per-engine state: the driver knows which are engine ids)."""
     sizes: dict[str, int] = {}
     keys: dict[str, list[str]] = {}
@@ -791,10 +840,10 @@ def structure_sizes(eng: Engine) -> dict[str, Any]:
             if depth > 0 and hasattr(value, "__dict__"):
                 visit(path, value, depth - 1)
 
-    visit("worker", eng.rank0.worker, 1)
+    visit("worker", eng.rank0.worker, depth)
     scheduler = getattr(eng.sched, "connector_scheduler", None)
     if scheduler is not None:
-        visit("scheduler", scheduler, 1)
+        visit("scheduler", scheduler, depth)
     return {"sizes": sizes, "keys": keys}
 
 
@@ -954,4 +1003,10 @@ def _handle(eng: Engine, cmd: str, kwargs: dict[str, Any]) -> Any:
         return eng.rank0.agent_metadata()
     if cmd == "skew_clock":
         return skew_clock(**kwargs)
+    if cmd == "hold_hellos":
+        return eng.hold_hellos(**kwargs)
+    if cmd == "structure_sizes":
+        return structure_sizes(eng, **kwargs)
+    if cmd == "rss_kib":
+        return rss_kib()
     raise ValueError(f"unknown command {cmd!r}")

@@ -120,8 +120,13 @@ class EngineProcess:
     def prefill(self, ids: list[str], tokens: int = 64) -> dict[str, Any]:
         return self.call("prefill", ids=ids, tokens=tokens)
 
-    def submit(self, items: list[tuple[str, dict[str, Any], int]], hold: bool = False) -> None:
-        self.call("submit", items=items, hold=hold)
+    def submit(
+        self,
+        items: list[tuple[str, dict[str, Any], int]],
+        hold: bool = False,
+        cached: list[str] | None = None,
+    ) -> None:
+        self.call("submit", items=items, hold=hold, cached=cached)
 
     def release(self, ids: list[str] | None = None) -> None:
         self.call("release", ids=ids)

@@ -136,10 +136,21 @@ def d_killed(fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 4) -> dict[str
     d1 = fleet.start("D", "d1", stock=d_stock)
     ids, params = prefill(p, "orphan", n)
     hand_to_d(d1, params, hold=True)
-    # Heartbeats come every second and extend to arrival + 4 s; from the 4th
-    # on they push the deadline past the original grant + 6 s, so the free
-    # is driven by the last heartbeat, not by the grant.
-    wait_for(lambda: all(p.report()["reqs"][r].get("hb", 0) >= 4 for r in ids), 20, what="heartbeats on P")
+
+    # Heartbeats come every second and extend to arrival + 4 s; once one arrives
+    # more than 2 s after the grant the deadline is past the original grant + 6 s,
+    # so the free is driven by the last heartbeat, not by the grant.  (Counted by
+    # time, not by number: our D's first tick also goes out as a keep-alive while
+    # its hello is being answered, so the 4th message can come sooner.)
+    def heartbeats_decide() -> bool:
+        reqs = p.report()["reqs"]
+        return all(
+            reqs[r].get("hb", 0) >= 4
+            and reqs[r].get("hb_last_t", 0.0) + EXTENSION > reqs[r]["finished_t"] + LEASE + 0.1
+            for r in ids
+        )
+
+    wait_for(heartbeats_decide, 20, what="heartbeats on P")
     d1_rep = d1.report()
     killed_t = d1.kill()
     p_rep = wait_freed(p, ids, timeout=EXTENSION + LEASE + 10)

@@ -31,6 +31,7 @@ from vllm_nixl_lease._wire import (
     heartbeat_ack_message,
     heartbeat_message,
     hello_message,
+    keepalive_message,
     lease_terms,
     parse_heartbeat_ack,
 )
@@ -213,9 +214,12 @@ def test_view_moves_only_when_p_answers(clock: Clock) -> None:
     clock.advance(3)
     net.d_heartbeat("p1")
     sent = net.take_d_sends()
-    # Not proven yet: only the hello leaves; the heartbeat waits for the welcome.
-    assert [m[: len(HELLO)] for _, m in sent] == [HELLO]
+    # Not proven yet: the hello, and the tick as a keep-alive (plain HB:, no seq);
+    # the acknowledged heartbeat waits for the welcome.
+    assert [m[: len(HELLO)] for _, m in sent] == [HELLO, b"HB:p1"]
     net.p_step(sent)
+    assert net.keepers[0].deadlines["p1"] == pytest.approx(clock.now + EXT)  # P extended it
+    assert net.remaining("d1") == pytest.approx(EXT - 3)  # the keep-alive renews no view
     welcome = net.take_p_sends()
     assert acks_of(welcome) == [HeartbeatAck(net.proc.instance, [], frozenset())]
     net.d_receive(welcome)
@@ -233,6 +237,38 @@ def test_view_moves_only_when_p_answers(clock: Clock) -> None:
     assert net.remaining("d1") == pytest.approx(EXT - 1)
     assert net.d.count("num_heartbeat_views_renewed") == 1
     assert net.p[0].count("num_heartbeat_acks_sent") == 1
+
+
+def test_unproven_keepalives_hold_ps_leases_through_a_slow_admission_and_renew_no_view(clock: Clock) -> None:
+    # P takes longer than the lease to welcome D (many agents loading, a TP=8 P's
+    # eight welcomes): every tick still extends P's leases; only answers move D's views.
+    net = Pair(clock)
+    net.grant("p1", "d1", tagged=True)
+    tag = net.names["p1"]
+    for _ in range(3):  # three ticks, 3 x 4 s: longer than the lease (EXT)
+        clock.advance(4)
+        net.d_heartbeat("p1", tagged=True)
+        net.d_step()  # a step without a tick: the waiting group is not sent again
+        sent = net.take_d_sends()
+        beats = [m for _, m in sent if not m.startswith(HELLO)]
+        assert beats == [keepalive_message(heartbeat_message([tag]), tagged=True)]
+        # P's hello handling is held back: the hellos are not delivered, the keep-alives are.
+        net.p_step([(a, m) for a, m in sent if not m.startswith(HELLO)])
+        assert net.keepers[0].deadlines["p1"] == pytest.approx(clock.now + EXT)
+    assert net.take_p_sends() == []  # no answer to a keep-alive from an agent P did not admit
+    assert net.remaining("d1") < 0  # D's view was never renewed: its READ stays fenced
+    assert net.acks.proof("P", net.proc.instance) == PENDING
+
+
+def test_a_group_waiting_for_proof_is_dropped_once_its_views_are_gone(clock: Clock) -> None:
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    net.d_heartbeat("p1")
+    assert set(net.sender.awaiting_proof) == {f"g-{net.proc.instance}"}
+    net.fence.drop_views(SimpleNamespace(**{LEASE_VIEWS_ATTR: SimpleNamespace(dropped=["d1"])}))
+    net.take_d_sends()
+    net.d_step()
+    assert net.sender.awaiting_proof == {} and net.take_d_sends() == []
 
 
 def test_a_read_waits_for_the_proof_of_its_p_process(clock: Clock) -> None:
@@ -523,6 +559,17 @@ def test_hello_needs_a_lease_held_here(clock: Clock) -> None:
     _, msgs = keeper.route({"D": [hello("D", "p1", version=LEASE_PROTOCOL_VERSION + 1)]})
     acker.handle(msgs)
     assert len(acker) == 0 and p.count("num_hellos_refused") == 3
+
+
+@pytest.mark.parametrize("p_id", ["abcdEFGH-_1", "AAAAAAAAAAA"])
+def test_a_request_id_shaped_like_a_tag_is_a_hello_key(clock: Clock, p_id: str) -> None:
+    # Any 11 base64url characters are a valid request id (a client-chosen one, or
+    # vLLM's with randomization off): a D naming leases by id says hello with it.
+    net = Pair(clock)
+    net.grant(p_id, "d1")
+    assert net.names[p_id] == p_id
+    net.prove()  # welcomed: P looked the key up as an id once no tag matched
+    assert net.p[0].count("num_hellos_refused") == 0
 
 
 def test_hello_flood_is_bounded(clock: Clock) -> None:
@@ -907,3 +954,53 @@ def test_our_messages_never_raise_in_a_stock_p(clock: Clock) -> None:
     clock.advance(2)
     assert w._get_new_notifs() == set()
     assert w._reqs_to_send["p1"] == pytest.approx(clock.now + w._lease_extension)  # LHB: is a heartbeat to it
+
+
+# -- notify-only completions (issue 35 item 7) --------------------------------
+NOTIFY = SimpleNamespace(remote=SimpleNamespace(engine_id="P"), local_block_ids=[[]], awaiting_kvs=True)
+
+
+def test_a_completion_without_a_read_goes_only_over_a_connection_proven_to_its_process(clock: Clock) -> None:
+    """A full prefix-cache hit or an abort's cleanup only notifies P ``<id>:<count>``,
+    which frees the lease: after a P restart under the same engine id it must not
+    reach the new process, where a lease may share the (client-chosen) id."""
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    net.grant("p2", "d2")
+    net.prove()
+    assert not net.fence.fenced("d1", NOTIFY)  # proven: upstream sends it
+    old = net.proc
+    net.proc = PProcess(1, "P-restarted")
+    net.connect(net.proc)  # D handshook again: the new connection proves nothing yet
+    assert net.fence.fenced("d2", NOTIFY)  # withheld, not parked, not failed
+    assert "d2" not in net.fence.parked and net.d.failed_transfers == []
+    assert net.d.count("num_completions_withheld") == 1
+    assert "d2" in net.d._recving_transfers  # reported as loaded: its KV is local (as upstream)
+    net.grant("p2", "d3")  # the new process leases the same id
+    net.d_heartbeat("p2", instance=net.proc.instance)
+    net.p_step(net.take_d_sends())
+    net.d_receive(net.take_p_sends())
+    assert net.acks.proof("P", old.instance) == OTHER
+    assert net.fence.fenced("d2", NOTIFY)  # proven another process: still withheld
+    assert net.d.count("num_completions_withheld") == 2
+    assert not net.fence.fenced("d3", NOTIFY)  # the new process's own lease: sent
+
+
+def test_a_completion_of_a_plain_view_goes_only_over_its_bound_connection(clock: Clock) -> None:
+    net = Pair(clock)
+    net.grant("p1", "d1", plain=True)
+    net.grant("p2", "d2", plain=True)
+    assert not net.fence.fenced("d1", READ)  # binds d1's view to this connection
+    net.connect(PProcess(1, "P-restarted"))
+    assert net.fence.fenced("d1", NOTIFY)
+    assert net.d.count("num_completions_withheld") == 1
+    assert not net.fence.fenced("d2", NOTIFY)  # first use: bound to the current connection
+
+
+def test_a_completion_of_an_ended_view_is_withheld(clock: Clock) -> None:
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    net.prove()
+    clock.advance(EXT)  # never renewed: lapsed, P may have freed it and granted the id again
+    assert net.fence.fenced("d1", NOTIFY)
+    assert net.d.count("num_completions_withheld") == 1

@@ -176,7 +176,7 @@ def test_read_is_fenced_when_the_view_is_about_to_lapse(d_worker, clock: Clock) 
 
 
 def test_not_fenced_without_view_handshake_or_blocks(d_worker, clock: Clock) -> None:
-    _views(d_worker, d2=clock.now + 500.0 + 1.0, d3=clock.now + 500.0 + 1.0)
+    _views(d_worker, d2=clock.now + 500.0 + 10.0, d3=clock.now + 500.0 + 1.0)
     d_worker._read_blocks_for_req("d1", _recv_meta())  # no view (stock P): upstream behaviour
     d_worker._read_blocks_for_req("d2", _recv_meta(blocks=([],)))  # nothing to read: P gets notified
     d_worker.read_fence.views.add("d4", "Q", "p4", 0.0, 8.0)

@@ -285,3 +285,35 @@ def test_another_process_proven_ends_the_old_views() -> None:
     # proof before every read (the read fence), which the connection no longer gives.
     views.add("d", "P", "rd", 10.0, 20.0, INSTANCE)
     assert views.any_name("P", INSTANCE) == "rd" and views.any_name("Q", "x") is None
+
+
+# -- bounds (issue 35 item 9) ------------------------------------------------
+def test_an_extension_above_the_cap_is_clamped_which_only_shortens_the_view() -> None:
+    views = LeaseViews(margin=2.0, extension_cap=60.0)
+    assert views.add("d1", "P", "p1", 30.0, 1e9, INSTANCE) is True  # P's terms: absurd
+    assert views.add("d2", "P", "p2", 30.0, 20.0, INSTANCE) is False
+    assert views.max_extension == 60.0  # bounds how long D keeps unanswered sends
+    assert views.remaining("d1", 0.0, 0.0) == pytest.approx(30.0)  # P's deadline itself is kept
+    views.heartbeat_acked("P", INSTANCE, ["p1", "p2"], offset=0.0, started=10.0, now=11.0)
+    assert views.remaining("d1", 11.0, 0.0) == pytest.approx(59.0)  # 10 + 60, not 10 + 1e9
+    assert views.remaining("d2", 11.0, 0.0) == pytest.approx(19.0)
+    with pytest.raises(ValueError):
+        LeaseViews(margin=1.0, extension_cap=0.0)
+
+
+def test_forget_engines_drops_per_engine_state_of_engines_gone_and_viewless() -> None:
+    views = LeaseViews(margin=1.0)
+    for i in range(1000):  # P restarted 1,000 times, a fresh engine id each time
+        engine = f"P-{i}"
+        views.add(f"d{i}", engine, "p", 30.0, 20.0, INSTANCE, chunk=(1, 1))
+        views.instance_proven(engine, INSTANCE)
+        views.chunk_acked(engine, INSTANCE, 1, 1, 5.0, offset=0.0, now=6.0)
+        if i < 999:
+            views.drop(f"d{i}")
+    assert views.engines_known() == 1000
+    # Connected to the last three; the last one still has a view.
+    assert views.forget_engines({"P-997", "P-998", "P-999"}) == 997
+    assert views.engines_known() == 3
+    assert views.forget_engines(set()) == 2  # P-999 is kept: D still views a lease of it
+    assert views.engines_known() == 1 and "d999" in views
+    assert views.remaining("d999", 6.0, 0.0) == pytest.approx(24.0)  # its view stands

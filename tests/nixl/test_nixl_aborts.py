@@ -87,11 +87,5 @@ def test_aborted_parked_reads_are_reported_and_free_d_blocks(tmp_path) -> None:
             if not held:
                 break
             time.sleep(1.0)
-        if held:
-            # Issue 35 item 9 (a separate fix): the heartbeat group that waits for
-            # proof (HeartbeatSender.awaiting_proof) is re-sent every step after its
-            # requests ended, stamping the engine active, so the reaper never finds
-            # it idle.  Remove this once that fix is in: the assert below then holds.
-            hellos = p.report()["hellos_recv"] - hellos_at_idle
-            pytest.xfail(f"issue 35 item 9: D holds the idle engine ({hellos} hellos since): {held}")
-        assert not held, f"D still holds state of the idle engine {engine_id}: {held}"
+        hellos = p.report()["hellos_recv"] - hellos_at_idle
+        assert not held, f"D still holds state of the idle engine {engine_id} ({hellos} hellos since): {held}"

@@ -240,6 +240,13 @@ class LeaseConfig:
         return max(60.0, 4 * self.lease_extension)
 
     @property
+    def max_view_extension(self) -> float:
+        """D renews a lease view by at most this (P's advertised extension is
+        clamped to it, which only shortens views): as long as P keeps a silent
+        D agent loaded, so D's ledger of unanswered sends stays bounded."""
+        return self.forget_after_s
+
+    @property
     def forget_sweep_s(self) -> float:
         """How often P looks for silent D agents: often next to ``forget_after_s``."""
         return min(self.forget_after_s, 10.0)

@@ -133,6 +133,17 @@ LEASE_COUNTERS: dict[str, tuple[str, str]] = {
         "Times D refreshed its estimate of a P engine's clock offset from the clock P's answer "
         "carried (protocol version 3).",
     ),
+    "num_lease_terms_clamped": (
+        "vllm:nixl_lease_terms_clamped",
+        "Lease views D started with P's advertised extension clamped to max_view_extension "
+        "(their renewals end sooner; bad or hostile lease terms).",
+    ),
+    "num_completions_withheld": (
+        "vllm:nixl_lease_completions_withheld",
+        "Notify-only completions (full prefix-cache hits, aborted requests' cleanup) D did not send: "
+        "the connection was not proven to reach the P process that granted the lease, or the "
+        "lease view had ended; the lease expires on P instead.",
+    ),
     "num_reads_waiting_proof": (
         "vllm:nixl_lease_reads_waiting_proof",
         "READs D held back until P's answer proved which P process the connection reaches "

@@ -10,7 +10,7 @@ the unit tests build components against one small fake of it
 from __future__ import annotations
 
 import queue
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping, MutableMapping, Sequence
 from concurrent.futures import Future
 from typing import Any, Protocol, TypeAlias
 
@@ -54,7 +54,7 @@ class UpstreamWorker(Protocol):
     # engine id -> last perf_counter() it was used (upstream's idle-engine eviction)
     _engine_last_active: dict[str, float]
     # request id -> NIXL handles of reads in flight
-    _recving_transfers: Mapping[str, Any]
+    _recving_transfers: MutableMapping[str, Any]
     # request id -> upstream's ReqMeta of a read not yet done (``.remote.engine_id``)
     _recving_metadata: Mapping[str, Any]
     # engine id -> handshake in progress, under the lock

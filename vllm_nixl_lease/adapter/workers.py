@@ -66,7 +66,7 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         self.ack_answerer = AckAnswerer(self, self.lease_keeper, lease_config)
         # After its own stall, P waits the longest heartbeat interval a D said it keeps.
         self.lease_keeper.peer_interval = self.ack_answerer.longest_interval
-        views = LeaseViews(lease_config.lease_safety_margin)
+        views = LeaseViews(lease_config.lease_safety_margin, lease_config.max_view_extension)
         self.ack_requester = AckRequester(self, views, lease_config)
         requester = self.ack_requester
         self.read_fence = ReadFence(
@@ -76,7 +76,12 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
             self, lease_config.max_heartbeat_bytes, self.read_fence.heartbeat_delivered, self.ack_requester
         )
         self.read_pacer = ReadPacer(lease_config.read_post_budget_s)
-        self.engine_reaper = EngineReaper(self, lease_config.forget_sweep_s)
+        # Each eviction also prunes our own per-engine state (engine ids are fresh per P start).
+        self.engine_reaper = EngineReaper(
+            self,
+            lease_config.forget_sweep_s,
+            (views.forget_engines, self.ack_requester.forget_engines, self.heartbeat_sender.forget_engines),
+        )
         self.idle_pause = IdlePause(lease_config.idle_step_sleep_s, self.lease_keeper.table)
 
     # -- one step, in the order upstream calls these --------------------------

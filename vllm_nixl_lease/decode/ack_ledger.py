@@ -144,6 +144,14 @@ class AckLedger:
             sent.engine_id, kept, sent.started, not_extended=frozenset(skip), instance=sent.instance
         )
 
+    def forget_engines(self, keep: set[str]) -> int:
+        """Forget heartbeats to engines not in ``keep`` (released: their answers
+        would come from agents of no connection, and be ignored)."""
+        gone = [seq for seq, sent in self._sent.items() if sent.engine_id not in keep]
+        for seq in gone:
+            del self._sent[seq]
+        return len(gone)
+
     def prune(self, sent_before: float) -> int:
         """Forget heartbeats sent before ``sent_before`` (an answer to them
         could no longer move a view); return how many were forgotten."""

@@ -51,6 +51,14 @@ answer to the message of chunk ``key`` at version ``v`` sent at ``s``
 A break in the chain (an extension without an answer) leaves the views where
 they were: they lapse.
 
+Bounds: views are per queued request; ``_by_remote`` and ``_names`` are
+pruned with them.  Per-engine state (``_proven``, ``_extension``,
+``_chunk_answers``, ``_first``) is forgotten by ``forget_engines`` for engines
+D neither connects to nor views (the engine reaper's sweep), so it does not
+grow with P restarts under fresh engine ids.  A view renews by at most
+``extension_cap`` (P's terms above it are clamped: that only shortens it),
+which bounds ``max_extension`` and with it how long D keeps unanswered sends.
+
 No vLLM imports: the vLLM adapter feeds it (``adapter/d_worker/read_fence.py``,
 ``adapter/d_worker/ack_requester.py``).
 """
@@ -91,10 +99,16 @@ class _ChunkAnswer:
 class LeaseViews:
     """Views of P's leases, keyed by D's request id and by (P engine, instance, name)."""
 
-    def __init__(self, margin: float) -> None:
+    def __init__(self, margin: float, extension_cap: float = math.inf) -> None:
         if not (math.isfinite(margin) and margin >= 0):
             raise ValueError(f"margin must be a finite number >= 0, got {margin!r}")
+        if not extension_cap > 0:
+            raise ValueError(f"extension_cap must be > 0, got {extension_cap!r}")
         self.margin = margin  # the most any view keeps (lease_safety_margin)
+        # The longest extension a view renews by: P's terms above it are clamped
+        # (a renewal to ``s + cap`` only shortens the view), and ``max_extension``,
+        # which sets how long D keeps unanswered sends and chunk answers, stays bounded.
+        self.extension_cap = extension_cap
         self._views: dict[str, _View] = {}
         # (engine, instance, name) -> the local ids viewing it (several D
         # requests may wait on one P request; an answer about it renews each)
@@ -129,12 +143,13 @@ class LeaseViews:
         instance: str = "",
         chunk: tuple[int, int] | None = None,
         margin: float | None = None,
-    ) -> None:
+    ) -> bool:
         """Start viewing a lease P reported; a second add for the same id replaces
         the first.  ``instance``: the P process (empty: a plain P, renewed on
         sends).  ``chunk``: ``(key, version)`` of the heartbeat chunk naming it,
         as ``HeartbeatTracker.chunk_of`` returned right after tracking it.
-        ``margin``: this view's (at most ``self.margin``)."""
+        ``margin``: this view's (at most ``self.margin``).  Returns True when
+        P's extension was above ``extension_cap`` and clamped to it."""
         if not (math.isfinite(grantor_deadline) and math.isfinite(extension) and extension > 0):
             raise ValueError(
                 f"lease of {local_id!r}: deadline {grantor_deadline!r} / extension {extension!r} "
@@ -142,7 +157,8 @@ class LeaseViews:
             )
         if local_id in self._views:
             self.drop(local_id)
-        extension = float(extension)
+        clamped = extension > self.extension_cap
+        extension = float(self.extension_cap if clamped else extension)
         margin = self.margin if margin is None else min(self.margin, max(0.0, margin))
         view = _View(engine_id, instance, name, float(grantor_deadline), extension, margin)
         self._views[local_id] = view
@@ -159,6 +175,7 @@ class LeaseViews:
             self.max_extension = extension
         if extension < self._extension.get(engine_id, math.inf):
             self._extension[engine_id] = extension
+        return clamped
 
     def drop(self, local_id: str) -> bool:
         view = self._views.pop(local_id, None)
@@ -346,6 +363,40 @@ class LeaseViews:
             answers.popitem(last=False)
             dropped += 1
         return dropped
+
+    def forget_engines(self, keep: Iterable[str]) -> int:
+        """Forget the per-engine state (proof, shortest extension, chunk answers,
+        views waiting for a first answer) of every engine that is not in
+        ``keep`` (the engines D is connected or handshaking to) and has no view
+        left: vLLM's default engine id is fresh per P start, so without this it
+        grows with P restarts.  Forgetting only shortens views: the next answer
+        proves the instance again, and a chunk's chain starts anew.  Returns how
+        many engines were forgotten."""
+        keep = set(keep)
+        keep.update(engine_id for engine_id, _ in self._names)
+        gone = {e for e in self._proven if e not in keep}
+        gone.update(e for e in self._extension if e not in keep)
+        gone.update(e for e, _ in self._chunk_answers if e not in keep)
+        gone.update(e for e, _ in self._first if e not in keep)
+        if not gone:
+            return 0
+        for engine_id in gone:
+            self._proven.pop(engine_id, None)
+            self._extension.pop(engine_id, None)
+        for table in (self._chunk_answers, self._first):
+            for key in [k for k in table if k[0] in gone]:
+                del table[key]
+        return len(gone)
+
+    def engines_known(self) -> int:
+        """Engines this keeps any state for (for bounds tests)."""
+        return len(
+            self._proven.keys()
+            | self._extension.keys()
+            | {e for e, _ in self._chunk_answers}
+            | {e for e, _ in self._first}
+            | {e for e, _ in self._names}
+        )
 
     def _join(self, local_id: str, view: _View, key: int, version: int) -> None:
         self._unwait(local_id, view)

@@ -44,6 +44,14 @@ then each is behind the ``HB:,`` escape it parses harmlessly.
   Hellos say version 3 only to a P whose params advertise it
   (``LeaseTerms.hello_version``, learned from the views the scheduler ships).
 Per-agent state is kept only for agents of current connections.
+
+Bounds: per-agent state (proof, hellos, last answer, the agent -> engine
+map) only for agents of current connections, swept every ``forget_sweep_s``
+and whenever the engine reaper releases engines (``forget_engines``, which
+also drops the ledger's sends to them); the ledger holds sends younger than
+the longest view extension, itself at most ``max_view_extension``
+(``LeaseViews.extension_cap``); re-handshakes are remembered for
+``REHANDSHAKE_ONCE_PER_S``.
 """
 
 from __future__ import annotations
@@ -410,6 +418,18 @@ class AckRequester:
         done = self.rehandshaken
         for engine_id in [e for e, (_, t) in done.items() if now - t > REHANDSHAKE_ONCE_PER_S]:
             del done[engine_id]
+
+    def holds(self, engine_id: str, instance: str) -> bool:
+        """Does D still view a lease of this P instance (something to prove)?"""
+        return self._views.any_name(engine_id, instance) is not None
+
+    def forget_engines(self, keep: set[str]) -> None:
+        """The engine reaper released every engine not in ``keep``: forget the
+        state of agents of no current connection, and sends to released engines."""
+        self._forget_gone()
+        self._engine_by_agent = {a: e for a, e in self._engine_by_agent.items() if e in keep}
+        if len(self.ledger):
+            self.ledger.forget_engines(keep)
 
     def agents_known(self) -> int:
         """Agents this worker keeps state for (for bounds tests)."""

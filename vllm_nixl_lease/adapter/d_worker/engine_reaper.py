@@ -15,13 +15,25 @@ our heartbeats stamp ``_engine_last_active`` like upstream's), then forgets
 backoffs that are over and the generations of engines no longer connected.
 A forgotten generation costs nothing: an engine that comes back handshakes
 anew, and its first READ records its generation again.
+
+Then each of our components forgets its own per-engine and per-agent state
+of every engine D is no longer connected or handshaking to and reads nothing
+from (``forget``: ``LeaseViews.forget_engines``, ``AckRequester.forget_engines``,
+``HeartbeatSender.forget_engines``; each keeps an engine it still has views
+or heartbeats of).  vLLM's default engine id is fresh per P start, so with
+P restarts this is what bounds D's state: by the engines of the last
+``engine_ttl`` plus those D still holds requests of.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterable, Sequence
 
 from ..upstream import UpstreamWorker
+
+# A component's pruning hook: forget every engine not in the set (engines kept).
+Forget = Callable[[set[str]], object]
 
 # Upstream's _INVALID_PEER_MAX_BACKOFF_S: an invalid-engine backoff entry released
 # longer ago than this is forgotten (upstream does it only on the next invalidation).
@@ -34,8 +46,9 @@ STEPS_PER_CLOCK_READ = 64
 class EngineReaper:
     """Runs upstream's idle-engine eviction and forgets per-engine entries it never does."""
 
-    def __init__(self, upstream: UpstreamWorker, sweep_s: float) -> None:
+    def __init__(self, upstream: UpstreamWorker, sweep_s: float, forget: Iterable[Forget] = ()) -> None:
         self._upstream = upstream
+        self._forget: Sequence[Forget] = tuple(forget)
         self._sweep_s = sweep_s
         self._countdown = STEPS_PER_CLOCK_READ
         self._next_sweep = 0.0
@@ -62,9 +75,13 @@ class EngineReaper:
         for engine_id in [e for e, (_, release) in backoff.items() if release < over]:
             del backoff[engine_id]
         generations = getattr(up, "_remote_registration_generations", None)  # vLLM 0.33+
+        if not (generations or self._forget):
+            return
+        reading = {m.remote.engine_id for m in up._recving_metadata.values() if m.remote is not None}
+        with up._handshake_lock:
+            keep = reading | up._handshake_futures.keys() | up._remote_agents.keys()
         if generations:
-            reading = {m.remote.engine_id for m in up._recving_metadata.values() if m.remote is not None}
-            with up._handshake_lock:
-                keep = reading | up._handshake_futures.keys() | up._remote_agents.keys()
             for engine_id in [e for e in generations if e not in keep]:
                 del generations[engine_id]
+        for forget in self._forget:
+            forget(keep)

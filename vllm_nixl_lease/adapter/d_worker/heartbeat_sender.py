@@ -18,7 +18,13 @@ only forwards bytes.  Differences from upstream's ``_send_heartbeats``, all on p
   lease tags) through ``AckRequester``, whose answers renew D's views, and only
   over a connection proven to reach that instance: until then the group waits
   (``awaiting_proof``) while D says hello, and is sent on the first step the
-  proof is there; a connection proven to reach another instance drops it
+  proof is there; meanwhile each tick still keeps P's leases alive with a
+  keep-alive (``_wire.keepalive_message``: upstream's ``HB:`` for ids,
+  ``HB:,LHBT:0,...`` for tags), which renews no view (only answers do), so
+  a slow admission (P loading many D agents, a TP=8 P's eight welcomes)
+  does not let P's leases lapse; a waiting group whose views are all gone
+  (its requests ended) is dropped, so it neither repeats nor keeps the
+  engine active for the engine reaper; a connection proven to reach another instance drops it
   (those leases died with their process) after handshaking again once: P may
   have restarted under the same engine id while D had nothing queued there,
   so that nothing ever failed on the connection to the dead process (which
@@ -37,7 +43,7 @@ from typing import Any
 
 from vllm.logger import init_logger
 
-from ..._wire import ESCAPE_PREFIX, HELLO_KIND
+from ..._wire import ESCAPE_PREFIX, HELLO_KIND, keepalive_message
 from ...decode.heartbeat_tracker import encode_heartbeats
 from ..metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
 from ..upstream import AgentName, StockHeartbeatInfo, UpstreamWorker
@@ -112,8 +118,11 @@ class HeartbeatSender:
                 self._send_group(key, hb, None)
             # else: the handshake failed (upstream logged and counted it);
             # the next tick starts a new one, as upstream does.
+        acks = self._acks
         for key, hb in awaiting.items():
-            self._send_group(key, hb, None)
+            if acks is not None and not acks.holds(hb.engine_id, hb.instance):
+                continue  # its requests ended: nothing left to prove or keep alive
+            self._send_group(key, hb, None, tick=False)
         for key, (hb, pairs) in retry.items():
             self._send_group(key, hb, pairs)
 
@@ -128,9 +137,23 @@ class HeartbeatSender:
             )
         return out
 
+    def forget_engines(self, keep: set[str]) -> None:
+        """The engine reaper released every engine not in ``keep``: drop what
+        waits for them, unless D still views leases of that group."""
+        acks = self._acks
+        for table in (self.awaiting_proof, self.retry):
+            for key in list(table):
+                value = table[key]
+                hb = value if isinstance(value, EngineHeartbeats) else value[0]
+                held = acks is not None and acks.holds(hb.engine_id, hb.instance)
+                if hb.engine_id not in keep and not held:
+                    del table[key]
+
     def _send_group(
-        self, key: str, hb: EngineHeartbeats, pairs: list[tuple[AgentName, bytes]] | None
+        self, key: str, hb: EngineHeartbeats, pairs: list[tuple[AgentName, bytes]] | None, tick: bool = True
     ) -> None:
+        """``tick``: a tick of the scheduler's (not one re-tried every step while
+        it waits for proof): only a tick sends keep-alives."""
         up = self._upstream
         engine_id = hb.engine_id
         if engine_id not in up._remote_agents:
@@ -182,7 +205,12 @@ class HeartbeatSender:
                     # that granted them: say hello, keep them for the proof.
                     self.awaiting_proof[key] = hb
                     pairs = self._acks.hellos(engine_id, hb.instance, agents)
-                    counts = [0]
+                    if tick:
+                        # Keep P's leases alive meanwhile; no view renews from these.
+                        alive = [keepalive_message(msg, hb.tagged) for msg in hb.messages]
+                        pairs += [(agent, msg) for msg in alive for agent in agents]
+                    else:
+                        counts = [0]
             else:
                 pairs = [(agent, msg) for agent in agents for msg in hb.messages]
         failed: list[tuple[AgentName, bytes]] = []

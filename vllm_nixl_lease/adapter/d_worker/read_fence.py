@@ -47,6 +47,16 @@ deferred by upstream, and one judged on a connection is judged on its agents
 and clock offset together.  A connection with agents but no offset yet (a
 half-written pair) counts as unproven: the READ waits.
 
+Completions without a READ (upstream's notify-only path: a full prefix-cache
+hit, and the cleanup of a request aborted while queued, each an
+``<id>:<count>`` notification P frees the lease on) are bound the same way:
+for a view of instance I only over a connection proven I, for a plain view
+only over the connection it is bound to (a first use binds it), and only
+while the view is alive; otherwise D does not send it (``WITHHOLD``: the
+lease expires on P instead; counted and logged).  Sent over whatever
+connection exists, after a P restart it could free a lease of the new process
+that shares the id (client-chosen ids).
+
 Each view's margin follows the lease terms P advertised: at most
 ``lease_safety_margin``, and at most half the room between P's extension and
 D's heartbeat interval plus P's answer delay, so P and D configured with
@@ -73,7 +83,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from vllm.logger import init_logger
 
@@ -82,14 +92,14 @@ from ...decode.lease_views import LeaseViews
 from ..config import LeaseConfig
 from ..metadata import LEASE_VIEWS_ATTR, LeaseViewUpdates, NewView
 from ..ratelimit import RateLimitedLog
-from ..upstream import ReadMeta, UpstreamWorker
-from .ack_requester import OTHER, PENDING, agent_name
+from ..upstream import AgentName, ReadMeta, UpstreamWorker
+from .ack_requester import OTHER, PENDING, PROVEN, agent_name
 from .second_reader import SecondReaderFence
 
 logger = init_logger(__name__)
 
 
-READ, FENCE, WAIT = "read", "fence", "wait"
+READ, FENCE, WAIT, WITHHOLD = "read", "fence", "wait", "withhold"
 # A view's margin never falls below this share of lease_safety_margin.
 MARGIN_FLOOR_SHARE = 0.25
 # Engines whose short lease terms were logged (a bounded memory: oldest forgotten first).
@@ -132,6 +142,8 @@ class ReadFence:
         self._log_late = RateLimitedLog(logger)
         self._log_dropped = RateLimitedLog(logger)
         self._log_short = RateLimitedLog(logger)
+        self._log_terms = RateLimitedLog(logger)
+        self._log_withheld = RateLimitedLog(logger)
         self._second_reader = SecondReaderFence(upstream, views)  # one READ per lease
 
     def view_margin(self, view: NewView) -> float:
@@ -173,8 +185,11 @@ class ReadFence:
             return
         chunks = getattr(updates, "chunks", None) or {}
         views = self.views
+        clamped = 0
         for local_id, view in updates.new.items():
-            views.add(
+            # The margin from P's own terms (a longer extension never shrinks it below
+            # what the clamped one gives), the renewals by at most the cap.
+            clamped += views.add(
                 local_id,
                 view.engine_id,
                 view.name,
@@ -183,6 +198,16 @@ class ReadFence:
                 view.instance,
                 chunks.get(local_id),
                 self.view_margin(view),
+            )
+        if clamped:
+            self._upstream.xfer_stats.add("num_lease_terms_clamped", clamped)
+            self._log_terms.warning(
+                clamped,
+                "P advertised a lease extension over %.0f s for %d request(s); D renews its views by "
+                "%.0f s at most (max_view_extension: its views only end sooner)",
+                views.extension_cap,
+                clamped,
+                views.extension_cap,
             )
         if len(chunks) > len(updates.new):  # views whose names were repacked into new chunks
             offsets = self._upstream._engine_clock_offset
@@ -238,6 +263,9 @@ class ReadFence:
                     if left is not None:
                         self._posted[req_id] = now + left
             return False
+        if verdict == WITHHOLD:
+            self._withhold(req_id, meta)
+            return True
         if verdict == WAIT:
             if req_id not in self.parked:
                 self._upstream.xfer_stats.add("num_reads_waiting_proof", 1)
@@ -257,6 +285,21 @@ class ReadFence:
         self._forget(req_id)
         up._handle_failed_transfer(req_id, None, up._recv_failures, record_failed_transfer=False)
         return True
+
+    def _withhold(self, req_id: str, meta: ReadMeta) -> None:
+        """Do not send a notify-only completion that might reach another P process."""
+        up = self._upstream
+        up.xfer_stats.add("num_completions_withheld", 1)
+        self._log_withheld.warning(
+            1,
+            "Not sending the completion of %s to engine %s: the connection is not proven to reach "
+            "the P process that granted its lease (or its view ended); the lease expires on P instead",
+            req_id,
+            meta.remote.engine_id if meta.remote is not None else "?",
+        )
+        if getattr(meta, "awaiting_kvs", False):
+            # As upstream after a notify-only send: the KV is local, report the load done.
+            up._recving_transfers.setdefault(req_id, [])
 
     def take_parked(self) -> list[tuple[str, ReadMeta]]:
         """READs that waited for proof, to try again; those whose view is gone
@@ -283,10 +326,11 @@ class ReadFence:
         offset = self._upstream._engine_clock_offset.get(engine_id)
         if offset is None:
             return WAIT  # agents without an offset: a half-written handshake, not ready
-        # Nothing to read (e.g. all prefix-cached): upstream only notifies P.
-        if not any(len(group) > 0 for group in meta.local_block_ids):
-            return READ
         instance = self.views.instance_of(req_id)
+        # Nothing to read (a full prefix-cache hit, an aborted request's cleanup):
+        # upstream only notifies P, which frees the lease on it.
+        if not any(len(group) > 0 for group in meta.local_block_ids):
+            return self._notify_verdict(req_id, engine_id, instance, agents, offset)
         if instance:
             proof = OTHER if self._proof is None else self._proof(engine_id, instance)
             if proof == OTHER:
@@ -304,6 +348,26 @@ class ReadFence:
             if bound != connection:
                 return FENCE  # the process it was granted by may be gone with that connection
         return READ if self.views.may_read(req_id, time.perf_counter(), offset) else FENCE
+
+    def _notify_verdict(
+        self,
+        req_id: str,
+        engine_id: str,
+        instance: str | None,
+        agents: Mapping[tuple[int, int], AgentName],
+        offset: float,
+    ) -> str:
+        """READ (send the completion) only over the connection the view is bound
+        to, while the view is alive; else WITHHOLD."""
+        if instance:
+            proven = self._proof is not None and self._proof(engine_id, instance) == PROVEN
+            if not proven:
+                return WITHHOLD
+        else:
+            connection = frozenset(agent_name(a) for a in agents.values())
+            if self._bound.setdefault(req_id, connection) != connection:
+                return WITHHOLD
+        return READ if self.views.may_read(req_id, time.perf_counter(), offset) else WITHHOLD
 
     # -- READs completed this step (after upstream's _pop_done_transfers) ----
     def discard_late(self, done: set[str], failed: set[str]) -> None:

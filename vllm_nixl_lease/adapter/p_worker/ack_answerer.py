@@ -370,9 +370,11 @@ class AckAnswerer:
         self._loading[agent] = (load, hello.interval_s, hello.version)
 
     def _holds(self, key: str) -> bool:
-        """Does ``key`` (a tag or P's request id) name a lease held here?"""
+        """Does ``key`` (a tag or P's request id) name a lease held here?  A key
+        shaped like a tag may also be a request id (any 11 base64url
+        characters are a valid id): either admits it."""
         table = self._keeper.table
-        return table.holds_tag(key) if is_tag(key) else key in table
+        return (is_tag(key) and table.holds_tag(key)) or key in table
 
     def _evict_least_useful(self) -> None:
         if not self._agents:
