@@ -277,6 +277,9 @@ def test_a_read_waits_for_the_proof_of_its_p_process(clock: Clock) -> None:
     assert net.fence.fenced("d1", READ) and "d1" in net.fence.parked  # waits, not failed
     assert net.d.failed_transfers == []
     assert net.d.count("num_reads_waiting_proof") == 1
+    assert [r for r, _ in net.fence.take_parked()] == ["d1"]
+    assert net.fence.fenced("d1", READ)  # still waiting: counted once, not once per step
+    assert net.d.count("num_reads_waiting_proof") == 1
     net.prove()
     assert [r for r, _ in net.fence.take_parked()] == ["d1"]
     assert not net.fence.fenced("d1", READ)

@@ -136,6 +136,8 @@ class ReadFence:
         self._bound: dict[str, frozenset[str]] = {}
         # READs waiting for the proof of their P instance: req id -> upstream's meta.
         self.parked: dict[str, ReadMeta] = {}
+        # Parked READs already counted as waiting (take_parked empties ``parked`` every step).
+        self._counted_waiting: set[str] = set()
         # READs in flight: req id -> its view's deadline (D's clock) when it was posted.
         self._posted: dict[str, float] = {}
         self._log = RateLimitedLog(logger)
@@ -231,6 +233,7 @@ class ReadFence:
         """A parked READ that will never be posted (its request ended): report it
         as a failed load, once, so vLLM frees its blocks and upstream forgets it."""
         del self.parked[req_id]
+        self._counted_waiting.discard(req_id)
         up = self._upstream
         up.xfer_stats.add("num_reads_parked_dropped", 1)
         self._log_dropped.warning(
@@ -251,6 +254,8 @@ class ReadFence:
         """True when the READ must not be posted now: fenced (reported as a
         failed load) or waiting for proof (``parked``, tried again next step)."""
         verdict = self._verdict(req_id, meta)
+        if verdict != WAIT:
+            self._counted_waiting.discard(req_id)
         if verdict == READ and self._second_reader.fenced(req_id, meta):
             self._forget(req_id)
             return True
@@ -267,7 +272,8 @@ class ReadFence:
             self._withhold(req_id, meta)
             return True
         if verdict == WAIT:
-            if req_id not in self.parked:
+            if req_id not in self._counted_waiting:
+                self._counted_waiting.add(req_id)
                 self._upstream.xfer_stats.add("num_reads_waiting_proof", 1)
             self.parked[req_id] = meta
             return True
