@@ -14,9 +14,18 @@ from typing import Any
 
 from vllm_nixl_lease._wire import default_lease_extension
 
-from .fleet import EngineProcess, Fleet, wait_for
+from .fleet import EngineProcess, Fleet
 from .progress import PROGRESS_DELAY_US
-from .scenarios import d_id, data_mismatches, hand_to_d, over_ranks, prefill, wait_freed, wait_loaded
+from .scenarios import (
+    d_id,
+    data_mismatches,
+    hand_to_d,
+    over_ranks,
+    prefill,
+    wait_freed,
+    wait_heartbeats_decide,
+    wait_loaded,
+)
 
 
 def _read_back(p: EngineProcess, d: EngineProcess, ids: list[str], during: dict[str, Any]) -> dict[str, Any]:
@@ -67,20 +76,8 @@ def p_stalled(fleet: Fleet, lease: int, stop_s: float, n: int = 4) -> dict[str, 
     d = fleet.start("D", "d", extra={"kv_lease_duration": lease}, progress_delay_us=PROGRESS_DELAY_US)
     ids, params = prefill(p, "stall", n)
     hand_to_d(d, params, hold=True)
-    # Stop P once heartbeats, not the grant, set its deadlines (a heartbeat more than
-    # lease - extension after the grant): our D's first tick goes out as a keep-alive
-    # while its hello is answered, so two messages can arrive well before that.
-    extension = default_lease_extension(lease)
-
-    def renewed() -> bool:
-        reqs = p.report()["reqs"]
-        return all(
-            reqs[r].get("hb", 0) >= 2
-            and reqs[r].get("hb_last_t", 0.0) + extension > reqs[r]["finished_t"] + lease + 0.1
-            for r in ids
-        )
-
-    wait_for(renewed, 30, what="heartbeats on P")
+    # Stop P once heartbeats, not the grant, set its deadlines.
+    wait_heartbeats_decide(p, ids, lease, default_lease_extension(lease), min_heartbeats=2, timeout=30)
     d_sent0 = d.report()["hb_sent"]["msgs"]
     p.freeze()
     t_stop = time.monotonic()

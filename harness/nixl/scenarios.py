@@ -130,6 +130,25 @@ def overloaded(fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 4, factor: i
     return {"ids": ids, "during": during, "p": p_rep, "d": d_rep}
 
 
+def wait_heartbeats_decide(
+    p: EngineProcess, ids: list[str], lease: float, extension: float, min_heartbeats: int, timeout: float
+) -> None:
+    """Wait until P's deadline for each of ``ids`` is set by a heartbeat, not by the grant: the last
+    heartbeat's ``arrival + extension`` lies past ``grant + lease``.  Judged by time, not by count:
+    our D's first tick also goes out as a keep-alive while its hello is answered, so several
+    messages can arrive well before that."""
+
+    def decided() -> bool:
+        reqs = p.report()["reqs"]
+        return all(
+            reqs[r].get("hb", 0) >= min_heartbeats
+            and reqs[r].get("hb_last_t", 0.0) + extension > reqs[r]["finished_t"] + lease + 0.1
+            for r in ids
+        )
+
+    wait_for(decided, timeout, what="heartbeats on P")
+
+
 def d_killed(fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 4) -> dict[str, Any]:
     """SIGKILL a D holding queued requests; P must reclaim, then serve a new D."""
     p = fleet.start("P", "p", stock=p_stock)
@@ -138,19 +157,8 @@ def d_killed(fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 4) -> dict[str
     hand_to_d(d1, params, hold=True)
 
     # Heartbeats come every second and extend to arrival + 4 s; once one arrives
-    # more than 2 s after the grant the deadline is past the original grant + 6 s,
-    # so the free is driven by the last heartbeat, not by the grant.  (Counted by
-    # time, not by number: our D's first tick also goes out as a keep-alive while
-    # its hello is being answered, so the 4th message can come sooner.)
-    def heartbeats_decide() -> bool:
-        reqs = p.report()["reqs"]
-        return all(
-            reqs[r].get("hb", 0) >= 4
-            and reqs[r].get("hb_last_t", 0.0) + EXTENSION > reqs[r]["finished_t"] + LEASE + 0.1
-            for r in ids
-        )
-
-    wait_for(heartbeats_decide, 20, what="heartbeats on P")
+    # more than 2 s after the grant the free is driven by heartbeats, not by the grant.
+    wait_heartbeats_decide(p, ids, LEASE, EXTENSION, min_heartbeats=4, timeout=20)
     d1_rep = d1.report()
     killed_t = d1.kill()
     p_rep = wait_freed(p, ids, timeout=EXTENSION + LEASE + 10)
