@@ -75,3 +75,13 @@ def test_leases_of_a_p_without_views_are_claimed_too_and_capped(monkeypatch) -> 
         views.claim_read(f"e{i}", 0.0, 0.0, unviewed=("P", f"x{i}"))
     assert len(views.claims) == 4  # the oldest forgotten first
     assert views.claim_read("d2", 0.0, 0.0, unviewed=("P", "p1")) is True
+
+
+def test_ended_claims_are_forgotten_by_the_sweep_without_another_read() -> None:
+    """An idle D makes no claim, so the engine reaper's sweep prunes (``prune_claims``)."""
+    views = LeaseViews(margin=1.0)
+    views.add("d1", "P", "p1", 1030.0, 8.0, INSTANCE)
+    assert views.claim_read("d1", now=1.0, offset=1000.0) is True  # a fresh view ends at 30 (D)
+    views.drop("d1")
+    assert views.prune_claims(29.0) == 0 and len(views.claims) == 1  # a retry may still come
+    assert views.prune_claims(30.0) == 1 and len(views.claims) == 0

@@ -81,6 +81,7 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
             self,
             lease_config.forget_sweep_s,
             (views.forget_engines, self.ack_requester.forget_engines, self.heartbeat_sender.forget_engines),
+            (views.prune_claims,),
         )
         self.idle_pause = IdlePause(lease_config.idle_step_sleep_s, self.lease_keeper.table)
 

@@ -388,6 +388,11 @@ class LeaseViews:
                 del table[key]
         return len(gone)
 
+    def prune_claims(self, now: float) -> int:
+        """Forget the read claims whose lease a fresh view would have outlived by
+        ``now`` (D's clock); returns how many (``ReadClaims.prune``)."""
+        return self.claims.prune(now, self._by_remote)
+
     def engines_known(self) -> int:
         """Engines this keeps any state for (for bounds tests)."""
         return len(

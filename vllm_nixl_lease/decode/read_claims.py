@@ -97,6 +97,14 @@ class ReadClaims:
             self._ended[key] = expiry
             self._ended.move_to_end(key)
 
+    def prune(self, now: float, viewed: Container[LeaseKey]) -> int:
+        """``_prune`` on a timer (the engine reaper's sweep): ``claim`` prunes only
+        when a READ comes, so an idle D would keep its last lease duration's ended
+        claims for ever.  Returns how many ended claims it forgot."""
+        before = len(self._ended)
+        self._prune(now, viewed)
+        return before - len(self._ended)
+
     def _prune(self, now: float, viewed: Container[LeaseKey]) -> None:
         """Forget ended claims past their expiry, oldest first.  An ended claim
         whose key is viewed again (a duplicate that arrived since) becomes live

@@ -22,7 +22,9 @@ from (``forget``: ``LeaseViews.forget_engines``, ``AckRequester.forget_engines``
 ``HeartbeatSender.forget_engines``; each keeps an engine it still has views
 or heartbeats of).  vLLM's default engine id is fresh per P start, so with
 P restarts this is what bounds D's state: by the engines of the last
-``engine_ttl`` plus those D still holds requests of.
+``engine_ttl`` plus those D still holds requests of.  Each sweep also runs the
+time-based expiries that would otherwise wait for the next READ (``expire``:
+``LeaseViews.prune_claims``), so an idle D keeps none of them either.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from ..upstream import UpstreamWorker
 
 # A component's pruning hook: forget every engine not in the set (engines kept).
 Forget = Callable[[set[str]], object]
+# A time-based expiry run at each sweep, with the sweep's time (D's perf_counter).
+Expire = Callable[[float], object]
 
 # Upstream's _INVALID_PEER_MAX_BACKOFF_S: an invalid-engine backoff entry released
 # longer ago than this is forgotten (upstream does it only on the next invalidation).
@@ -46,9 +50,16 @@ STEPS_PER_CLOCK_READ = 64
 class EngineReaper:
     """Runs upstream's idle-engine eviction and forgets per-engine entries it never does."""
 
-    def __init__(self, upstream: UpstreamWorker, sweep_s: float, forget: Iterable[Forget] = ()) -> None:
+    def __init__(
+        self,
+        upstream: UpstreamWorker,
+        sweep_s: float,
+        forget: Iterable[Forget] = (),
+        expire: Iterable[Expire] = (),
+    ) -> None:
         self._upstream = upstream
         self._forget: Sequence[Forget] = tuple(forget)
+        self._expire: Sequence[Expire] = tuple(expire)
         self._sweep_s = sweep_s
         self._countdown = STEPS_PER_CLOCK_READ
         self._next_sweep = 0.0
@@ -68,6 +79,8 @@ class EngineReaper:
     def sweep(self, now: float) -> None:
         up = self._upstream
         self.sweeps += 1
+        for expire in self._expire:
+            expire(now)
         if up._remote_agents:
             up._evict_stale_engines()
         backoff = up._invalid_engine_backoff
