@@ -10,7 +10,7 @@ more than after warm-up: fewer free blocks, or more pending receives, is a
 leak, named with counts and ids.  And each cancel that found its request
 admitted must have been followed by that load's report on the same D process
 (a READ parked for proof, then cancelled, and never posted nor failed, leaks
-its blocks for good: issue 35 item 2).
+its blocks for good: a READ parked for proof and then aborted, before it was reported).
 
 Findings are ``(what, engines)`` pairs; the checker makes them ``leak`` violations.
 """

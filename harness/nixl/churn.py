@@ -1,4 +1,4 @@
-"""Two D-side liveness and bounds scenarios over real NIXL (issue 35 items 9, 10).
+"""Two D-side liveness and bounds scenarios over real NIXL.
 
 ``restarts``: one D, and ``n`` P processes one after the other, each under a
 fresh engine id (vLLM's default: a new uuid per start), each granting one

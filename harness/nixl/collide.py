@@ -1,4 +1,4 @@
-"""A completion without a READ after a P restart, with a colliding request id (issue 35 item 7).
+"""A completion without a READ after a P restart, with a colliding request id.
 
 Client-chosen request ids (``X-Request-Id``, vLLM's randomization off) make
 P's lease keys the client's: a restarted P can lease the same id again.

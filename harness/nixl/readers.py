@@ -1,4 +1,4 @@
-"""Several readers of one lease over real NIXL (issue 35 item 1).
+"""Several readers of one lease over real NIXL.
 
 ``same_d``: one P, one D; every P request is queued twice on D (two local
 requests carrying the same ``kv_transfer_params``: n > 1, a retried or

@@ -959,7 +959,7 @@ def test_our_messages_never_raise_in_a_stock_p(clock: Clock) -> None:
     assert w._reqs_to_send["p1"] == pytest.approx(clock.now + w._lease_extension)  # LHB: is a heartbeat to it
 
 
-# -- notify-only completions (issue 35 item 7) --------------------------------
+# -- notify-only completions, bound to the lease's P process -----------------
 NOTIFY = SimpleNamespace(remote=SimpleNamespace(engine_id="P"), local_block_ids=[[]], awaiting_kvs=True)
 
 

@@ -1,4 +1,5 @@
-"""Read-fence rules of issue 35 (items 2-6), through our real pull worker with
+"""Read-fence rules (parked aborts, no conversion before proof, plain views, one
+lock, margins), through our real pull worker with
 upstream's state faked (``vllm_support``): a parked READ whose request ended is
 reported once; an unproven connection's offset is never stored in a view; a
 plain view is fenced over a connection that reached one of our P processes;

@@ -106,7 +106,7 @@ def test_invalid_engine_backoffs_that_are_over_are_forgotten(clock: Clock, age: 
     assert up.evictions == 0  # nothing connected: no eviction to run
 
 
-# -- our own per-engine state, pruned with upstream's (issue 35 item 9) -------
+# -- our own per-engine state, pruned with upstream's ------------------
 RESTARTS = 1000
 
 

@@ -1,4 +1,4 @@
-"""Issue 35 item 8: in push mode an expired lease must not free P's blocks
+"""In push mode an expired lease must not free P's blocks
 while P's own WRITE of them is still in flight (upstream frees them at once,
 so UCX may send another request's KV to D from the reused blocks)."""
 

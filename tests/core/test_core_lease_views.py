@@ -287,7 +287,7 @@ def test_another_process_proven_ends_the_old_views() -> None:
     assert views.any_name("P", INSTANCE) == "rd" and views.any_name("Q", "x") is None
 
 
-# -- bounds (issue 35 item 9) ------------------------------------------------
+# -- bounds under P restarts -------------------------------------------------
 def test_an_extension_above_the_cap_is_clamped_which_only_shortens_the_view() -> None:
     views = LeaseViews(margin=2.0, extension_cap=60.0)
     assert views.add("d1", "P", "p1", 30.0, 1e9, INSTANCE) is True  # P's terms: absurd

@@ -1,4 +1,4 @@
-"""Views of a P instance whose connection is not proven yet (issue 35, item 4):
+"""Views of a P instance whose connection is not proven yet:
 nothing is converted to D's clock with that connection's offset, which may be
 another process's (``docs/PROTOCOL.md`` 4.1: "never converted before that")."""
 

@@ -1,5 +1,5 @@
-"""Aborts of READs D holds back for proof of their P process, over real NIXL
-(issue 35, item 2).  Run with ``-s`` to see the counts and times.
+"""Aborts of READs D holds back for proof of their P process, over real NIXL.
+Run with ``-s`` to see the counts and times.
 
 Our P's hello handling is stopped (``EngineSpec.drop_hellos``, as in an
 admission slower than the test), so our D never proves which P process its

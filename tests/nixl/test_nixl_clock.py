@@ -1,4 +1,4 @@
-"""Issue 35, item 3: a clock offset measured once per connection goes stale
+"""A clock offset measured once per connection goes stale
 (drift over days, slewing).  Over real NIXL: P's clock jumps after the
 handshake, and requests reach D only after P freed and reused their blocks,
 so D's view of them is never renewed (``harness/nixl/clock_jump.py``).

@@ -1,4 +1,4 @@
-"""Push mode over real NIXL (issue 35 item 8): P's WRITE queued in UCX behind a
+"""Push mode over real NIXL: P's WRITE queued in UCX behind a
 network cut outlives the lease while P reuses freed blocks for other requests.
 
 Upstream's push P frees an expired lease's blocks at once, so the WRITE that

@@ -34,7 +34,7 @@ def test_second_local_reader_of_a_lease_is_fenced(tmp_path, p_stock: bool) -> No
 @pytest.mark.xfail(
     strict=True,
     reason="vLLM 0.33.0's D reads every local request of a lease: the second copies read the "
-    "blocks P freed on the first copies' completions and reused (issue 35: 8 of 8 stale)",
+    "blocks P freed on the first copies' completions and reused (8 of 8 stale when measured)",
 )
 def test_second_local_reader_stock_reads_freed_blocks(tmp_path) -> None:
     with Fleet(tmp_path, lease=sc.LEASE) as fleet:
