@@ -20,7 +20,10 @@
   receives it did not hold after warm-up, or never reported the load of a
   request cancelled while admitted (``d_leaks``).
 - **recovery**: after the final heal, some P-D pair of live engines did not
-  serve a new request correctly within ``recovery_s``.
+  serve a new request correctly within ``recovery_s`` of the heal, plus, on
+  the harness lane, the retransmission timeout its TCP connections had backed
+  off to by then (``tcp_wait``: nothing queued moves before it fires; D owes
+  service from then on).
 - **P step**: a P step's connector time, while a peer of that P was dead,
   partitioned, stopped or starved, exceeded the quiet steps' p99 by more than
   ``step_gain_s`` (steps in which the stepping thread lost its core to another
@@ -478,25 +481,29 @@ def check_recovery(
         figures["recovery_s"] = None
         return
     first = served_after(heal)
-    bound = b["recovery_s"]
+    tcp = {e["pair"]: e["rto_s"] for e in events if e["ev"] == "tcp_wait"}
     worst = 0.0
     wedged = []
     for label, involved in expected.items():
         took = first.get(label)
+        bound = b["recovery_s"] + tcp.get(label, 0.0)
         if took is None or took > bound:
             wedged.append(label)
             late = "" if took is None else f" (took {took:.1f}s)"
+            waited = f", TCP's timeout at the heal {tcp[label]:.1f}s included" if label in tcp else ""
             violations.append(
                 Violation(
                     "recovery",
                     heal + bound,
-                    f"{label} served no {served} correctly within {bound:.0f}s of the final heal{late}",
+                    f"{label} served no {served} correctly within {bound:.0f}s of the final heal"
+                    f"{waited}{late}",
                     involved,
                 )
             )
         if took is not None:
             worst = max(worst, took)
-    figures.update(recovery_s=round(worst, 3), wedged=wedged)
+    tcp_wait = max(tcp.values(), default=0.0)
+    figures.update(recovery_s=round(worst, 3), wedged=wedged, tcp_wait_at_heal_s=tcp_wait)
 
 
 def _new_reads_by_pair(
