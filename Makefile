@@ -199,8 +199,9 @@ bench-instr: build
 bench-instr-update: build
 	$(VPY) -m tools.bench_instr --gate --update bench/instr-baseline.json --json .build/bench-instr-gate.json
 
-# Quiet steps in thread CPU time with the caches evicted before each call, ours and stock in one
-# process, both metadata hand-overs (about a minute).  Writes .build/bench-cold.json.
+# The instruction gate's step and ack cases (tools/instr/cases.py, gate=True: a case added to the
+# gate is timed here too) in thread CPU time with the caches evicted before each call, ours and
+# stock in one process, both metadata hand-overs (a few minutes).  Writes .build/bench-cold.json.
 bench-cold: build
 	@mkdir -p .build
 	$(VPY) -m tools.bench_cold
