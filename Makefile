@@ -27,7 +27,7 @@ ROUTER_VENV := .venv-router
 DIST_VENV := .venv-dist
 
 .PHONY: all venv venv-cpu venv-router system-deps build build-cpu check test test-core test-twin test-vllm032 test-e2e \
-	lint bench bench-quick bench-acks bench-fleet bench-d bench-instr bench-instr-update bench-cold test-instr demo demo-pd clean
+	lint bench bench-quick bench-acks bench-fleet bench-fleet-regime bench-d bench-instr bench-instr-update bench-cold test-instr demo demo-pd clean
 
 all: build
 
@@ -199,8 +199,9 @@ bench-instr: build
 bench-instr-update: build
 	$(VPY) -m tools.bench_instr --gate --update bench/instr-baseline.json --json .build/bench-instr-gate.json
 
-# Quiet steps in thread CPU time with the caches evicted before each call, ours and stock in one
-# process, both metadata hand-overs (about a minute).  Writes .build/bench-cold.json.
+# The instruction gate's step and ack cases (tools/instr/cases.py, gate=True: a case added to the
+# gate is timed here too) in thread CPU time with the caches evicted before each call, ours and
+# stock in one process, both metadata hand-overs (a few minutes).  Writes .build/bench-cold.json.
 bench-cold: build
 	@mkdir -p .build
 	$(VPY) -m tools.bench_cold
@@ -216,10 +217,20 @@ bench-acks: build
 
 # Real NIXL engines, stock then ours: 1 P x 8 D at 10k and 100k leases and a
 # mass expiry (every D killed); 1 D x 8 P with 100k queued; bursts of 2000 and
-# 5000 requests on one D.  Writes .build/bench-fleet.json and .png.
+# 5000 requests on one D; the common regime (bench-fleet-regime's two scenarios).
+# Writes .build/bench-fleet.json and .png.
 bench-fleet: build $(VENV)/.demo-deps
 	@mkdir -p .build
 	$(VPY) -m tools.bench_fleet --d-repeat 3
+
+# The common regime alone, 3 runs of stock and ours alternating: D with 100, 1000
+# and 10k queued while 10 requests a step arrive, are read and finish; P at 10 and
+# 100 leases at a 6 s and a 30 s lease.  Thread CPU per step (mean, p50, p99), the
+# share of sending steps, stock / ours by run.  Writes .build/bench-fleet-regime.json.
+bench-fleet-regime: build $(VENV)/.demo-deps
+	@mkdir -p .build
+	$(VPY) -m tools.bench_fleet --scenarios d_churn p_common \
+		--json .build/bench-fleet-regime.json --png .build/bench-fleet-regime.png
 
 # D's per-step heartbeat bookkeeping at 100k waiting requests over 8 P engines, ours vs upstream.
 bench-d: build

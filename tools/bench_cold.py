@@ -17,7 +17,7 @@ A step ships its metadata pickled (vLLM's multiprocess executor: TP > 1, and
 the CPU platform) and, in a second pass, in-process (the uniprocess executor,
 one GPU, the default; what the fleet harness does).
 
-    python -m tools.bench_cold                        # the idle rows, both hand-overs
+    python -m tools.bench_cold                        # the gate's step and ack rows, both hand-overs
     python -m tools.bench_cold --cases "P idle" --rounds 5 --repeats 400
     python -m tools.bench_cold --evict-mib 0          # warm, for comparison
     python -m tools.bench_cold --cases "D step, 10k" --rounds 2
@@ -43,8 +43,20 @@ from tools.instr.cases import CASES, Engines, quiet_loggers
 from tools.instr.cold import ColdProbe
 
 ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_CASES = ["P idle step", "D idle step"]
 SIDES = ("cython", "stock")
+
+
+def selected(patterns: list[str] | None) -> list[str]:
+    """The engine-level cases (not the core's own classes, not ``parts``) whose name
+    contains one of ``patterns``; with none, every such case the instruction gate
+    counts (``gate``), so a case added to the gate is timed here too."""
+    return [
+        c.name
+        for c in CASES
+        if not c.core
+        and c.group != "parts"
+        and (any(s in c.name for s in patterns) if patterns is not None else c.gate)
+    ]
 
 
 def run_rounds(
@@ -87,16 +99,17 @@ def summarize(medians: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
 
 
 def table(rows: dict[str, Any], title: str) -> str:
+    w = max([28, *map(len, rows)])
     lines = [
         title,
-        f"  {'case':<28} {'ours us':>9} {'(rounds)':>15} {'stock us':>9} {'(rounds)':>15} "
+        f"  {'case':<{w}} {'ours us':>9} {'(rounds)':>15} {'stock us':>9} {'(rounds)':>15} "
         f"{'stock/ours':>10}  rounds ours <= stock",
     ]
     for name, row in rows.items():
         lo, hi = row["cython_spread"]
         slo, shi = row["stock_spread"]
         lines.append(
-            f"  {name:<28} {row['cython']:>9.1f} {f'{lo:.1f}-{hi:.1f}':>15} {row['stock']:>9.1f} "
+            f"  {name:<{w}} {row['cython']:>9.1f} {f'{lo:.1f}-{hi:.1f}':>15} {row['stock']:>9.1f} "
             f"{f'{slo:.1f}-{shi:.1f}':>15} {row['ratio']:>9.2f}x  "
             f"{row['rounds_at_or_below_stock']} of {len(row['rounds']['cython'])}"
         )
@@ -106,7 +119,10 @@ def table(rows: dict[str, Any], title: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument(
-        "--cases", nargs="*", default=DEFAULT_CASES, help="cases whose name contains one of these"
+        "--cases",
+        nargs="*",
+        default=None,
+        help="cases whose name contains one of these (default: the instruction gate's step and ack cases)",
     )
     ap.add_argument("--rounds", type=int, default=4, help="runs of each case, sides in alternating order")
     ap.add_argument("--repeats", type=int, default=200, help="timed calls per case, side and round")
@@ -127,11 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit(
             "tools.bench_cold times the Cython core (unset VLLM_NIXL_LEASE_NO_EXTENSIONS, make build)"
         )
-    names = [
-        c.name
-        for c in CASES
-        if c.group in ("idle", "p_step", "d_step") and any(s in c.name for s in args.cases)
-    ]
+    names = selected(args.cases)
     if not names:
         ap.error(f"no step case matches {args.cases}")
     quiet_loggers()

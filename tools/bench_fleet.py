@@ -22,6 +22,16 @@ ours in the same run, one fleet after the other:
   heartbeated to their P engines; D's heartbeat bookkeeping per step (the
   scheduler's ``build_connector_meta`` and the worker's calls), over ``--d-hold``
   seconds (30).  Once per bench.
+- ``d_churn``: 1 D x ``--churn-p`` P (8), the common regime: D keeps N
+  queued (each of ``--d-churn``: 100, 1000, 10k on one fleet) while every D
+  step one P hands over ``--churn-per-step`` (10) new requests, which D admits,
+  READs and finishes; ``--churn-hold`` seconds (10) per size.
+- ``p_common``: 1 P x ``--d`` D at 10 and 100 leases (``--regime-leases``), a
+  fleet at each lease of ``--regime-lease`` (6 s and vLLM's default 30 s),
+  each held ``--regime-intervals`` heartbeat intervals (6).  Both report the
+  connector's thread CPU per step (mean, p50, p99; worker calls plus
+  ``build_connector_meta``) and the share of steps that call ``send_notif``,
+  and stock / ours of each, run by run and the median (``regime`` in the JSON).
 - ``burst``: 1 P x 1 D; one D step admits 2000, then 5000 requests of 16
   blocks while 500 more wait for D's blocks (``harness/nixl/burst.py``), then
   5000 again with the lease scaled down to 2 s (extension 1 s):
@@ -45,6 +55,7 @@ what was measured.
 
     python -m tools.bench_fleet [--d 8] [--leases 10000 100000] [--hold 9] [--d-hold 30] [--repeat 3]
         [--impl stock ours] [--spread-phases] [--bursts 2000 5000] [--scenarios p_fleet d_fleet burst]
+        [--d-churn 100 1000 10000] [--regime-leases 10 100] [--regime-lease 6 30]
 """
 
 from __future__ import annotations
@@ -411,11 +422,142 @@ def bursts(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
     return rows
 
 
+# -- the common regime: small fleets, requests arriving and leaving -----------------
+CHURN_ROOM = 1024  # blocks beyond the queue for requests in flight (handed over, not yet read)
+
+
+def regime_row(scenario: str, key: Any, h: dict[str, Any], impl: str) -> Row:
+    """The connector's thread CPU per step (worker calls + ``build_connector_meta``):
+    mean, p50, p99, max; its wall time; the share of steps that call ``send_notif``."""
+    steps = h["steps"]
+    cpu = [s[7] + s[10] for s in steps]
+    wall = [s[2] + s[9] for s in steps]
+    return {
+        "scenario": scenario,
+        "leases": key,
+        "impl": impl,
+        "steps": len(steps),
+        **spread_us(wall),
+        "cpu_mean_us": us(statistics.fmean(cpu)) if cpu else math.nan,
+        **spread_us(cpu, "cpu_"),
+        "sending_steps_pct": round(100 * sum(s[12] > 0 for s in steps) / max(1, len(steps)), 2),
+        "premature_expiries": h["expired"],
+        "errors": len(h["errors"]),
+        **{k: h[k] for k in ("handed", "read") if k in h},
+    }
+
+
+def d_churn(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
+    """1 D x ``--churn-p`` P: D keeps each of ``--d-churn`` requests queued (one
+    fleet, the queue grown size by size) while every D step one P in turn hands
+    over ``--churn-per-step`` new requests, which D admits, READs and finishes
+    (``harness/nixl/dfleet.churn``): the lifecycle the per-request work is on."""
+    impl = "stock" if stock else "ours"
+    rows = []
+    with Fleet(workdir, lease=LEASE) as fleet:
+        df = dfleet.start(
+            fleet, args.churn_p, max(args.d_churn) + CHURN_ROOM, stock, say=lambda m: say(m.strip())
+        )
+        for n in sorted(args.d_churn):
+            dfleet.grow(df, n)
+            c = dfleet.churn(df, args.churn_hold, args.churn_per_step)
+            row = regime_row("d_churn", n, c, impl)
+            rows.append(row)
+            RAW[f"d_churn/{impl}/{n}/run{args.run}"] = c["steps"]
+            say(regime_line(row, "D step"))
+    return rows
+
+
+def p_common(stock: bool, args: argparse.Namespace, workdir: str) -> list[Row]:
+    """1 P x ``--d`` D at each lease of ``--regime-lease`` (a fleet per lease): P
+    holds each of ``--regime-leases`` leases, heartbeated by every D, for
+    ``--regime-intervals`` heartbeat intervals.  Rows are keyed "leases/lease s"."""
+    impl = "stock" if stock else "ours"
+    rows = []
+    for lease in args.regime_lease:
+        sub = os.path.join(workdir, f"lease{lease}")
+        os.makedirs(sub, exist_ok=True)
+        with Fleet(sub, lease=lease) as fleet:
+            pf = pfleet.start(fleet, args.d, max(args.regime_leases), stock, say=lambda m: say(m.strip()))
+            for n in sorted(args.regime_leases):
+                pfleet.grow(pf, n, spread_phases=args.spread_phases)
+                h = pfleet.hold(pf, args.regime_intervals * pf.heartbeat_interval)
+                row = regime_row("p_common", f"{n}/{lease}s", h, impl)
+                rows.append(row)
+                RAW[f"p_common/{impl}/{n}/{lease}s/run{args.run}"] = h["steps"]
+                say(regime_line(row, "P step"))
+    return rows
+
+
+def regime_line(r: Row, who: str) -> str:
+    return (
+        f"{r['impl']}: {r['scenario']} {r['leases']}: connector CPU per {who} mean "
+        f"{r['cpu_mean_us']:.0f} us, p50 {r['cpu_p50_us']:.0f}, p99 {r['cpu_p99_us']:.0f}; "
+        f"{r['sending_steps_pct']}% of {r['steps']} steps send; premature expiries {r['premature_expiries']}"
+        + (f"; {r['handed']} handed over, {r['read']} read" if "handed" in r else "")
+    )
+
+
+# What the common regime is held to (stock / ours >= 1.0): D with churn in mean and p99;
+# P in the mean at every lease and in p99 at vLLM's default 30 s lease; P's sending steps.
+REGIME_TARGET = 1.0
+TARGET_P_SENDING_PCT = 1.0  # at the 30 s lease
+REGIME_TARGETED = {"d_churn": ("mean", "p99"), "p_common": ("mean",), "p_common/30s": ("mean", "p99")}
+
+
+def regime_ratios(runs: list[Row]) -> list[str]:
+    """Stock / ours of the connector's CPU per step (mean, p50, p99), run by run
+    (each run's stock and ours ran back to back) and the median over runs, for
+    every churn and common-regime row; and the share of sending steps."""
+    per: dict[tuple[str, Any], dict[int, dict[str, Row]]] = {}
+    for r in runs:
+        if r["scenario"] in ("d_churn", "p_common") and r["impl"] in ("stock", "ours"):
+            per.setdefault((r["scenario"], r["leases"]), {}).setdefault(r["run"], {})[r["impl"]] = r
+    out = []
+    for (scenario, key), by_run in per.items():
+        pairs = [v for _, v in sorted(by_run.items()) if len(v) == 2]
+        if not pairs:
+            continue
+        lease = str(key).rpartition("/")[2]
+        targeted = REGIME_TARGETED.get(f"{scenario}/{lease}", REGIME_TARGETED.get(scenario, ()))
+        parts = []
+        for stat in ("mean", "p50", "p99"):
+            ratios = [
+                v["stock"][f"cpu_{stat}_us"] / v["ours"][f"cpu_{stat}_us"]
+                for v in pairs
+                if v["ours"][f"cpu_{stat}_us"] > 0
+            ]
+            if not ratios:
+                continue
+            med = statistics.median(ratios)
+            verdict = (
+                f" >= {REGIME_TARGET:g}x: {'met' if med >= REGIME_TARGET else 'NOT met'}"
+                if stat in targeted
+                else ""
+            )
+            parts.append(f"{stat} {', '.join(f'{x:.2f}x' for x in ratios)} (median {med:.2f}x{verdict})")
+        sending = {
+            impl: statistics.median(v[impl]["sending_steps_pct"] for v in pairs) for impl in ("stock", "ours")
+        }
+        line = (
+            f"{scenario} {key}, CPU stock / ours by run: "
+            + "; ".join(parts)
+            + f"; sending steps ours {sending['ours']}%, stock {sending['stock']}%"
+        )
+        if scenario == "p_common" and lease == "30s":
+            met = "met" if sending["ours"] <= TARGET_P_SENDING_PCT else "NOT met"
+            line += f" (ours <= {TARGET_P_SENDING_PCT:g}%: {met})"
+        out.append(line)
+    return out
+
+
 # One function per scenario: (stock?, args, workdir) -> rows.  Add a scenario here.
 SCENARIOS: dict[str, Callable[[bool, argparse.Namespace, str], list[Row]]] = {
     "p_fleet": p_fleet,
     "d_fleet": d_fleet,
     "burst": bursts,
+    "d_churn": d_churn,
+    "p_common": p_common,
 }
 
 
@@ -439,7 +581,7 @@ COUNTS: tuple[str, ...] = (
     "d_silent",
     "hb_unmatched",
 )
-COUNTS += ("steps", "drain_steps", "expired", "hb_msgs", "hb_ids_sent", "gc_steps")
+COUNTS += ("steps", "drain_steps", "expired", "hb_msgs", "hb_ids_sent", "gc_steps", "handed", "read")
 
 
 def combine(runs: list[Row]) -> list[Row]:
@@ -543,6 +685,12 @@ def table(rows: list[Row]) -> str:
                 f"{r['us_per_expiry']} us/expiry; last free +{r['last_free_late_ms']} ms, "
                 f"max +{r['max_late_ms']} ms after deadline; longest step {r['step_max_us'] / 1e3:.0f} ms, "
                 f"of it GC {r['step_gc_max_us'] / 1e3:.0f} ms"
+            )
+        elif r["scenario"] in ("d_churn", "p_common"):
+            note = (
+                f"connector CPU mean {r['cpu_mean_us']:.0f} us, p50 {r['cpu_p50_us']:.0f} us; "
+                f"{r['sending_steps_pct']}% of steps send; premature {r['premature_expiries']}"
+                + (f"; {r['handed']} handed over, {r['read']} read" if "handed" in r else "")
             )
         elif r["scenario"] == "d_fleet":
             note = (
@@ -783,7 +931,7 @@ def plot(rows: list[Row], path: Path, subtitle: str = "") -> bool:
     return True
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--d", type=int, default=8, help="D engines against the one P (default 8)")
     ap.add_argument("--leases", type=int, nargs="+", default=[10_000, 100_000])
@@ -829,6 +977,33 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--bursts", type=int, nargs="+", default=[2000, 5000], help="requests admitted in one D step"
     )
+    ap.add_argument(
+        "--d-churn",
+        type=int,
+        nargs="+",
+        default=[100, 1000, 10_000],
+        metavar="N",
+        help="d_churn: requests kept queued on D, each size in turn, while new ones arrive and leave",
+    )
+    ap.add_argument("--churn-per-step", type=int, default=10, help="d_churn: requests handed to D per D step")
+    ap.add_argument("--churn-hold", type=float, default=10.0, help="d_churn: seconds of churn per queue size")
+    ap.add_argument("--churn-p", type=int, default=8, help="d_churn: P engines handing requests to the one D")
+    ap.add_argument(
+        "--regime-leases", type=int, nargs="+", default=[10, 100], help="p_common: leases P holds, in turn"
+    )
+    ap.add_argument(
+        "--regime-lease",
+        type=int,
+        nargs="+",
+        default=[6, 30],
+        help="p_common: kv_lease_duration, a fleet each",
+    )
+    ap.add_argument(
+        "--regime-intervals",
+        type=float,
+        default=6.0,
+        help="p_common: heartbeat intervals each lease count is held (6: one lease's worth)",
+    )
     ap.add_argument("--impl", nargs="+", choices=("stock", "ours"), default=["stock", "ours"])
     ap.add_argument("--scenarios", nargs="+", choices=sorted(SCENARIOS), default=list(SCENARIOS))
     ap.add_argument("--json", type=Path, default=BUILD / "bench-fleet.json")
@@ -839,6 +1014,15 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not 1 <= args.d_repeat <= args.repeat:
         ap.error(f"--d-repeat must be between 1 and --repeat ({args.repeat})")
+    if min(args.d_churn + args.regime_leases + args.regime_lease + [args.churn_p, args.churn_per_step]) < 1:
+        ap.error("--d-churn, --churn-per-step, --churn-p, --regime-leases and --regime-lease must be >= 1")
+    if args.churn_hold <= 0 or args.regime_intervals <= 0:
+        ap.error("--churn-hold and --regime-intervals must be > 0")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
 
     import vllm_nixl_lease
 
@@ -876,6 +1060,8 @@ def main(argv: list[str] | None = None) -> int:
     for line in targets(rows):
         print("  " + line)
     for line in d_cpu_ratios(runs):
+        print("  " + line)
+    for line in regime_ratios(runs):
         print("  " + line)
     for line in floors(rows):
         print("  " + line)
@@ -923,6 +1109,7 @@ def main(argv: list[str] | None = None) -> int:
         ],
         "steps": RAW,
         "targets": targets(rows),
+        "regime": regime_ratios(runs),
         "floors": floors(rows),
         "ceiling": ceiling(rows),
         "failures": failures,

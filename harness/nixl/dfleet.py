@@ -12,7 +12,8 @@ nothing else.  Expiries on any P while D heartbeats are premature.
 - ``start``: the P engines and the D, side by side;
 - ``grow``: every P prefills up to its share, handed to D at once;
 - ``hold``: D's steps while everything stays queued;
-- ``release_and_check``: D reads everything; how the P engines freed it.
+- ``release_and_check``: D reads everything; how the P engines freed it;
+- ``churn``: beside the queue, new requests every D step, read and finished.
 """
 
 from __future__ import annotations
@@ -155,4 +156,48 @@ def release_and_check(df: DFleet, timeout: float = 120.0) -> dict[str, Any]:
         pairs = zip(df.ps, df.ids, strict=True)
         out["wrong"] = sum(len(data_mismatches(p.report(), d_rep, ids)) for p, ids in pairs)
     df.say(f"  {df.impl}: released: P engines freed {freed_by}, wrong reads {out['wrong']}")
+    return out
+
+
+def churn(df: DFleet, seconds: float, per_step: int) -> dict[str, Any]:
+    """The common regime: while D keeps its queue, each ``step_s`` (D's step) one
+    P in turn prefills ``per_step`` new requests and hands them to D unheld, which
+    admits them, READs their blocks and finishes them (``request_finished``), and
+    P frees them on the completion.  Returns D's steps in that time, the requests
+    handed over and read, expiries on the P engines (premature: D heartbeats them)."""
+    df.d.timings()
+    read0 = sum(p.summary()["freed_by"].get("read", 0) for p in df.ps)
+    expired0 = _expired(df)
+    handed = 0
+    step_s = df.d.spec.step_s
+    t0 = next_t = time.monotonic()
+    end = t0 + seconds
+    i = 0
+    while time.monotonic() < end:
+        ids, params = prefill(df.ps[i], f"c{handed}", per_step, tokens=TOKENS)
+        hand_to_d(df.d, params, hold=False, tokens=TOKENS)
+        handed += len(ids)
+        i = (i + 1) % len(df.ps)
+        next_t += step_s
+        time.sleep(max(0.0, next_t - time.monotonic()))  # behind: the next hand-over goes at once
+    wall = time.monotonic() - t0
+    t = df.d.timings()
+    # The last hand-overs' reads land after the window: wait for them so P's count is whole.
+    wait_for(lambda: sum(p.summary()["live"] for p in df.ps) <= df.leases, 30, poll=0.2, what="D's reads")
+    read = sum(p.summary()["freed_by"].get("read", 0) for p in df.ps) - read0
+    for e in (df.d, *df.ps):
+        e.call("drain")  # forget the churned requests' records: the next size starts as bare
+    out = {
+        "leases": df.leases,
+        "hold_s": wall,
+        "steps": t["steps"],
+        "handed": handed,
+        "read": read,
+        "expired": _expired(df) - expired0,
+        "errors": df.d.summary()["errors"] + [e for p in df.ps for e in p.summary()["errors"]],
+    }
+    df.say(
+        f"  {df.impl}: D churned {handed} requests over {len(t['steps'])} steps ({wall:.1f}s) beside "
+        f"{df.leases} queued: {read} read, {out['expired']} expired on P"
+    )
     return out

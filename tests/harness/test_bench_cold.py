@@ -100,3 +100,18 @@ def test_a_run_over_the_real_cases_times_both_sides_in_every_round(tmp_path: Pat
 def test_an_unknown_case_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         main(["--cases", "no such case", "--json", str(tmp_path / "x.json")])
+
+
+def test_by_default_every_gate_case_of_an_engine_is_timed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``make bench-cold`` follows the gate: a case added to it is timed with no other change."""
+    import tools.bench_cold as bench_cold
+    from tools.instr.cases import CASES, Case
+
+    default = bench_cold.selected(None)
+    assert default == [c.name for c in CASES if c.gate and not c.core and c.group != "parts"]
+    assert any(n.startswith("D idle step") for n in default) and any(n.startswith("ack:") for n in default)
+    assert not any(n.startswith(("core:", "parts:")) for n in default)
+    new = Case("D churn step, a new gate case", "d_churn", "step", 1, lambda probe, env: None, gate=True)
+    monkeypatch.setattr(bench_cold, "CASES", [*CASES, new])
+    assert bench_cold.selected(None)[-1] == new.name
+    assert new.name not in bench_cold.selected(["P idle"])  # a pattern picks by name, gate or not
