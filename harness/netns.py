@@ -50,7 +50,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -234,6 +234,12 @@ class Host:
     ip: str
 
 
+def _ss_seconds(text: str) -> float:
+    """``ss -o``'s timer value ("1min4sec", "12sec", "880ms") in seconds."""
+    units = {"min": 60.0, "sec": 1.0, "ms": 0.001}
+    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(min|sec|ms)", text))
+
+
 class TwoHosts:
     """Hosts (network namespaces) on one bridge; ``with TwoHosts() as hosts:``.
 
@@ -361,6 +367,26 @@ class TwoHosts:
         worst = (0, 0.0)
         for m in re.finditer(r"\brto:(\d+(?:\.\d+)?) backoff:(\d+)", out):
             worst = max(worst, (int(m.group(2)), float(m.group(1)) / 1000))
+        return worst
+
+    def tcp_wait(self, name: str, peer: str, pids: Collection[int]) -> tuple[int, float]:
+        """The longest wait for a retransmission among the TCP connections from host ``name``
+        to host ``peer`` that processes ``pids`` own: (that connection's backoff count, seconds
+        until its retransmission timer fires); (0, 0.0) when none waits."""
+        out = subprocess.run(
+            [*self.exec_prefix(name), "ss", "-tinpoH", "dst", self.ip(peer)],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout
+        worst = (0, 0.0)
+        for sock in re.split(r"\n(?=\S)", out):  # a socket: its line, then indented details
+            owners = {int(p) for p in re.findall(r"pid=(\d+)", sock)}
+            timer = re.search(r"timer:\(on,([^,]+),\d+\)", sock)
+            backoff = re.search(r"\bbackoff:(\d+)", sock)
+            if owners & set(pids) and timer and backoff:
+                worst = max(worst, (int(backoff.group(1)), _ss_seconds(timer.group(1))))
         return worst
 
     def exec_prefix(self, name: str) -> list[str]:

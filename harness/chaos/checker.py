@@ -21,9 +21,9 @@
   request cancelled while admitted (``d_leaks``).
 - **recovery**: after the final heal, some P-D pair of live engines did not
   serve a new request correctly within ``recovery_s`` of the heal, plus, on
-  the harness lane, the retransmission timeout its TCP connections had backed
-  off to by then (``tcp_wait``: nothing queued moves before it fires; D owes
-  service from then on).
+  the harness lane, how long its engines' TCP connections still waited for a
+  backed-off retransmission then (``tcp_wait``: nothing queued moves before
+  it; D owes service from then on).
 - **P step**: a P step's connector time, while a peer of that P was dead,
   partitioned, stopped or starved, exceeded the quiet steps' p99 by more than
   ``step_gain_s`` (steps in which the stepping thread lost its core to another
@@ -481,7 +481,7 @@ def check_recovery(
         figures["recovery_s"] = None
         return
     first = served_after(heal)
-    tcp = {e["pair"]: e["rto_s"] for e in events if e["ev"] == "tcp_wait"}
+    tcp = {e["pair"]: e["wait_s"] for e in events if e["ev"] == "tcp_wait"}
     worst = 0.0
     wedged = []
     for label, involved in expected.items():
@@ -490,7 +490,9 @@ def check_recovery(
         if took is None or took > bound:
             wedged.append(label)
             late = "" if took is None else f" (took {took:.1f}s)"
-            waited = f", TCP's timeout at the heal {tcp[label]:.1f}s included" if label in tcp else ""
+            waited = ""
+            if label in tcp:
+                waited = f", TCP's wait for a retransmission at the heal ({tcp[label]:.1f}s) included"
             violations.append(
                 Violation(
                     "recovery",

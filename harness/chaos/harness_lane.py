@@ -216,7 +216,7 @@ def run(opts: Options) -> dict[str, Any]:
             nem.join()
             nem.heal_all()
             t_heal = time.monotonic()
-            tcp_wait_s = _record_tcp_waits(hosts, hist)
+            tcp_wait_s = _record_tcp_waits(hosts, nodes, hist)
             say(f"[{hist.now():7.1f}s] healed everything; probing every P-D pair")
             hist.add("phase", name="recovery")
             for n in ds:
@@ -225,7 +225,7 @@ def run(opts: Options) -> dict[str, Any]:
             worst = max((t - hist.rel(t_heal) for t in probes.ok.values()), default=0.0)
             say(
                 f"[{hist.now():7.1f}s] recovery: {len(probes.ok)}/{len(ps) * len(ds)} pairs served a probe "
-                f"(worst {worst:.1f}s after the heal; TCP's longest timeout then {tcp_wait_s:.1f}s)"
+                f"(worst {worst:.1f}s after the heal; TCP's longest wait then {tcp_wait_s:.1f}s)"
             )
             hist.add("phase", name="quiet")
             if not _wait_idle(all_nodes, 3 * LEASE + 30):
@@ -253,23 +253,25 @@ def run(opts: Options) -> dict[str, Any]:
     return report.finish(say, workdir, head, checker.check, nem_failed, time.monotonic() - started)
 
 
-def _record_tcp_waits(hosts: netns.TwoHosts, hist: History) -> float:
-    """Per P-D pair, TCP's retransmission timeout at the heal (the worst connection either way):
-    a cut backs it off, doubling per lost retransmission, and nothing UCX queued on it moves
-    before the timer fires, up to about as long after the heal as the cut lasted.  D owes
-    service from then on (the recovery rule adds it to its bound).  Returns the longest."""
+def _record_tcp_waits(hosts: netns.TwoHosts, nodes: dict[str, Node], hist: History) -> float:
+    """Per P-D pair, how long its engines' TCP connections (either way) still wait for a
+    retransmission right after the heal: a cut backs the timer off, doubling per lost
+    retransmission, and nothing UCX queued on such a connection moves before it fires, up to
+    about as long after the heal as the cut lasted.  D owes service from then on (the recovery
+    rule adds the wait to its bound).  Returns the longest."""
     longest = 0.0
     for p, ph in P_HOSTS.items():
         for d, dh in D_HOSTS.items():
+            pids = [*nodes[p].pids(), *nodes[d].pids()]
             try:
-                waits = [hosts.tcp_backoff(a, b) for a, b in ((dh, ph), (ph, dh))]
+                waits = [hosts.tcp_wait(a, b, pids) for a, b in ((dh, ph), (ph, dh))]
             except Exception as exc:  # noqa: BLE001 - evidence for the checker, not the run
                 hist.add("error", engine=d, text=f"ss for {p}->{d} at the heal: {exc}")
                 continue
-            (backoffs, rto) = max(waits)
-            if backoffs:
-                hist.add("tcp_wait", pair=f"{p}->{d}", backoffs=backoffs, rto_s=rto)
-                longest = max(longest, rto)
+            (backoffs, wait) = max(waits, key=lambda w: w[1])
+            if wait > 0:
+                hist.add("tcp_wait", pair=f"{p}->{d}", backoffs=backoffs, wait_s=wait)
+                longest = max(longest, wait)
     return longest
 
 

@@ -44,14 +44,14 @@ def test_a_label_never_served_is_wedged_and_says_so() -> None:
 
 def test_tcp_backoff_at_the_heal_extends_only_its_own_pairs_bound() -> None:
     """Nothing UCX queued moves before TCP's backed-off retransmission fires: D owes service
-    from then on, so the pair's bound is the heal plus that timeout plus ``recovery_s``."""
+    from then on, so the pair's bound is the heal plus that wait plus ``recovery_s``."""
     events = [
         {"t": 5.0, "ev": "heal_all"},
-        {"t": 5.1, "ev": "tcp_wait", "pair": "p0->d1", "backoffs": 7, "rto_s": 25.6},
+        {"t": 5.1, "ev": "tcp_wait", "pair": "p0->d1", "backoffs": 7, "wait_s": 25.6},
     ]
     violations, figures = _judge(events, {"p0->d0": 12.0, "p0->d1": 35.0})
     assert [v.engines for v in violations] == [("p0", "d0")]
     assert figures["tcp_wait_at_heal_s"] == 25.6 and figures["wedged"] == ["p0->d0"]
     violations, _ = _judge(events, {"p0->d0": 2.0, "p0->d1": 36.0})
     assert [(v.engines, v.t) for v in violations] == [(("p0", "d1"), pytest.approx(5.0 + 35.6))]
-    assert "TCP's timeout at the heal 25.6s included" in violations[0].what
+    assert "TCP's wait for a retransmission at the heal (25.6s) included" in violations[0].what

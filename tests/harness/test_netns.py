@@ -177,3 +177,47 @@ def test_sweep_stale_removes_what_a_dead_process_left() -> None:
     links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
     spaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert token not in links and token not in spaces
+
+
+def test_ss_timer_values_read_as_seconds() -> None:
+    assert netns._ss_seconds("880ms") == pytest.approx(0.88)
+    assert netns._ss_seconds("12sec") == 12.0
+    assert netns._ss_seconds("1min4sec") == 64.0
+    assert netns._ss_seconds("1.5sec") == 1.5
+
+
+SENDER = """
+import socket, sys, time
+c = socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=5)
+print("connected", flush=True)
+for _ in range(200):
+    c.sendall(b"x"); time.sleep(0.05)
+"""
+
+
+def test_tcp_wait_sees_a_backed_off_retransmission_of_the_given_processes_only() -> None:
+    """What the chaos lane's recovery rule allows a pair after the heal: the wait for the next
+    retransmission of a connection its engines own, backed off by a cut."""
+    (port,) = free_ports(1)
+    with netns.TwoHosts() as hosts:
+        server = _echo_server(hosts, "p", port)
+        sender = subprocess.Popen(
+            [*hosts.exec_prefix("d"), sys.executable, "-c", SENDER, hosts.ip("p"), str(port)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert sender.stdout is not None and sender.stdout.readline().strip() == "connected"
+            assert hosts.tcp_wait("d", "p", [sender.pid]) == (0, 0.0)
+            hosts.cut("p")
+            deadline = time.monotonic() + 20
+            while (wait := hosts.tcp_wait("d", "p", [sender.pid]))[0] < 3 and time.monotonic() < deadline:
+                time.sleep(0.1)
+            backoffs, seconds = wait
+            assert backoffs >= 3 and 0 < seconds <= 0.2 * 2 ** (backoffs + 1), wait
+            assert hosts.tcp_wait("d", "p", [server.pid]) == (0, 0.0), "another process's wait"
+        finally:
+            hosts.heal("p")
+            for proc in (sender, server):
+                proc.kill()
+                proc.wait()
