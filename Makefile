@@ -183,11 +183,11 @@ test-dist: dist
 
 # Real `vllm serve` P/D pairs behind vllm-router, stock connector then ours,
 # one pair at a time, the last ones on two network namespaces with partitions
-# (~15 minutes measured on 2 cores); then the network partitions between real
-# NIXL engines on two hosts (tests marked serial, ~5 minutes; need root).
+# (~7 minutes measured on 2 cores); then the real-NIXL tests that must not share
+# the machine (marked serial, ~14 minutes; need root). Both print their slowest tests.
 test-e2e: build build-cpu venv-router
-	$(VPY) -m pytest -m e2e -p no:xdist -p no:cacheprovider -rxXs tests/e2e
-	$(VPY) -m pytest -m serial -p no:xdist -p no:cacheprovider -rxXs tests
+	$(VPY) -m pytest -m e2e -p no:xdist -p no:cacheprovider -rxXs --durations=15 tests/e2e
+	$(VPY) -m pytest -m serial -p no:xdist -p no:cacheprovider -rxXs --durations=15 tests
 
 # Instructions (callgrind), ours against stock vLLM's real methods on the same inputs: the core,
 # P and D steps, idle steps, the acknowledgement path.  Writes .build/bench-instr.json.
