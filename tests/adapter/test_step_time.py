@@ -76,6 +76,7 @@ def test_one_sample_per_step_shipped_every_flush(clock: _Clock) -> None:
     samples = stats.data[STEP_TIME_KEYS["worker"]]
     assert samples == pytest.approx([10e-6] * STEP_FLUSH)  # 3 + (2 + 1) + 4 us, the nested hook once
     assert not stats.data[STEP_TIME_KEYS["scheduler"]]
+    assert stats.reduce()["Mean connector step, worker (us)"] == 10.0  # the periodic log line
     assert _step(conn) is None  # the batch went out whole
 
 

@@ -258,6 +258,10 @@ class LeaseKVConnectorStats(NixlKVConnectorStats):
             latest[int(rank)] = int(value)
         if latest:
             out["Active leases"] = sum(latest.values())
+        for side, key in STEP_TIME_KEYS.items():
+            steps = self.data.get(key, ())
+            if len(steps):
+                out[f"Mean connector step, {side} (us)"] = round(float(np.mean(steps)) * 1e6, 1)
         sweeps = self.data.get("lease_sweep_time", ())
         if len(sweeps):
             out["P99 lease sweep (us)"] = round(float(np.percentile(sweeps, 99)) * 1e6, 1)
