@@ -27,7 +27,7 @@ ROUTER_VENV := .venv-router
 DIST_VENV := .venv-dist
 
 .PHONY: all venv venv-cpu venv-router system-deps build build-cpu check test test-core test-twin test-vllm032 test-e2e \
-	lint bench bench-quick bench-acks bench-fleet bench-fleet-regime bench-d bench-instr bench-instr-update bench-cold test-instr demo demo-pd clean
+	lint bench bench-quick bench-acks bench-fleet bench-fleet-regime bench-d bench-instr bench-instr-update bench-cold bench-serve test-instr demo demo-pd clean
 
 all: build
 
@@ -243,6 +243,15 @@ bench: build
 bench-quick: build
 	@mkdir -p .build
 	$(VPY) -m tools.bench_core --quick --json .build/bench-quick.json
+
+# What a user measures: `vllm bench serve` (random prompts, fixed seed and rate) through vllm-router
+# against a real P/D pair of the tiny model, stock and ours alternating, 3 runs each (about 15 minutes
+# here): throughput, TTFT, ITL, each engine's CPU per output token, the connector's time per step.
+# BENCH_SERVE_ARGS: more of tools/bench_serve.py's options. Writes .build/bench-serve.json.
+BENCH_SERVE_ARGS ?=
+bench-serve: build build-cpu venv-router
+	@mkdir -p .build
+	$(VPY) -m tools.bench_serve $(BENCH_SERVE_ARGS)
 
 # matplotlib draws the demo's timeline (the demo and its report test need it).
 # After the build: two pips at once in one venv could trip over each other.

@@ -45,7 +45,10 @@ CONNECTORS: dict[str, tuple[str, dict[str, str]]] = {
     "stock": ("NixlConnector", {}),
     "lease": ("LeaseNixlConnector", {}),
     "hook": ("NixlConnector", {"VLLM_NIXL_LEASE": "1"}),
+    "stock-timed": ("StepTimedNixlConnector", {}),  # stock, timed as ours (make bench-serve)
 }
+# Connectors vLLM's registry does not know by name: loaded from their module.
+MODULE_PATHS = {"stock-timed": "vllm_nixl_lease.adapter.connector"}
 
 # Millisecond epoch timestamps so lease timings can be read from P's own log; DEBUG only for the
 # connector loggers (stock heartbeats are logged at debug level), INFO for the rest of vLLM.
@@ -131,6 +134,7 @@ def server(
         "kv_role": "kv_producer" if role == "prefill" else "kv_consumer",
         "kv_buffer_device": cfg.device,  # vLLM names the KV buffer's devices as devices.DEVICES does
         "kv_connector_extra_config": {"kv_lease_duration": cfg.lease_s, **cfg.kv_extra},
+        **({"kv_connector_module_path": MODULE_PATHS[connector]} if connector in MODULE_PATHS else {}),
         **cfg.kv_transfer,
         **({"engine_id": engine_id} if engine_id else {}),
     }

@@ -19,6 +19,7 @@ from .compat import check_supported
 from .config import LeaseConfig
 from .schedulers import LeaseNixlPullConnectorScheduler, LeaseNixlPushConnectorScheduler
 from .stats import LeaseKVConnectorStats, LeasePromMetrics
+from .step_time import ConnectorStepTimer
 from .workers import LeaseNixlPullConnectorWorker, LeaseNixlPushConnectorWorker
 
 
@@ -50,7 +51,7 @@ def _base_init(
     NixlBaseConnector.__init__(self, vllm_config, role, kv_cache_config)
 
 
-class LeaseNixlPullConnector(_LeaseConnectorMixin, NixlPullConnector):
+class LeaseNixlPullConnector(ConnectorStepTimer, _LeaseConnectorMixin, NixlPullConnector):
     """Pull (READ) connector with lease bookkeeping on the lease core."""
 
     connector_scheduler: LeaseNixlPullConnectorScheduler | None
@@ -68,7 +69,7 @@ class LeaseNixlPullConnector(_LeaseConnectorMixin, NixlPullConnector):
             self.connector_worker = LeaseNixlPullConnectorWorker(vllm_config, self.engine_id, kv_cache_config)
 
 
-class LeaseNixlPushConnector(_LeaseConnectorMixin, NixlPushConnector):
+class LeaseNixlPushConnector(ConnectorStepTimer, _LeaseConnectorMixin, NixlPushConnector):
     """Push (WRITE) connector with lease bookkeeping on the lease core and
     heartbeats that renew P's leases even when D names the router's request
     id (``p_worker/push_aliases.py``)."""
@@ -92,7 +93,14 @@ class LeaseNixlPushConnector(_LeaseConnectorMixin, NixlPushConnector):
             raise ValueError(f"Unsupported KVConnectorRole: {role}")
 
 
+class StepTimedNixlConnector(ConnectorStepTimer, _LeaseConnectorMixin, NixlPullConnector):
+    """Upstream's pull connector, its scheduler and worker unchanged, reporting its own time per
+    step in ``vllm:nixl_lease_connector_step_seconds`` as ours does: stock measured the same way
+    (``tools/bench_serve.py``). Load it with ``"kv_connector": "StepTimedNixlConnector"`` and
+    ``"kv_connector_module_path": "vllm_nixl_lease.adapter.connector"``."""
+
+
 # The pull connector is the default, as upstream's NixlConnector alias.
 LeaseNixlConnector = LeaseNixlPullConnector
 
-__all__ = ["LeaseNixlConnector", "LeaseNixlPullConnector", "LeaseNixlPushConnector"]
+__all__ = ["LeaseNixlConnector", "LeaseNixlPullConnector", "LeaseNixlPushConnector", "StepTimedNixlConnector"]

@@ -191,6 +191,10 @@ _REDUCED_COUNTERS = {
     "num_reads_fenced_second_reader": "Num reads fenced (second reader)",
     "num_reads_carried": "Num reads carried",
 }
+# The connector's own time per engine step (adapter/step_time.py), one histogram with a side label.
+STEP_TIME_METRIC = "vllm:nixl_lease_connector_step_seconds"
+STEP_TIME_KEYS = {"scheduler": "connector_step_time_scheduler", "worker": "connector_step_time_worker"}
+_STEP_BUCKETS = [1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 5e-2, 0.1, 0.5]
 ACTIVE_LEASES = "active_leases"  # items: [tp_rank, leases held after the step]
 ACTIVE_LEASES_METRIC = "vllm:nixl_lease_active"
 _TIME_BUCKETS = [1e-6, 5e-6, 1e-5, 5e-5, 1e-4, 5e-4, 1e-3, 5e-3, 1e-2, 5e-2, 0.1]
@@ -206,7 +210,7 @@ class LeaseKVConnectorStats(NixlKVConnectorStats):
         super().reset()
         for key in LEASE_COUNTERS:
             self.data[key] = []
-        for key in LEASE_HISTOGRAMS:
+        for key in (*LEASE_HISTOGRAMS, *STEP_TIME_KEYS.values()):
             self.data[key] = []
         self.data[ACTIVE_LEASES] = []
 
@@ -234,7 +238,9 @@ class LeaseKVConnectorStats(NixlKVConnectorStats):
     def is_empty(self) -> bool:
         if not super().is_empty():
             return False
-        return not any(self.data.get(k) for k in LEASE_COUNTERS) and not self.data.get(ACTIVE_LEASES)
+        # Step times are put in only when they are to ship (step_time.STEP_FLUSH).
+        keys = (*LEASE_COUNTERS, *STEP_TIME_KEYS.values(), ACTIVE_LEASES)
+        return not any(self.data.get(k) for k in keys)
 
     def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
         # Stats from a stock worker lack our keys; setdefault keeps mixing safe.
@@ -252,6 +258,10 @@ class LeaseKVConnectorStats(NixlKVConnectorStats):
             latest[int(rank)] = int(value)
         if latest:
             out["Active leases"] = sum(latest.values())
+        for side, key in STEP_TIME_KEYS.items():
+            steps = self.data.get(key, ())
+            if len(steps):
+                out[f"Mean connector step, {side} (us)"] = round(float(np.mean(steps)) * 1e6, 1)
         sweeps = self.data.get("lease_sweep_time", ())
         if len(sweeps):
             out["P99 lease sweep (us)"] = round(float(np.percentile(sweeps, 99)) * 1e6, 1)
@@ -279,6 +289,18 @@ class LeasePromMetrics(NixlPromMetrics):
                 name=name, documentation=doc, buckets=_TIME_BUCKETS, labelnames=labelnames
             )
             self.lease_histograms[key] = create_metric_per_engine(metric, self.per_engine_labelvalues)
+        step = self._histogram_cls(
+            name=STEP_TIME_METRIC,
+            documentation="The connector's own time per engine step: side=scheduler, the hooks vLLM's "
+            "scheduler calls; side=worker, the hooks the model runner calls.",
+            buckets=_STEP_BUCKETS,
+            labelnames=[*labelnames, "side"],
+        )
+        engines = self.per_engine_labelvalues
+        self.step_time: dict[str, dict[int, Any]] = {
+            key: create_metric_per_engine(step, {i: [*v, side] for i, v in engines.items()})
+            for side, key in STEP_TIME_KEYS.items()
+        }
         gauge = self._gauge_cls(
             name=ACTIVE_LEASES_METRIC,
             documentation="KV leases currently held on P (sum over its workers).",
@@ -300,6 +322,9 @@ class LeasePromMetrics(NixlPromMetrics):
             if total:
                 per_engine[engine_idx].inc(total)
         for key, per_engine in self.lease_histograms.items():
+            for seconds in data[key]:
+                per_engine[engine_idx].observe(seconds)
+        for key, per_engine in self.step_time.items():
             for seconds in data[key]:
                 per_engine[engine_idx].observe(seconds)
         if data[ACTIVE_LEASES]:
