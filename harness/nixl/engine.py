@@ -1003,6 +1003,8 @@ def _handle(eng: Engine, cmd: str, kwargs: dict[str, Any]) -> Any:
         return eng.rank0.agent_metadata()
     if cmd == "skew_clock":
         return skew_clock(**kwargs)
+    if cmd == "hold_reads":
+        return eng.rank0.hold_reads(**kwargs)
     if cmd == "hold_hellos":
         return eng.hold_hellos(**kwargs)
     if cmd == "structure_sizes":
