@@ -31,6 +31,8 @@ from vllm_nixl_lease._wire import (
     ESCAPE_PREFIX,
     HEARTBEAT_ACK_PREFIX,
     HELLO_KIND,
+    PARAM_LEASE_INSTANCE,
+    PARAM_LEASE_PROTOCOL,
     PARAM_LEASE_PROTOCOL_MAX,
     PARAM_LEASE_TAG,
     parse_acked_heartbeat,
@@ -54,6 +56,8 @@ SLOW_KEEP = 2000
 # (``timings``): a few minutes of steps at 50 per second.
 TIMING_KEEP = 100_000
 HELLO = ESCAPE_PREFIX + HELLO_KIND
+# What a version-1 P's params lack (``EngineSpec.plain_params``).
+V2_PARAM_KEYS = (PARAM_LEASE_PROTOCOL, PARAM_LEASE_PROTOCOL_MAX, PARAM_LEASE_INSTANCE, PARAM_LEASE_TAG)
 HB_UNMATCHED_MAX = 4096  # heartbeat messages held for ``report`` (up to 32 KiB each)
 
 
@@ -243,6 +247,9 @@ class Engine:
             delay, params = self.sched.request_finished(req, rec["blocks"])
             if params and not self.spec.lease_protocol_max:
                 params.pop(PARAM_LEASE_PROTOCOL_MAX, None)  # as a version-2 P
+            if params and self.spec.plain_params:  # as a version-1 P: deadline and terms only
+                for key in V2_PARAM_KEYS:
+                    params.pop(key, None)
             if params and PARAM_LEASE_TAG in params:
                 self.by_tag[params[PARAM_LEASE_TAG]] = req_id  # our D names it so in LHBT:
             rec["finished_t"] = time.monotonic()
@@ -1003,6 +1010,8 @@ def _handle(eng: Engine, cmd: str, kwargs: dict[str, Any]) -> Any:
         return eng.rank0.agent_metadata()
     if cmd == "skew_clock":
         return skew_clock(**kwargs)
+    if cmd == "hold_reads":
+        return eng.rank0.hold_reads(**kwargs)
     if cmd == "hold_hellos":
         return eng.hold_hellos(**kwargs)
     if cmd == "structure_sizes":

@@ -30,6 +30,7 @@ from vllm_nixl_lease._wire import (
 )
 
 from . import kv_cache
+from .read_hold import ReadHold
 from .spec import EngineSpec
 
 
@@ -85,6 +86,7 @@ class Rank:
         self.writes_waiting: list[str] = []
         if spec.push and spec.role == "P":
             self._install_write_gate()
+        self.read_hold: ReadHold | None = None  # D: ``hold_reads``
 
     # -- observation -----------------------------------------------------
     def _install_probes(self) -> None:
@@ -213,6 +215,10 @@ class Rank:
             self.write_gate.set()
         return waiting
 
+    def hold_reads(self, stalled: str, release: str, timeout_s: float = 60.0) -> None:
+        """D: hold the READs the next step posts, and stall after it (``read_hold.py``)."""
+        self.read_hold = ReadHold(self.worker.nixl_wrapper, stalled, release, timeout_s)
+
     def handshake_metadata(self) -> Any:
         return self.connector.get_handshake_metadata()
 
@@ -271,6 +277,8 @@ class Rank:
             error = traceback.format_exc()
         finally:
             conn.clear_connector_metadata()
+        if self.read_hold is not None and self.read_hold.stall_if_held():
+            self.read_hold = None
         t_done = time.perf_counter()
         recving = set(res.finished_recving) if res else set()
         failed = set(res.failed_recving) if res else set()

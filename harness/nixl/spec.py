@@ -69,6 +69,9 @@ class EngineSpec:
     # P: False leaves ``remote_lease_protocol_max`` out of the params, as a
     # version-2 P does (D then says hello 2 and gets no clock in P's answers).
     lease_protocol_max: bool = True
+    # P: params with the lease deadline and terms only (no protocol, instance or
+    # tag), as a version-1 P of ours grants them: our D keeps a plain view.
+    plain_params: bool = False
     # Orphan guard: the engine exits this long after it started.
     max_lifetime_s: float = 600.0
 

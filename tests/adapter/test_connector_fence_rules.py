@@ -2,7 +2,8 @@
 lock, margins), through our real pull worker with
 upstream's state faked (``vllm_support``): a parked READ whose request ended is
 reported once; an unproven connection's offset is never stored in a view; a
-plain view is fenced over a connection that reached one of our P processes;
+plain view, or a lease with no view, is fenced over a connection that reached
+one of our P processes;
 the verdict and upstream's look at the connection are one step under the
 handshake lock; margins apply to completions and have a floor."""
 
@@ -141,6 +142,20 @@ def test_plain_view_is_read_over_a_new_connection_to_a_stock_p(d_worker, clock: 
     d_worker.read_fence.views.add("d1", "P", "p1", clock.now + OFFSET + 10.0, 8.0)
     d_worker._read_blocks_for_req("d1", _meta())
     assert d_worker.reads == ["d1"]
+
+
+def test_unviewed_lease_is_fenced_over_a_connection_that_answered_as_our_p(d_worker, clock: Clock) -> None:
+    """A stock P's lease has no view: read as upstream until the connection has
+    answered as one of our P processes (a stock P replaced by ours under the same
+    engine id); then its READ is fenced and its notify-only completion withheld."""
+    d_worker._read_blocks_for_req("d1", _meta())
+    _prove(d_worker)
+    d_worker._read_blocks_for_req("d2", _meta())
+    cached = SimpleNamespace(local_block_ids=([],), remote=SimpleNamespace(engine_id="P"))
+    d_worker._read_blocks_for_req("d3", cached)
+    assert d_worker.reads == ["d1"] and d_worker._recv_failures == {"d2"}
+    assert _stat(d_worker, "num_reads_fenced") == 1
+    assert _stat(d_worker, "num_completions_withheld") == 1
 
 
 # -- item 6: the verdict and upstream's look at the connection ------------------

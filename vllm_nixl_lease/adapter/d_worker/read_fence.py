@@ -31,7 +31,9 @@ connection it is first read over; if upstream replaced that connection since
 views end with it.  A plain view is fenced too when an agent of the current
 connection has answered as one of our P instances: whoever granted the plain
 lease did not speak our protocol, so it is not the process that connection
-reaches (``reached``).
+reaches (``reached``).  For the same reason a request with no view at all (a
+stock P's lease) is fenced over such a connection, and its notify-only
+completion withheld; over any other it is read as upstream reads it.
 
 Every READ that waited and will not be posted is reported as a failed load
 exactly once: its request ended meanwhile (an abort drops its view), so vLLM,
@@ -320,9 +322,15 @@ class ReadFence:
         return list(parked.items())
 
     def _verdict(self, req_id: str, meta: ReadMeta) -> str:
-        if req_id not in self.views or meta.remote is None:
+        if meta.remote is None:
             return READ
         engine_id = meta.remote.engine_id
+        if req_id not in self.views:
+            # No view (a stock P's lease): read as upstream, unless the connection has
+            # answered as one of our P processes, which is then not the grantor (A7).
+            if self._reached is None or self._reached(engine_id) is None:
+                return READ
+            return FENCE if any(len(group) > 0 for group in meta.local_block_ids) else WITHHOLD
         # Not connected yet: upstream defers the read to after the handshake
         # and calls us again then, with the clock offset measured (the caller
         # holds the handshake lock, so upstream sees what this saw).
