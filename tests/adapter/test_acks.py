@@ -11,6 +11,7 @@ holds back, when it is delivered, and when a P restarts.
 from __future__ import annotations
 
 import concurrent.futures
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -33,6 +34,7 @@ from vllm_nixl_lease._wire import (
     hello_message,
     keepalive_message,
     lease_terms,
+    parse_acked_heartbeat,
     parse_heartbeat_ack,
 )
 from vllm_nixl_lease.adapter.config import LeaseConfig
@@ -122,7 +124,14 @@ class Pair:
     def p(self) -> list[FakeUpstreamWorker]:
         return self.proc.p
 
-    def grant(self, p_id: str, d_id: str, plain: bool = False, tagged: bool = False) -> dict:
+    def grant(
+        self,
+        p_id: str,
+        d_id: str,
+        plain: bool = False,
+        tagged: bool = False,
+        chunk: tuple[int, int] | None = None,
+    ) -> dict:
         for keeper in self.keepers:
             keeper.deadlines[p_id] = self.clock.now + EXT
         params: dict = {"do_remote_prefill": True}
@@ -134,19 +143,27 @@ class Pair:
         name = terms.tag if tagged and terms.tag else p_id
         self.names[p_id] = name
         collector = LeaseViewCollector(self.config, "pull")
-        collector.add(d_id, "P", terms.instance, name, terms)
+        collector.add(d_id, "P", terms.instance, name, terms, chunk)
         meta = SimpleNamespace()
         collector.attach(meta)
         self.fence.add_views(meta)
         self.acks.note_views(meta)  # as the worker's start_load_kv: the hello version
         return params
 
-    def d_heartbeat(self, *p_ids: str, tagged: bool = False, instance: str | None = None) -> None:
+    def d_heartbeat(
+        self,
+        *p_ids: str,
+        tagged: bool = False,
+        instance: str | None = None,
+        chunk: tuple[int, int] | None = None,
+    ) -> None:
         names = [self.names[p_id] for p_id in p_ids]
         inst = self.proc.instance if instance is None else instance
         hb = EngineHeartbeats(
             "P", [heartbeat_message(names)], "10.0.0.1", 5600, len(self.p), instance=inst, tagged=tagged
         )
+        if chunk is not None:  # one tracker chunk: its answer renews the chunk's views
+            hb = replace(hb, chunks=[chunk], counts=[len(names)])
         self.sender.send(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {f"g-{inst}": hb}}))
 
     def d_step(self) -> None:
@@ -1043,3 +1060,83 @@ def test_a_completion_of_an_ended_view_is_withheld(clock: Clock) -> None:
     clock.advance(EXT)  # never renewed: lapsed, P may have freed it and granted the id again
     assert net.fence.fenced("d1", NOTIFY)
     assert net.d.count("num_completions_withheld") == 1
+
+
+def asked_seqs(sent: list[tuple[str, bytes]]) -> list[int]:
+    """The sequence numbers of D's acknowledged heartbeats (0: no answer wanted)."""
+    return [parsed[0] for _, m in sent if (parsed := parse_acked_heartbeat(m)) is not None]
+
+
+def chunk_ticks(net: Pair, ticks: int, deliver: bool = True) -> list[int]:
+    """D heartbeats chunk 1 every interval, P steps, D takes the answers; the seq of each tick."""
+    seqs = []
+    for _ in range(ticks):
+        net.d_heartbeat("p1", chunk=(1, 1))
+        sent = net.take_d_sends()
+        assert all(not m.startswith(HELLO) for _, m in sent)  # nobody silent: no hello again
+        seqs += asked_seqs(sent)
+        left = net.remaining("d1")
+        assert left > net.fence.views.margin_of("d1")  # type: ignore[operator]
+        if deliver:
+            net.p_step(sent)
+            net.d_receive(net.take_p_sends())
+        net.clock.advance(CONFIG.heartbeat_interval)
+    return seqs
+
+
+def test_d_asks_for_an_answer_only_when_its_chunks_renewal_ends_soon(clock: Clock) -> None:
+    """D3b: the first heartbeat asks (the view waits for its first answer); then
+    D asks only once the latest renewal ends within ask_within (margin 2 +
+    interval 2 + half P's interval 1 + a round trip 0.25 = 5.25 s): every other
+    interval, with an extension of 8.  The views never come near their margin,
+    and P sends nothing for the heartbeats that ask nothing (seq 0)."""
+    net = Pair(clock)
+    net.grant("p1", "d1", chunk=(1, 1))
+    net.prove()
+    p = net.p[0]
+    assert chunk_ticks(net, 8) == [1, 0, 2, 0, 3, 0, 4, 0]
+    assert p.count("num_heartbeat_acks_sent") == 4
+    assert p.count("num_heartbeat_msgs_recv") + p.count("num_tagged_heartbeats_recv") >= 8  # all extend
+    assert net.keepers[0].table.deadline("p1") == pytest.approx(clock.now - 2 + EXT)
+
+
+def test_d_always_asks_while_a_read_waits_for_proof(clock: Clock) -> None:
+    net = Pair(clock)
+    net.grant("p1", "d1", chunk=(1, 1))
+    net.prove()
+    net.acks.reads_waiting = lambda engine_id: engine_id == "P"
+    assert chunk_ticks(net, 4) == [1, 2, 3, 4]
+
+
+def test_d_asks_every_tick_of_a_message_of_no_chunk(clock: Clock) -> None:
+    """Per-name messages (no tracker chunk) keep asking every time."""
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    net.prove()
+    seqs = []
+    for _ in range(4):
+        net.d_heartbeat("p1")
+        sent = net.take_d_sends()
+        seqs += asked_seqs(sent)
+        net.p_step(sent)
+        net.d_receive(net.take_p_sends())
+        clock.advance(CONFIG.heartbeat_interval)
+    assert seqs == [1, 2, 3, 4]
+
+
+def test_an_unanswered_ask_makes_d_say_hello_again(clock: Clock) -> None:
+    """Silence counts from the first ask P left unanswered, not from the last
+    answer: heartbeats that ask nothing leave P silent on purpose."""
+    net = Pair(clock)
+    net.grant("p1", "d1", chunk=(1, 1))
+    net.prove()
+    assert chunk_ticks(net, 2) == [1, 0]  # answered at t=0; t=2 asks nothing
+    # t=4: D asks; P forgot D (or the answer is lost): no answer comes.
+    net.d_heartbeat("p1", chunk=(1, 1))
+    assert asked_seqs(net.take_d_sends()) == [2]
+    clock.advance(CONFIG.rehello_after_s - 0.1)
+    net.d_heartbeat("p1", chunk=(1, 1))
+    assert all(not m.startswith(HELLO) for _, m in net.take_d_sends())
+    clock.advance(0.1)
+    net.d_heartbeat("p1", chunk=(1, 1))
+    assert any(m.startswith(HELLO) for _, m in net.take_d_sends())

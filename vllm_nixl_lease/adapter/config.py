@@ -37,6 +37,8 @@ DEFAULT_READ_POST_BUDGET_MS = 100.0
 # Smallest heartbeat message accepted: the HB prefix plus room for one long request id
 # (vLLM ids with router prefixes and random suffixes run to ~100 bytes).
 MIN_HEARTBEAT_BYTES = 256
+# A view's margin never falls below this share of lease_safety_margin (read_fence.py).
+MARGIN_FLOOR_SHARE = 0.25
 
 
 class LeaseConfigError(ValueError):

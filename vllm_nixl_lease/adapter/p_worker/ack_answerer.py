@@ -274,6 +274,7 @@ class AckAnswerer:
         for _ in range(min(len(pending), MAX_ANSWERS_PER_STEP)):
             agent = next(iter(pending))
             self._answer(agent, pending.pop(agent), now)
+        self._upstream.xfer_stats.add("num_answer_steps", 1)
         if not pending:
             self._next_tick = now + self._tick
 
