@@ -1140,3 +1140,16 @@ def test_an_unanswered_ask_makes_d_say_hello_again(clock: Clock) -> None:
     clock.advance(0.1)
     net.d_heartbeat("p1", chunk=(1, 1))
     assert any(m.startswith(HELLO) for _, m in net.take_d_sends())
+
+
+def test_an_answer_to_seq_0_from_a_p_of_before_renews_nothing(clock: Clock) -> None:
+    """A version-2 P of before this rule answers the heartbeats that ask nothing
+    (seq 0); D ignores those answers: no view moves, nothing is malformed."""
+    net = Pair(clock)
+    net.grant("p1", "d1", chunk=(1, 1))
+    net.prove()
+    assert chunk_ticks(net, 2) == [1, 0]
+    left = net.remaining("d1")
+    net.d_receive([("P-agent-0", heartbeat_ack_message(net.proc.instance, [0]))])
+    assert net.remaining("d1") == pytest.approx(left)
+    assert net.d.count("num_malformed_notifs") == 0 and net.d.count("num_heartbeat_views_renewed") == 1
