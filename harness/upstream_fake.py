@@ -41,15 +41,24 @@ class FakeNixlWrapper:
         self.xfer_states: dict[Any, str] = {}
         self.refuse_release: set[Any] = set()
         self.released: list[Any] = []
+        # Steps: the worker polls notifications once per step (get_new_notifs); a
+        # step that calls send_notif at least once is a sending step.
+        self.polls = 0
+        self.send_steps = 0
+        self._sent_in = -1  # the poll count when send_notif was last called
 
     def deliver(self, agent: str, *messages: bytes) -> None:
         self.inbox.setdefault(agent, []).extend(messages)
 
     def get_new_notifs(self) -> dict[str, list[bytes]]:
+        self.polls += 1
         out, self.inbox = self.inbox, {}
         return out
 
     def send_notif(self, agent_name: str, notif_msg: bytes) -> None:
+        if self._sent_in != self.polls:
+            self._sent_in = self.polls
+            self.send_steps += 1
         if self.fail_sends > 0:
             self.fail_sends -= 1
             raise self.fail_error("fake send failure")

@@ -43,6 +43,9 @@
  *                         that heartbeated the lease remains
  *   MUT_READ_BEFORE_CLAIM D reads before P has answered a heartbeat naming
  *                         the lease "held" (P does not know D reads it)
+ *   MUT_RENEW_FROM_ARRIVAL D renews a view from when the answer arrives, not
+ *                         from when it sent the heartbeat (P's answer tick
+ *                         holds answers back)
  * and one that must break the liveness claim L:
  *   MUT_NO_HELLO          D never says hello (so nothing is ever proven)
  */
@@ -110,9 +113,24 @@
 #define NO_FORGET
 #define NO_ABORT
 #endif
-#ifdef NOFAULT             /* the liveness claim's schedule: two ranks, two requests */
+#ifdef SCOPE_TICK          /* P's answer tick (P3a) with D's asking rule; loss, delay, stalls, drift */
+#define PTICK
+#define NRANK 1
+#define DPN 2
+#define PDN 1
+#define LN 1
+#define NO_Y
+#define NO_CRASH
+#define NO_RELEASE
+#define NO_ABORT
+#define NO_CUT
+#define NO_DUP
+#define NO_FORGET
+#endif
+#ifdef NOFAULT             /* the liveness claim's schedule: two ranks, two requests, P's answer tick */
 #define NREQ 2
 #define NO_ABORT
+#define PTICK
 #endif
 
 #ifndef NRANK
@@ -128,6 +146,7 @@
 #define EXT 3              /* P2: a heartbeat extends to arrival + EXT */
 #define MARGIN 1           /* D5: fence a READ with this little left */
 #define TOMB (2 * EXT)     /* P4: tombstones live 2 x extension */
+#define ASK_AT 2           /* D3b: D must ask for an answer once its view has this little left */
 #ifndef DRIFT
 #define DRIFT 1            /* P's clock is off by its offset plus 0..DRIFT */
 #endif
@@ -237,6 +256,11 @@ short rem[NRANK * NL];     /* deadline minus now, P's clock (0: due, freed at th
 bool amb[NRANK * NL];      /* ambiguous: its key has a tombstone, or a sharer was freed */
 byte tomb[NRANK];          /* P's clock left on key 0's tombstone (0: none) */
 bool loaded[NRANK];        /* D's agent admitted on this rank (P6) */
+/* P3a: answers wait for the rank's answer tick; one slot per rank and request
+ * (the newest heartbeat's: an older one's answer would renew less) */
+byte pnd_seq[NRANK * NRQ]; /* 0: none waiting */
+bool pnd_nh[NRANK * NRQ];
+bool ptick[NRANK];         /* the rank's answer tick is due (set every tick) */
 bool ygranted;
 /* kv_transfer_params of D's requests (through the router) */
 byte rinst[NRQ];          /* remote_lease_instance (0: not granted) */
@@ -405,6 +429,11 @@ end:
        dp_seq[1] = (dp_kind[1] == LHB -> AGED(dp_seq[1]) : dp_seq[1]);
        pd_seq[0] = AGED(pd_seq[0]);
        pd_seq[1] = AGED(pd_seq[1]);
+#ifdef PTICK
+       pnd_seq[0] = AGED(pnd_seq[0]); pnd_seq[1] = AGED(pnd_seq[1]);
+       pnd_seq[LAST * NRQ] = AGED(pnd_seq[LAST * NRQ]); pnd_seq[LAST * NRQ + 1] = AGED(pnd_seq[LAST * NRQ + 1]);
+       ptick[0] = 1; ptick[LAST] = 1;
+#endif
        /* the scheduler's heartbeat tick (heartbeat_schedule.py) */
        hb_due[0] = (dq[0] == QUEUED); hb_due[1] = (dq[1] == QUEUED);
        hello_due = 1 }
@@ -472,6 +501,11 @@ end:
        :: else -> k = 0; break
        od;
        tomb[0] = 0; tomb[LAST] = 0; loaded[0] = 0; loaded[LAST] = 0;
+       k = 0;
+       do
+       :: k < NRANK * NRQ -> pnd_seq[k] = 0; pnd_nh[k] = 0; k++
+       :: else -> k = 0; break
+       od;
        if :: dq[0] == READING && cinst == 1 -> dq[0] = FENCED; pdl[0] = 0 :: else fi;
        if :: dq[1] == READING && cinst == 1 -> dq[1] = FENCED; pdl[1] = 0 :: else fi }
   :: atomic { FAULT pinst == 0 && !restarted ->
@@ -545,14 +579,41 @@ inline p_recv(k, i)
                           :: else fi; l++
        :: else -> l = 0; break
        od;
-       /* P3: answer; "held" only if held and not ambiguous */
+       /* P3: the answer, "held" only if held and not ambiguous, waits for the
+        * rank's tick (P3a); seq 0 wants none (P3b) */
        if
-       :: loaded[k] -> p_answer(k, m_seq, !HOLDS(k, m_key) || AMBIGUOUS(k, m_key));
+       :: loaded[k] && m_seq != 0 ->
+#ifdef PTICK
+          pnd_seq[k * NRQ + SEQ_R(m_seq)] = m_seq; pnd_nh[k * NRQ + SEQ_R(m_seq)] = !HOLDS(k, m_key) || AMBIGUOUS(k, m_key);
+#else
+          p_answer(k, m_seq, !HOLDS(k, m_key) || AMBIGUOUS(k, m_key));
+#endif
           printf("EV P%d rank %d gets LHB (sent %d ago), answers not-held=%d\n", pinst, k, SEQ_AGE(m_seq), !HOLDS(k, m_key) || AMBIGUOUS(k, m_key))
-       :: else       /* no hello admitted: dropped */
+       :: else       /* no hello admitted, or no answer wanted */
        fi
     fi;
     m_kind = 0; m_inst = 0; m_seq = 0; m_key = 0 }
+}
+
+/* P3a: on the rank's tick, every waiting answer goes out in one step */
+#ifdef NOFAULT
+#define PD_FREE ((!pd_used[0] -> 1 : 0) + (PDN > 1 && !pd_used[1] -> 1 : 0))
+#define PND_FITS(k) ((pnd_seq[(k) * NRQ] != 0 -> 1 : 0) + (pnd_seq[(k) * NRQ + 1] != 0 -> 1 : 0) <= PD_FREE)
+#else
+#define PND_FITS(k) true
+#endif
+inline p_tick(k)
+{
+  atomic { ptick[k] && (pnd_seq[k * NRQ] != 0 || pnd_seq[k * NRQ + 1] != 0) && PND_FITS(k) ->
+    ptick[k] = 0;
+    if
+    :: loaded[k] ->
+       if :: pnd_seq[k * NRQ] != 0 -> p_answer(k, pnd_seq[k * NRQ], pnd_nh[k * NRQ]) :: else fi;
+       if :: pnd_seq[k * NRQ + 1] != 0 -> p_answer(k, pnd_seq[k * NRQ + 1], pnd_nh[k * NRQ + 1]) :: else fi;
+       printf("EV P%d rank %d answers on its tick\n", pinst, k)
+    :: else    /* forgotten since: dropped */
+    fi;
+    pnd_seq[k * NRQ] = 0; pnd_nh[k * NRQ] = 0; pnd_seq[k * NRQ + 1] = 0; pnd_nh[k * NRQ + 1] = 0 }
 }
 
 inline p_expire(k, l)
@@ -572,6 +633,9 @@ end:
   do
   :: p_recv(rank, 0)
   :: p_recv(rank, 1)
+#ifdef PTICK
+  :: p_tick(rank)
+#endif
   :: p_expire(rank, 0)
   :: p_expire(rank, 1)
   :: p_expire(rank, YL)
@@ -655,6 +719,19 @@ inline d_hello(r)
     hello_due = 0;
     printf("EV D says hello to P%d for r%d\n", cinst, r);
     d_send(HELLO, (proven[0] != rinst[r] -> 1 : 0) | (proven[LAST] != rinst[r] -> 1 << LAST : 0), 0, RKEY(r)) }
+}
+
+/* D3b: D must ask for an answer while its view is not converted, has ASK_AT
+ * or less left, or (R10) P has not yet answered it "held"; otherwise it may
+ * send LHB with seq 0, which P extends and does not answer (the code asks in
+ * a subset of those states too: the model lets D choose) */
+#define MUST_ASK(r) (!vconv[r] || vrem[r] <= ASK_AT || !P_KNOWS(r))
+inline d_unasked(r)
+{
+  atomic { conn && hb_due[r] && dq[r] == QUEUED && SENDABLE(r) && DP_ROOM && !MUST_ASK(r) ->
+    hb_due[r] = 0;
+    d_send(LHB, ALL_RANKS, 0, RKEY(r));
+    printf("EV D sends LHB for r%d to P%d asking no answer (view %d left)\n", r, cinst, vrem[r]) }
 }
 
 /* D3: LHB over a connection proven r's instance, recorded in the ledger */
@@ -809,8 +886,13 @@ inline d_answer(i)
                  * to send + EXT, from a send younger than EXT */
                 m_s = SEQ_AGE(m_seq);
                 if
+#ifdef MUT_RENEW_FROM_ARRIVAL
+                :: vrem[l] + m_s > 0 && EXT > vrem[l] && m_s < EXT -> vrem[l] = EXT;
+                   printf("EV D renews the view of r%d to %d (from the arrival)\n", SEQ_R(m_seq), EXT)
+#else
                 :: vrem[l] + m_s > 0 && EXT - m_s > vrem[l] && m_s < EXT -> vrem[l] = EXT - m_s;
                    printf("EV D renews the view of r%d to %d\n", SEQ_R(m_seq), EXT - m_s)
+#endif
                 :: else
                 fi;
                 m_s = 0
@@ -846,6 +928,8 @@ end:
   :: d_hello(1)
   :: d_heartbeat(0)
   :: d_heartbeat(1)
+  :: d_unasked(0)
+  :: d_unasked(1)
   :: d_convert(0)
   :: d_convert(1)
   :: d_fence(0)

@@ -77,7 +77,7 @@ def run_process(impl: str, cases: list[int], lib: Path, workdir: Path) -> list[d
     if proc.returncode != 0:
         raise SystemExit(f"the {impl} process failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
     for line in proc.stdout.splitlines():
-        if line.startswith(("threads at start:", "case took")):
+        if line.startswith(("threads at start:", "case took", "case note:")):
             print(f"  [{impl} process] {line}")
     counts = read_dumps(out)
     records = json.loads((out / "records.json").read_text())["records"]

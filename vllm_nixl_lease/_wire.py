@@ -23,7 +23,11 @@ of its own:
 - keep-alive, over a connection not yet proven: upstream's ``HB:<id>,...``
   for leases named by id, ``HB:,LHBT:0,<tag>,...`` (``KEEPALIVE_SEQ``) for
   leases named by tag: P extends them as any heartbeat; D records no answer
-  to them, so they never renew D's views.
+  to them, so they never renew D's views;
+- no answer wanted, over a proven connection: ``HB:,LHB:0,<ids>`` /
+  ``HB:,LHBT:0,<tags>`` when the chunk's views need no renewal soon
+  (PROTOCOL D3b): P extends them and, since this rule, answers nothing
+  (P3b); a version-2 P of before answers seq 0, which D ignores.
 P -> D, only to agents whose hello P admitted:
 - acknowledgement: ``LACK:<instance>:<seqs>`` (every key those heartbeats named
   was held, unambiguously, and is now extended), ``LACK:<instance>:<seqs>:<keys>``
@@ -180,8 +184,9 @@ def acked_heartbeat_message(seq: int, heartbeat: bytes, tagged: bool = False) ->
     return b"%s%s%d,%s" % (ESCAPE_PREFIX, kind, seq, heartbeat_payload(heartbeat))
 
 
-# The sequence number of a keep-alive: D never opens it (its ledger starts at 1),
-# so an answer to it proves nothing; P extends what it names like any heartbeat.
+# The sequence number of a keep-alive or of a heartbeat that wants no answer: D
+# never opens it (its ledger starts at 1), so an answer to it proves nothing; P
+# extends what it names like any heartbeat and does not answer it (P3b).
 KEEPALIVE_SEQ = 0
 
 

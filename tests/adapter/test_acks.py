@@ -11,6 +11,7 @@ holds back, when it is delivered, and when a P restarts.
 from __future__ import annotations
 
 import concurrent.futures
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -33,6 +34,7 @@ from vllm_nixl_lease._wire import (
     hello_message,
     keepalive_message,
     lease_terms,
+    parse_acked_heartbeat,
     parse_heartbeat_ack,
 )
 from vllm_nixl_lease.adapter.config import LeaseConfig
@@ -49,8 +51,8 @@ from vllm_nixl_lease.adapter.metadata import (
 from vllm_nixl_lease.adapter.p_scheduler.lease_params import LeaseParams
 from vllm_nixl_lease.adapter.p_worker.ack_answerer import (
     MAX_AGENT_LOADS,
+    MAX_ANSWERS_PER_STEP,
     MAX_NOT_EXTENDED_BYTES,
-    MAX_PACED_ANSWERS_PER_STEP,
     MAX_SEQS_PER_ANSWER,
     AckAnswerer,
 )
@@ -122,7 +124,14 @@ class Pair:
     def p(self) -> list[FakeUpstreamWorker]:
         return self.proc.p
 
-    def grant(self, p_id: str, d_id: str, plain: bool = False, tagged: bool = False) -> dict:
+    def grant(
+        self,
+        p_id: str,
+        d_id: str,
+        plain: bool = False,
+        tagged: bool = False,
+        chunk: tuple[int, int] | None = None,
+    ) -> dict:
         for keeper in self.keepers:
             keeper.deadlines[p_id] = self.clock.now + EXT
         params: dict = {"do_remote_prefill": True}
@@ -134,19 +143,27 @@ class Pair:
         name = terms.tag if tagged and terms.tag else p_id
         self.names[p_id] = name
         collector = LeaseViewCollector(self.config, "pull")
-        collector.add(d_id, "P", terms.instance, name, terms)
+        collector.add(d_id, "P", terms.instance, name, terms, chunk)
         meta = SimpleNamespace()
         collector.attach(meta)
         self.fence.add_views(meta)
         self.acks.note_views(meta)  # as the worker's start_load_kv: the hello version
         return params
 
-    def d_heartbeat(self, *p_ids: str, tagged: bool = False, instance: str | None = None) -> None:
+    def d_heartbeat(
+        self,
+        *p_ids: str,
+        tagged: bool = False,
+        instance: str | None = None,
+        chunk: tuple[int, int] | None = None,
+    ) -> None:
         names = [self.names[p_id] for p_id in p_ids]
         inst = self.proc.instance if instance is None else instance
         hb = EngineHeartbeats(
             "P", [heartbeat_message(names)], "10.0.0.1", 5600, len(self.p), instance=inst, tagged=tagged
         )
+        if chunk is not None:  # one tracker chunk: its answer renews the chunk's views
+            hb = replace(hb, chunks=[chunk], counts=[len(names)])
         self.sender.send(SimpleNamespace(**{LEASE_HEARTBEATS_ATTR: {f"g-{inst}": hb}}))
 
     def d_step(self) -> None:
@@ -795,7 +812,9 @@ def test_one_answer_per_d_agent_per_step(clock: Clock) -> None:
     keeper, acker, p = net.keepers[0], net.ackers[0], net.p[0]
     n = MAX_SEQS_PER_ANSWER + 10
     batch = [hello("D-agent", "p1")]
-    batch += [acked_heartbeat_message(seq, heartbeat_message(["p1", f"gone{seq % 3}"])) for seq in range(n)]
+    batch += [
+        acked_heartbeat_message(seq, heartbeat_message(["p1", f"gone{seq % 3}"])) for seq in range(1, n + 1)
+    ]
     _, msgs = keeper.route({"D-agent": batch})
     acker.handle(msgs)
     settle(acker)
@@ -824,58 +843,92 @@ def answered(p: FakeUpstreamWorker) -> dict[str, list]:
     return out
 
 
-def test_paced_answers_gather_heartbeats_over_steps(clock: Clock) -> None:
-    """With a gap, P answers each D agent at most once per gap and at most
-    MAX_PACED_ANSWERS_PER_STEP agents a step; the heartbeats in between share
-    the next answer, and none waits past twice the gap."""
-    keeper, acker, p = paced_acker(1.0)
-    agents = [f"D{i}" for i in range(MAX_PACED_ANSWERS_PER_STEP + 1)]
-    acker.handle(keeper.route({a: [hello(a, "p1")] for a in agents})[1])
-    settle(acker)
-    acker.handle({})
-    answered(p)
+def loaded_agents(keeper: LeaseKeeper, acker: AckAnswerer, p: FakeUpstreamWorker, agents: list[str]) -> None:
+    for start in range(0, len(agents), MAX_AGENT_LOADS):
+        acker.handle(keeper.route({a: [hello(a, "p1")] for a in agents[start : start + MAX_AGENT_LOADS]})[1])
+        settle(acker)
+        acker.handle({})
+    assert len(acker) == len(agents)
+    answered(p)  # the welcomes
+
+
+def test_p_answers_on_a_tick_every_waiting_agent_in_one_step(clock: Clock) -> None:
+    """D engines pace their heartbeats over the interval; P answers every agent
+    with heartbeats waiting in one step per tick (half the interval), the
+    heartbeats in between sharing the next answer, and extends each at once."""
+    keeper, acker, p = paced_acker(1.0)  # interval 4: a tick every 2 s
+    agents = [f"D{i}" for i in range(8)]
+    loaded_agents(keeper, acker, p, agents)
     seq = iter(range(1, 1000))
-    hb = acked_heartbeat_message
-
-    def step(*senders: str) -> dict[str, list]:
-        acker.handle(keeper.route({a: [hb(next(seq), heartbeat_message(["p1"]))] for a in senders})[1])
-        return answered(p)
-
-    # First step: every agent is due, but only the budget's worth are answered.
-    first = step(*agents)
-    assert sorted(first) == agents[:MAX_PACED_ANSWERS_PER_STEP]
-    clock.advance(0.1)
-    # The third agent is answered in the next step; the first two are not due.
-    second = step(*agents)
-    assert sorted(second) == [agents[-1]] and second[agents[-1]] == [([3, 6], frozenset())]
-    # Heartbeats keep arriving: nobody is answered again before the gap ...
-    clock.advance(0.5)
-    assert step(*agents) == {}
-    # ... the extension was applied at once regardless (P's lease never waits).
-    assert keeper.table.deadline("p1") == pytest.approx(clock.now + EXT)
-    # Past the gap the oldest two are answered, everything they sent at once.
-    clock.advance(0.45)
-    third = step()
-    assert sorted(third) == agents[:2]
-    assert third[agents[0]] == [([4, 7], frozenset())]
-    assert p.count("num_heartbeat_acks_sent") == 8  # heartbeats 1-8; 9 waits for D2's gap
+    sending_steps = steps = 0
+    got: dict[str, list] = {}
+    for step in range(400):  # 8 s of 20 ms steps: each D heartbeats in its own step of each interval
+        senders = [a for k, a in enumerate(agents) if step % 200 == 25 * k]
+        beats = {a: [acked_heartbeat_message(next(seq), heartbeat_message(["p1"]))] for a in senders}
+        acker.handle(keeper.route(beats)[1])
+        if senders:
+            assert keeper.table.deadline("p1") == pytest.approx(clock.now + EXT)  # never waits
+        sent = answered(p)
+        steps += 1
+        sending_steps += bool(sent)
+        for agent, answers in sent.items():
+            got.setdefault(agent, []).extend(answers)
+        clock.advance(0.02)
+    ticks = 8 / 2
+    assert sending_steps <= ticks + 1  # the first heartbeat is answered at once
+    assert sorted(got) == agents  # every agent was answered
+    clock.advance(2)
+    acker.handle({})  # the next tick answers what arrived after the last one
+    assert p.count("num_heartbeat_acks_sent") == 16
     assert p.count("num_heartbeat_acks_dropped") == 0
 
 
-def test_overdue_answers_skip_the_step_budget(clock: Clock) -> None:
-    """More agents due than the budget: the rest wait, but never past twice the gap."""
+def test_an_answer_waits_at_most_one_tick(clock: Clock) -> None:
     keeper, acker, p = paced_acker(1.0)
-    agents = [f"D{i}" for i in range(MAX_PACED_ANSWERS_PER_STEP + 3)]
-    acker.handle(keeper.route({a: [hello(a, "p1")] for a in agents})[1])
-    settle(acker)
-    acker.handle({})
-    answered(p)
-    beats = {a: [acked_heartbeat_message(i, heartbeat_message(["p1"]))] for i, a in enumerate(agents)}
+    loaded_agents(keeper, acker, p, ["D0", "D1"])
+    hb = acked_heartbeat_message
+    acker.handle(keeper.route({"D0": [hb(1, heartbeat_message(["p1"]))]})[1])
+    assert answered(p) == {"D0": [([1], frozenset())]}  # the tick was due: at once
+    clock.advance(0.1)
+    acker.handle(keeper.route({"D1": [hb(2, heartbeat_message(["p1"]))]})[1])
+    clock.advance(1.8)
+    acker.handle(keeper.route({"D0": [hb(3, heartbeat_message(["p1"]))]})[1])
+    assert answered(p) == {}  # inside the tick
+    clock.advance(0.1)
+    acker.handle({})  # the tick: both, in this step
+    assert answered(p) == {"D1": [([2], frozenset())], "D0": [([3], frozenset())]}
+
+
+def test_a_tick_over_the_cap_spills_into_the_next_steps(clock: Clock) -> None:
+    """More agents waiting than one step answers: the rest go in the next steps."""
+    keeper, acker, p = paced_acker(1.0)
+    agents = [f"D{i}" for i in range(MAX_ANSWERS_PER_STEP + 3)]
+    loaded_agents(keeper, acker, p, agents)
+    beats = {a: [acked_heartbeat_message(i + 1, heartbeat_message(["p1"]))] for i, a in enumerate(agents)}
     acker.handle(keeper.route(beats)[1])
-    assert sorted(answered(p)) == agents[:MAX_PACED_ANSWERS_PER_STEP]
-    clock.advance(2.0)
+    assert sorted(answered(p)) == sorted(agents[:MAX_ANSWERS_PER_STEP])
+    clock.advance(0.02)
     acker.handle({})
-    assert sorted(answered(p)) == agents[MAX_PACED_ANSWERS_PER_STEP:]
+    assert sorted(answered(p)) == sorted(agents[MAX_ANSWERS_PER_STEP:])
+    clock.advance(0.02)
+    acker.handle(keeper.route({agents[0]: [acked_heartbeat_message(999, heartbeat_message(["p1"]))]})[1])
+    assert answered(p) == {}  # the next tick is 2 s after the spill's end
+
+
+def test_p_extends_but_never_answers_a_heartbeat_that_wants_no_answer(clock: Clock) -> None:
+    """Sequence number 0 (KEEPALIVE_SEQ): D's views are long, it asks for no answer."""
+    keeper, acker, p = paced_acker(0.0)
+    loaded_agents(keeper, acker, p, ["D"])
+    clock.advance(5)
+    acker.handle(keeper.route({"D": [acked_heartbeat_message(0, heartbeat_message(["p1"]))]})[1])
+    clock.advance(5)
+    acker.handle({})
+    assert answered(p) == {}
+    assert keeper.table.deadline("p1") == pytest.approx(clock.now - 5 + EXT)
+    assert p.count("num_heartbeat_acks_dropped") == 0
+    # From an agent P never admitted: extended, and not counted as a dropped answer either.
+    acker.handle(keeper.route({"stranger": [acked_heartbeat_message(0, heartbeat_message(["p1"]))]})[1])
+    assert answered(p) == {} and p.count("num_heartbeat_acks_dropped") == 0
 
 
 def test_paced_answer_names_missing_ids_only_for_heartbeats_that_had_them(clock: Clock) -> None:
@@ -895,7 +948,7 @@ def test_paced_answer_names_missing_ids_only_for_heartbeats_that_had_them(clock:
 
 def test_delayed_answer_renews_from_the_send(clock: Clock) -> None:
     """D renews from when it sent the heartbeat: an answer P held back for
-    the gap proves as much as a prompt one."""
+    its tick proves as much as a prompt one."""
     config = LeaseConfig.from_extra_config({"kv_lease_duration": 12, "heartbeat_interval": 4.0})
     net = Pair(clock, config=config)
     net.grant("p1", "d1")
@@ -908,14 +961,14 @@ def test_delayed_answer_renews_from_the_send(clock: Clock) -> None:
     sent = net.take_d_sends()
     clock.advance(0.2)
     net.p_step(sent)
-    assert net.take_p_sends() == []  # inside the gap
-    clock.advance(1.5)
+    assert net.take_p_sends() == []  # inside the tick (half the interval: 2 s)
+    clock.advance(1.85)
     net.p_step([])
     answers = net.take_p_sends()
     net.d_receive(answers)
     got = [(a.seqs, a.not_extended) for a in acks_of(answers)]  # type: ignore[union-attr]
     assert got == [([2], frozenset())]
-    assert net.remaining("d1") == pytest.approx(EXT - 1.7)
+    assert net.remaining("d1") == pytest.approx(EXT - 2.05)
 
 
 def test_p_stall_waits_for_the_heartbeats_sent_meanwhile(clock: Clock) -> None:
@@ -1007,3 +1060,96 @@ def test_a_completion_of_an_ended_view_is_withheld(clock: Clock) -> None:
     clock.advance(EXT)  # never renewed: lapsed, P may have freed it and granted the id again
     assert net.fence.fenced("d1", NOTIFY)
     assert net.d.count("num_completions_withheld") == 1
+
+
+def asked_seqs(sent: list[tuple[str, bytes]]) -> list[int]:
+    """The sequence numbers of D's acknowledged heartbeats (0: no answer wanted)."""
+    return [parsed[0] for _, m in sent if (parsed := parse_acked_heartbeat(m)) is not None]
+
+
+def chunk_ticks(net: Pair, ticks: int, deliver: bool = True) -> list[int]:
+    """D heartbeats chunk 1 every interval, P steps, D takes the answers; the seq of each tick."""
+    seqs = []
+    for _ in range(ticks):
+        net.d_heartbeat("p1", chunk=(1, 1))
+        sent = net.take_d_sends()
+        assert all(not m.startswith(HELLO) for _, m in sent)  # nobody silent: no hello again
+        seqs += asked_seqs(sent)
+        left = net.remaining("d1")
+        assert left > net.fence.views.margin_of("d1")  # type: ignore[operator]
+        if deliver:
+            net.p_step(sent)
+            net.d_receive(net.take_p_sends())
+        net.clock.advance(CONFIG.heartbeat_interval)
+    return seqs
+
+
+def test_d_asks_for_an_answer_only_when_its_chunks_renewal_ends_soon(clock: Clock) -> None:
+    """D3b: the first heartbeat asks (the view waits for its first answer); then
+    D asks only once the latest renewal ends within ask_within (margin 2 +
+    interval 2 + half P's interval 1 + a round trip 0.25 = 5.25 s): every other
+    interval, with an extension of 8.  The views never come near their margin,
+    and P sends nothing for the heartbeats that ask nothing (seq 0)."""
+    net = Pair(clock)
+    net.grant("p1", "d1", chunk=(1, 1))
+    net.prove()
+    p = net.p[0]
+    assert chunk_ticks(net, 8) == [1, 0, 2, 0, 3, 0, 4, 0]
+    assert p.count("num_heartbeat_acks_sent") == 4
+    assert p.count("num_heartbeat_msgs_recv") + p.count("num_tagged_heartbeats_recv") >= 8  # all extend
+    assert net.keepers[0].table.deadline("p1") == pytest.approx(clock.now - 2 + EXT)
+
+
+def test_d_always_asks_while_a_read_waits_for_proof(clock: Clock) -> None:
+    net = Pair(clock)
+    net.grant("p1", "d1", chunk=(1, 1))
+    net.prove()
+    net.acks.reads_waiting = lambda engine_id: engine_id == "P"
+    assert chunk_ticks(net, 4) == [1, 2, 3, 4]
+
+
+def test_d_asks_every_tick_of_a_message_of_no_chunk(clock: Clock) -> None:
+    """Per-name messages (no tracker chunk) keep asking every time."""
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    net.prove()
+    seqs = []
+    for _ in range(4):
+        net.d_heartbeat("p1")
+        sent = net.take_d_sends()
+        seqs += asked_seqs(sent)
+        net.p_step(sent)
+        net.d_receive(net.take_p_sends())
+        clock.advance(CONFIG.heartbeat_interval)
+    assert seqs == [1, 2, 3, 4]
+
+
+def test_an_unanswered_ask_makes_d_say_hello_again(clock: Clock) -> None:
+    """Silence counts from the first ask P left unanswered, not from the last
+    answer: heartbeats that ask nothing leave P silent on purpose."""
+    net = Pair(clock)
+    net.grant("p1", "d1", chunk=(1, 1))
+    net.prove()
+    assert chunk_ticks(net, 2) == [1, 0]  # answered at t=0; t=2 asks nothing
+    # t=4: D asks; P forgot D (or the answer is lost): no answer comes.
+    net.d_heartbeat("p1", chunk=(1, 1))
+    assert asked_seqs(net.take_d_sends()) == [2]
+    clock.advance(CONFIG.rehello_after_s - 0.1)
+    net.d_heartbeat("p1", chunk=(1, 1))
+    assert all(not m.startswith(HELLO) for _, m in net.take_d_sends())
+    clock.advance(0.1)
+    net.d_heartbeat("p1", chunk=(1, 1))
+    assert any(m.startswith(HELLO) for _, m in net.take_d_sends())
+
+
+def test_an_answer_to_seq_0_from_a_p_of_before_renews_nothing(clock: Clock) -> None:
+    """A version-2 P of before this rule answers the heartbeats that ask nothing
+    (seq 0); D ignores those answers: no view moves, nothing is malformed."""
+    net = Pair(clock)
+    net.grant("p1", "d1", chunk=(1, 1))
+    net.prove()
+    assert chunk_ticks(net, 2) == [1, 0]
+    left = net.remaining("d1")
+    net.d_receive([("P-agent-0", heartbeat_ack_message(net.proc.instance, [0]))])
+    assert net.remaining("d1") == pytest.approx(left)
+    assert net.d.count("num_malformed_notifs") == 0 and net.d.count("num_heartbeat_views_renewed") == 1

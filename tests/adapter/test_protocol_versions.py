@@ -306,6 +306,7 @@ def test_our_p_answers_a_v2_d_without_a_clock(clock: Clock) -> None:
     assert p.ack_answerer._clock_shift is not None
     old = _answers_to(p, "v2-d-agent", 2)
     assert len(old) == 2 and all(V2_ANSWER.fullmatch(m) for m in old), old  # welcome, answer
+    clock.advance(p.lease_config.answer_tick_s)  # P's next answer tick
     new = _answers_to(p, "v3-d-agent", 3)
     assert len(new) == 2 and b"@" not in new[0] and b"@" in new[1], new
 

@@ -256,6 +256,23 @@ def test_chunk_answer_guards() -> None:
     assert views.prune_chunk_acks(sent_before=100.0) == 1
 
 
+def test_chunk_renewed_until_is_what_its_latest_answer_proved() -> None:
+    """D3b's question: until when the chunk's latest answer renewed its views
+    (None while a view waits for its first answer, or no answer is kept)."""
+    views = LeaseViews(margin=0.0)
+    assert views.chunk_renewed_until("P", 7) is None
+    views.add("a", "P", "ra", 10.0, 20.0, INSTANCE, chunk=(7, 3))
+    assert views.chunk_renewed_until("P", 7) is None  # a waits for its first answer
+    views.chunk_acked("P", INSTANCE, 7, 3, started=5.0, offset=0.0)
+    assert views.chunk_renewed_until("P", 7) == pytest.approx(25.0)
+    views.add("b", "P", "rb", 30.0, 12.0, INSTANCE, chunk=(7, 4))  # a shorter extension joins
+    assert views.chunk_renewed_until("P", 7) is None
+    views.chunk_acked("P", INSTANCE, 7, 4, started=9.0, offset=0.0)
+    assert views.chunk_renewed_until("P", 7) == pytest.approx(21.0)  # the shortest extension
+    views.prune_chunk_acks(sent_before=10.0)
+    assert views.chunk_renewed_until("P", 7) is None  # forgotten: ask
+
+
 def test_first_answer_after_the_view_lapsed_ends_it() -> None:
     views = LeaseViews(margin=0.0)
     views.add("a", "P", "ra", 10.0, 20.0, INSTANCE, chunk=(7, 1))

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 MODEL = Path(__file__).resolve().parents[2] / "spec" / "protocol.pml"
-SCOPES = ("SCOPE_NET", "SCOPE_RANKS", "SCOPE_RESTART", "SCOPE_ABORT")
+SCOPES = ("SCOPE_NET", "SCOPE_RANKS", "SCOPE_RESTART", "SCOPE_ABORT", "SCOPE_TICK")
 # mutation -> the scope whose faults expose it
 MUTATIONS = {
     "MUT_RENEW_ON_SEND": "SCOPE_NET",
@@ -35,6 +35,7 @@ MUTATIONS = {
     "MUT_DROP_PARKED": "SCOPE_ABORT",
     "MUT_FREE_ON_FIRST_COMPLETION": "SCOPE_READERS",
     "MUT_READ_BEFORE_CLAIM": "SCOPE_READERS",
+    "MUT_RENEW_FROM_ARRIVAL": "SCOPE_TICK",
 }
 # The mutation's counterexample must end at this assertion.
 MUTATION_ASSERTS = {
@@ -47,6 +48,7 @@ MUTATION_ASSERTS = {
     "MUT_DROP_PARKED": "dblk_back",
     "MUT_FREE_ON_FIRST_COMPLETION": "rd_ok",
     "MUT_READ_BEFORE_CLAIM": "rd_ok",
+    "MUT_RENEW_FROM_ARRIVAL": "rd_ok",
 }
 # Breadth-first where the space up to the counterexample is small: the shortest trail.
 BREADTH_FIRST = {
@@ -57,6 +59,7 @@ BREADTH_FIRST = {
     "MUT_DROP_PARKED",
     "MUT_FREE_ON_FIRST_COMPLETION",
     "MUT_READ_BEFORE_CLAIM",
+    "MUT_RENEW_FROM_ARRIVAL",
 }
 # SCOPE_READERS's whole space and MUT_TWO_READS take minutes: spec/README.md runs them by hand.
 # A search of the whole space must never stop at these bounds.

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -531,7 +532,7 @@ def ack_p(probe: Measurer, env: Any) -> None:
             msgs = lhb if ours else hb
 
             def deliver(w: Any = w, msgs: list[bytes] = msgs) -> None:
-                clock.now += 1.0  # past the answer gap: this round is answered at once
+                clock.now += INTERVAL / 2  # past P's answer tick: this round is answered at once
                 w.nixl_wrapper.deliver("D", *msgs)
 
             with probe.instrumented():
@@ -759,6 +760,113 @@ def idle_parts(role: str, n: int) -> Callable[[Measurer, Any], None]:
     return run
 
 
+# -- P answering 8 D engines that pace their heartbeats over the interval -------------------
+P_STEP_S = 0.020  # one P step (virtual time)
+TAG_KEY = b"k" * 16
+
+
+class PFleet:
+    """P (a real scheduler and worker) holding ``leases`` leases read by 8 D
+    engines; each D heartbeats its share once per interval, at its own phase
+    (D's pacing), as ``LHBT:`` to ours (every one asking an answer: the most P
+    answers) and as ``HB:`` to stock.  ``sending_steps`` of ``steps``: P's steps
+    that called ``send_notif`` (``FakeNixlWrapper.send_steps``)."""
+
+    def __init__(self, env: Any, ours: bool, leases: int, clock: PerfCounter) -> None:
+        from vllm_nixl_lease import encode_heartbeats
+        from vllm_nixl_lease._wire import ACKED_HEARTBEAT_OVERHEAD, hello_message
+        from vllm_nixl_lease.lease_tags import lease_tag
+
+        self.clock = clock
+        self.sched, self.worker = p_engine(env, ours)
+        ids = req_ids(leases)
+        agents = [f"D{k}" for k in range(D_ENGINES)]
+        if ours:
+            self.worker.lease_keeper.adopt_instance(SimpleNamespace(lease_instance=(INSTANCE, TAG_KEY)))
+        grant(self.worker, ids, FAR)
+        wrapper = self.worker.nixl_wrapper
+        self.rounds: list[tuple[str, list[bytes]]] = []  # per D: its agent and its round's HB: messages
+        for k, agent in enumerate(agents):
+            share = ids[k::D_ENGINES]
+            names = [lease_tag(rid, TAG_KEY) for rid in share] if ours else share
+            self.rounds.append((agent, list(encode_heartbeats(names, MAX_BYTES - ACKED_HEARTBEAT_OVERHEAD))))
+        if ours:  # every D's hello admitted and loaded, as in a running fleet
+            for agent in agents:
+                md = FakeNixlWrapper(name=agent).get_partial_agent_metadata(None)
+                wrapper.deliver(agent, hello_message(INTERVAL, md, lease_tag(ids[0], TAG_KEY)))
+            self.worker._get_new_notifs()
+            for load, *_ in self.worker.ack_answerer._loading.values():
+                load.result()
+            self.worker._get_new_notifs()
+        self.ours = ours
+        self.step = step_fn(self.sched, self.worker, P_OUTPUT, ships_pickled(env))
+        self.steps = round(INTERVAL / P_STEP_S)
+        self.seq = 0
+
+    def deliver(self, step: int) -> None:
+        """The heartbeats that reach P in step ``step`` of the interval."""
+        from vllm_nixl_lease._wire import acked_heartbeat_message
+
+        for k, (agent, msgs) in enumerate(self.rounds):
+            if step % self.steps != k * self.steps // D_ENGINES:
+                continue
+            if self.ours:  # a fresh sequence number per message, as D's ledger gives
+                self.seq += len(msgs)
+                msgs = [acked_heartbeat_message(self.seq - i, m, tagged=True) for i, m in enumerate(msgs)]
+            self.worker.nixl_wrapper.deliver(agent, *msgs)
+
+    def interval(self, count: Callable[[Callable[[], object]], None] | None = None) -> tuple[int, int]:
+        """One interval of steps; ``count(step)`` runs each (default: uncounted).
+        Returns (steps, steps that sent)."""
+        wrapper = self.worker.nixl_wrapper
+        polls, sent = wrapper.polls, wrapper.send_steps
+        for i in range(self.steps):
+            self.deliver(i)
+            if count is None:
+                self.step()
+            else:
+                count(self.step)
+            self.clock.now += P_STEP_S
+        return wrapper.polls - polls, wrapper.send_steps - sent
+
+
+def answer_ticks(steps: int) -> int:
+    """P's answer ticks in ``steps`` steps (P3a: one every half interval), plus the one a window may split."""
+    return math.ceil(steps * P_STEP_S / (INTERVAL / 2)) + 1
+
+
+def p_fleet(leases: int) -> Callable[[Measurer, Any], None]:
+    """P with ``leases`` leases and 8 D pacing ``LHBT:`` over the interval: each
+    step of one interval counted (the row gives the worst step and the mean),
+    after one interval not counted.  Ours must send answers in at most one
+    step per answer tick (P3a): a run that sends in more fails."""
+
+    def run(probe: Measurer, env: Any) -> None:
+        clock = PerfCounter(NOW)
+        try:
+            for side in env.worker_sides:
+                fleet = PFleet(env, side != "stock", leases, clock)
+                fleet.interval()
+
+                def measure_step(step: Callable[[], object], side: str = side) -> None:
+                    probe.measure(env.case.name, side, step, ops=1, warmup=0, repeats=1)
+
+                with probe.instrumented():
+                    steps, sending = fleet.interval(measure_step)
+                print(f"case note: {env.case.name} [{side}]: sent in {sending} of {steps} steps", flush=True)
+                if side != "stock" and sending > answer_ticks(steps):
+                    raise AssertionError(
+                        f"{env.case.name} [{side}]: P sent in {sending} of {steps} steps, more than "
+                        f"one step per answer tick ({answer_ticks(steps)})"
+                    )
+                if side != "stock":
+                    fleet.worker.ack_answerer.shutdown()
+        finally:
+            clock.restore()
+
+    return run
+
+
 # Floors: the least stock/ours ratio each row states (the gate fails below it); set
 # well under what was measured where ours is faster, at 1.0 where the claim is "never
 # slower than stock", absent where ours costs more by design (the twin's grants; D
@@ -889,5 +997,16 @@ CASES: list[Case] = [
         ACK_LEASES,
         ack_d_chunked,
         gate=True,
+    ),
+    *(
+        Case(
+            f"P step, {n} leases, 8 D pacing LHBT: over an interval",
+            "p_step",
+            "step",
+            1,
+            p_fleet(n),
+            per_step=True,
+        )
+        for n in (10, 100)
     ),
 ]

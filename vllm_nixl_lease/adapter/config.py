@@ -37,6 +37,8 @@ DEFAULT_READ_POST_BUDGET_MS = 100.0
 # Smallest heartbeat message accepted: the HB prefix plus room for one long request id
 # (vLLM ids with router prefixes and random suffixes run to ~100 bytes).
 MIN_HEARTBEAT_BYTES = 256
+# A view's margin never falls below this share of lease_safety_margin (read_fence.py).
+MARGIN_FLOOR_SHARE = 0.25
 
 
 class LeaseConfigError(ValueError):
@@ -253,10 +255,16 @@ class LeaseConfig:
 
     @property
     def answer_gap_s(self) -> float:
-        """P answers one D agent at most this often (always once a heartbeat waits twice
-        this): a quarter of D's interval, far inside the extension D's views renew by
-        (0: every step, as D then heartbeats every step)."""
+        """A quarter of D's interval: P welcomes a repeated hello at most this often
+        (or every ``MAX_WELCOME_GAP_S``, when shorter)."""
         return self.heartbeat_interval / 4
+
+    @property
+    def answer_tick_s(self) -> float:
+        """P answers every D agent's waiting heartbeats together this often: half
+        D's interval, what D's margin allows an answer to wait (0: every step, as
+        D then heartbeats every step)."""
+        return self.heartbeat_interval / 2
 
     @property
     def stall_s(self) -> float:

@@ -97,6 +97,10 @@ LEASE_COUNTERS: dict[str, tuple[str, str]] = {
         "vllm:nixl_lease_heartbeat_acks_sent",
         "Acknowledgements P sent for acknowledged (LHB) heartbeats.",
     ),
+    "num_answer_steps": (
+        "vllm:nixl_lease_answer_steps",
+        "P steps that sent heartbeat acknowledgements (at most one per answer tick, P3a).",
+    ),
     "num_heartbeat_acks_dropped": (
         "vllm:nixl_lease_heartbeat_acks_dropped",
         "Acknowledgements P could not send (no hello from that D yet, or the send raised); "

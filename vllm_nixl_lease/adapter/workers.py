@@ -72,6 +72,13 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         self.read_fence = ReadFence(
             self, views, lease_config, requester.proof, requester.other_instance, requester.reached
         )
+        fence = self.read_fence
+
+        def reads_waiting(engine_id: str) -> bool:  # D3b: D always asks while one waits
+            parked = fence.parked.values()
+            return any(m.remote is not None and m.remote.engine_id == engine_id for m in parked)
+
+        requester.reads_waiting = reads_waiting
         self.heartbeat_sender = HeartbeatSender(
             self, lease_config.max_heartbeat_bytes, self.read_fence.heartbeat_delivered, self.ack_requester
         )

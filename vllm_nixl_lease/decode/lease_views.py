@@ -307,6 +307,17 @@ class LeaseViews:
             answers[ack_key] = _ChunkAnswer(max(version, prior.version), started, chain_start)
             answers.move_to_end(ack_key)
 
+    def chunk_renewed_until(self, engine_id: str, key: int) -> float | None:
+        """The earliest end (D's clock) of the views of chunk ``key`` that its
+        latest answer renewed: that answer's send plus the engine's shortest
+        extension.  None when some view of it waits for its first answer, or no
+        answer is kept: then only an answer can say."""
+        if (engine_id, key) in self._first:
+            return None
+        answer = self._chunk_answers.get((engine_id, key))
+        extension = self._extension.get(engine_id)
+        return None if answer is None or extension is None else answer.started + extension
+
     def end(self, engine_id: str, instance: str, names: Iterable[str]) -> int:
         """P ``instance`` said it does not hold these names: end their views.
         Returns how many ended."""

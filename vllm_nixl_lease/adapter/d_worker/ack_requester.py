@@ -21,6 +21,16 @@ then each is behind the ``HB:,`` escape it parses harmlessly.
 - Answers (``LACK:``) renew the views they prove, only from an agent of the
   current connection, for sequence numbers D sent that agent, for sends the
   extension has not yet outlived.
+- Asking.  A chunk's heartbeat asks for an answer (a sequence number from the
+  ledger) only when its views need one: some view of it waits for its first
+  answer, or its latest answer's renewal ends within ``ask_within`` (the
+  view's margin, one interval of D's, half of P's, for P's answer tick, and
+  an eighth of D's for the round trip), or a READ of that engine waits for
+  proof.  Otherwise it goes as ``LHB:0``/``LHBT:0`` (``KEEPALIVE_SEQ``): P
+  extends it and sends nothing (PROTOCOL D3b).  D then asks about every other
+  interval instead of every one, and P sends half as many answers.  A proven
+  agent counts as silent (hello again) once an answer D asked it for is
+  ``rehello_after_s`` overdue.
 - Another instance.  A connection proven to reach another instance than the
   one that granted leases D holds, and of whose instance D holds no lease, is
   released once per (engine, instance) within ``REHANDSHAKE_ONCE_PER_S``
@@ -64,6 +74,7 @@ from vllm.logger import init_logger
 
 from ..._wire import (
     HEARTBEAT_ACK_PREFIX,
+    KEEPALIVE_SEQ,
     LEASE_PROTOCOL_BASE,
     acked_heartbeat_message,
     heartbeat_payload,
@@ -72,7 +83,7 @@ from ..._wire import (
 )
 from ...decode.ack_ledger import AckLedger, Proven
 from ...decode.lease_views import LeaseViews
-from ..config import LeaseConfig
+from ..config import MARGIN_FLOOR_SHARE, LeaseConfig
 from ..metadata import LEASE_VIEWS_ATTR, LeaseViewUpdates
 from ..ratelimit import RateLimitedLog
 from ..upstream import NixlWrapper, UpstreamWorker
@@ -89,6 +100,10 @@ def connection_metadata(wrapper: NixlWrapper) -> bytes:
     from nixl._bindings import DRAM_SEG, nixlRegDList
 
     return wrapper.get_partial_agent_metadata(nixlRegDList(DRAM_SEG), True, ["UCX"])
+
+
+def _never(engine_id: str) -> bool:
+    return False
 
 
 def agent_name(agent: str | bytes) -> str:
@@ -115,6 +130,13 @@ class AckRequester:
         self._proven: dict[str, str] = {}  # P agent -> the instance its answers carry
         self._hello_sent: dict[tuple[str, str], float] = {}  # (P agent, instance D wants) -> last hello
         self._answered: dict[str, float] = {}  # P agent -> last answer
+        self._owed: dict[str, float] = {}  # P agent -> first ask since its last answer
+        # engine -> how close to its end a chunk's renewal must be for D to ask (D3b)
+        self._ask_within: dict[str, float] = {}
+        self._ask_terms: dict[str, tuple[float, float | None]] = {}  # engine -> terms it was computed for
+        self._margin = lease_config.lease_safety_margin
+        # A READ of this engine waits for proof (set by the worker: ReadFence.parked).
+        self.reads_waiting: Callable[[str], bool] = _never
         self._next_sweep = 0.0
         self._engine_by_agent: dict[str, str] = {}  # P agent -> engine, checked on each use
         # engine id -> (the instance D released the connection for, when)
@@ -212,19 +234,38 @@ class AckRequester:
         now = time.perf_counter()
         pairs = self._hellos(engine_id, instance, agents, now, self._silent(now))
         names = [agent_name(agent) for agent in agents]
+        asked = False
         for i, msg in enumerate(messages):
             chunk = chunks[i] if chunks is not None else None
+            if chunk is not None and not self._wants_answer(engine_id, chunk[0], now):
+                unasked = acked_heartbeat_message(KEEPALIVE_SEQ, msg, tagged)
+                pairs.extend((agent, unasked) for agent in agents)
+                continue
+            asked = True
             count = counts[i] if counts is not None else None
             # The ledger keeps names only for a message of no chunk; a chunk's needs its count.
             payload = heartbeat_payload(msg) if chunk is None or count is None else b""
             seq = self.ledger.open(engine_id, names, payload, now, chunk, count, instance=instance)
             acked = acked_heartbeat_message(seq, msg, tagged)
             pairs.extend((agent, acked) for agent in agents)
+        if asked:
+            owed = self._owed
+            for name in names:
+                owed.setdefault(name, now)
         return pairs
 
+    def _wants_answer(self, engine_id: str, key: int, now: float) -> bool:
+        """D3b: does chunk ``key`` of ``engine_id`` need an answer to this tick?"""
+        within = self._ask_within.get(engine_id)
+        if within is None or not self._interval:
+            return True  # no terms known, or heartbeats every step: always ask
+        until = self._views.chunk_renewed_until(engine_id, key)
+        return until is None or until - now <= within or self.reads_waiting(engine_id)
+
     def _silent(self, now: float) -> Callable[[str], bool]:
-        rehello, answered = self._rehello_s, self._answered
-        return lambda name: now - answered.get(name, -math.inf) >= rehello
+        """A proven agent that never answered, or owes an answer ``rehello_after_s`` old."""
+        rehello, answered, owed = self._rehello_s, self._answered, self._owed
+        return lambda name: name not in answered or now - owed.get(name, math.inf) >= rehello
 
     def _hellos(
         self,
@@ -268,10 +309,27 @@ class AckRequester:
         updates: LeaseViewUpdates | None = getattr(metadata, LEASE_VIEWS_ATTR, None)
         if updates is None:
             return
-        versions = self._hello_versions
+        versions, terms = self._hello_versions, self._ask_terms
         for view in updates.new.values():
-            if view.instance and view.hello_version > LEASE_PROTOCOL_BASE:
+            if not view.instance:
+                continue
+            if view.hello_version > LEASE_PROTOCOL_BASE:
                 versions[(view.engine_id, view.instance)] = view.hello_version
+            if terms.get(view.engine_id) != (view.extension, view.interval):
+                self._note_terms(view.engine_id, view.extension, view.interval)
+
+    def _note_terms(self, engine_id: str, extension: float, p_interval: float | None) -> None:
+        """``ask_within`` for a view of these terms (the largest an engine's views need):
+        its margin (``ReadFence.view_margin``'s rule) plus one interval of D's, P's
+        answer tick (half P's interval) and an eighth of D's interval for the round
+        trip.  Asked then, a view keeps more than its margin until the answer."""
+        d_interval = self._interval
+        p_half = (d_interval if p_interval is None else p_interval) / 2
+        room = extension - d_interval - p_half
+        margin = max(self._margin * MARGIN_FLOOR_SHARE, min(self._margin, room / 2))
+        within = margin + d_interval + p_half + d_interval / 8
+        self._ask_within[engine_id] = max(within, self._ask_within.get(engine_id, 0.0))
+        self._ask_terms[engine_id] = (extension, p_interval)
 
     # -- answers -------------------------------------------------------------
     def idle(self) -> bool:
@@ -315,6 +373,7 @@ class AckRequester:
                     )
                     continue
                 self._answered[agent] = now
+                self._owed.pop(agent, None)
                 self._proven[agent] = ack.instance
                 if self.proof(engine_id, ack.instance) == PROVEN:
                     ended = self._views.instance_proven(engine_id, ack.instance)
@@ -403,14 +462,15 @@ class AckRequester:
         """Keep per-agent state only for agents of current connections; forget
         re-handshakes that are over."""
         current = self._engines_by_agent()
-        for table in (self._proven, self._answered):
+        for table in (self._proven, self._answered, self._owed):
             for agent in [a for a in table if a not in current]:
                 del table[agent]
         for sent in [k for k in self._hello_sent if k[0] not in current]:
             del self._hello_sent[sent]
         engines = self._upstream._remote_agents
-        for engine_id in [e for e in self._offset_sent if e not in engines]:
-            del self._offset_sent[engine_id]
+        for per_engine in (self._offset_sent, self._ask_within, self._ask_terms):
+            for engine_id in [e for e in per_engine if e not in engines]:
+                del per_engine[engine_id]
         views = self._views
         for key in [k for k in self._hello_versions if views.any_name(*k) is None]:
             del self._hello_versions[key]

@@ -91,7 +91,7 @@ from vllm.logger import init_logger
 
 from ..._wire import heartbeat_ids
 from ...decode.lease_views import LeaseViews
-from ..config import LeaseConfig
+from ..config import MARGIN_FLOOR_SHARE, LeaseConfig
 from ..metadata import LEASE_VIEWS_ATTR, LeaseViewUpdates, NewView
 from ..ratelimit import RateLimitedLog
 from ..upstream import AgentName, ReadMeta, UpstreamWorker
@@ -102,8 +102,6 @@ logger = init_logger(__name__)
 
 
 READ, FENCE, WAIT, WITHHOLD = "read", "fence", "wait", "withhold"
-# A view's margin never falls below this share of lease_safety_margin.
-MARGIN_FLOOR_SHARE = 0.25
 # Engines whose short lease terms were logged (a bounded memory: oldest forgotten first).
 MAX_LOGGED_ENGINES = 1024
 

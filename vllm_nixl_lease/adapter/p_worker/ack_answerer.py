@@ -16,14 +16,19 @@ renews its lease views on evidence, not on the timing of its own sends
   that hold nothing here cannot keep real D engines out.
 - Acknowledged heartbeats (``HB:,LHB:<seq>,<ids>`` / ``HB:,LHBT:<seq>,<tags>``):
   extended in this step, before the sweep (``LeaseKeeper.extend``), then
-  answered with ``LACK:<instance>:<seqs>[:<names not held>]``.  Answers to one
-  agent are gathered over steps: an agent is answered once its last answer
-  is ``answer_gap_s`` old, at most ``MAX_PACED_ANSWERS_PER_STEP`` agents a
-  step, and always once its oldest unanswered heartbeat is ``answer_gap_s *
-  2`` old.  Each answer is a NIXL send, and D paces its heartbeats over the
-  interval: answering every agent in the step its heartbeats arrive would make
-  a P with many D engines send answers nearly every step.  Delay is safe: D
-  renews a view from the time it *sent* the heartbeat.  Seqs whose names were
+  answered with ``LACK:<instance>:<seqs>[:<names not held>]``, on a tick:
+  every half heartbeat interval (``answer_tick_s``) P answers every agent
+  with heartbeats waiting, all in one step (at most ``MAX_ANSWERS_PER_STEP``
+  agents; the rest in the next steps, the tick still due).  Each answer is a
+  NIXL send (110-180 us cold over UCX/TCP), and D paces its heartbeats over
+  the interval: answering each agent in its own step would make a P with
+  many D engines send in a large share of its steps; on the tick it sends in
+  at most one step per tick.  A heartbeat waits at most one tick (half an
+  interval, what D's margin allows for) plus the steps a tick over the cap
+  spills into.  Delay is safe: D renews a view from the time it *sent* the
+  heartbeat, so a late answer only leaves the view shorter.  A heartbeat
+  with sequence number 0 (``KEEPALIVE_SEQ``: D wants no answer, its views
+  are long, ``ack_requester.py``) is extended and never answered.  Seqs whose names were
   all held share one answer; the rest share a second one naming those not
   held (a name missing from one counts as missing from all: conservative).
   What one agent's pending answer collects is bounded: past
@@ -61,6 +66,7 @@ from ..._wire import (
     ESCAPE_PREFIX,
     HELLO_KIND,
     HELLO_VERSIONS,
+    KEEPALIVE_SEQ,
     heartbeat_ack_message,
     is_tag,
     parse_acked_heartbeat,
@@ -91,8 +97,8 @@ MAX_PENDING_SEQS = 4 * MAX_SEQS_PER_ANSWER
 # A loaded agent's repeated hello is welcomed again at most this often (or every
 # answer gap, when shorter); D repeats a hello no more than every hello_retry_s.
 MAX_WELCOME_GAP_S = 0.1
-# Agents answered in one step because their gap is over (overdue ones on top).
-MAX_PACED_ANSWERS_PER_STEP = 2
+# Agents answered in one step of a tick; the rest go in the next steps.
+MAX_ANSWERS_PER_STEP = 64
 _IDS, _TAGS = HeartbeatForm.IDS, HeartbeatForm.TAGS  # module globals: cheaper than class lookups
 
 
@@ -146,11 +152,12 @@ class AckAnswerer:
         self._keeper = keeper
         self._forget_after = lease_config.forget_after_s
         self._forget_sweep = lease_config.forget_sweep_s
-        self._answer_gap = lease_config.answer_gap_s  # 0: every agent answered in the step
+        # Every agent's answers go out together this often (0: in the step they arrive).
+        self._tick = lease_config.answer_tick_s
+        self._next_tick = 0.0  # the tick is due from then, once an answer waits
         self._pending: dict[str, _Answer] = {}  # oldest first
-        self._answered: dict[str, float] = {}  # agent -> last answer sent
         self._welcomed: dict[str, float] = {}  # agent -> last welcome sent
-        self._welcome_gap = min(self._answer_gap, MAX_WELCOME_GAP_S)
+        self._welcome_gap = min(lease_config.answer_gap_s, MAX_WELCOME_GAP_S)
         self._agents: dict[str, _Agent] = {}  # loaded agents
         # agent -> (load, its interval, its hello's version)
         self._loading: dict[str, tuple[Future[AgentName], float, int]] = {}
@@ -178,7 +185,7 @@ class AckAnswerer:
 
     def idle(self) -> bool:
         """No D agent known: with no message, a step has nothing to answer or forget."""
-        return not (self._pending or self._loading or self._agents or self._answered or self._queued)
+        return not (self._pending or self._loading or self._agents or self._welcomed or self._queued)
 
     def handle(self, messages: Mapping[str, list[bytes]]) -> None:
         """One step's messages behind the ``HB:,`` escape (other prefixes are
@@ -231,13 +238,16 @@ class AckAnswerer:
         missing = self._keeper.extend(_TAGS if tagged else _IDS, (payload,), now)
         known = self._agents.get(agent)
         if known is None and agent not in self._loading:
-            # No hello admitted (or forgotten): D says hello again when answers stop.
-            self._upstream.xfer_stats.add("num_heartbeat_acks_dropped", 1)
+            if seq != KEEPALIVE_SEQ:
+                # No hello admitted (or forgotten): D says hello again when answers stop.
+                self._upstream.xfer_stats.add("num_heartbeat_acks_dropped", 1)
             return
         if known is not None:
             known.heard = now
             if missing is not None and payload and len(missing) <= payload.count(b","):
                 known.useful = now  # it named at least one lease held here
+        if seq == KEEPALIVE_SEQ:
+            return  # D wants no answer: extended, nothing to send
         answer = self._pending.get(agent)
         if answer is None:
             answer = self._pending[agent] = _Answer(now)
@@ -253,22 +263,20 @@ class AckAnswerer:
             answer.held.append(seq)
         if len(answer) >= MAX_PENDING_SEQS:
             del self._pending[agent]
-            self._answered[agent] = now
             self._answer(agent, answer, now)
 
     def _answer_due(self, now: float) -> None:
-        gap = self._answer_gap
-        budget = MAX_PACED_ANSWERS_PER_STEP
-        for agent, answer in list(self._pending.items()):
-            if gap and now - answer.since < 2 * gap:  # not overdue
-                if budget <= 0:
-                    break  # the rest arrived later still: none is overdue
-                if now - self._answered.get(agent, -math.inf) < gap:
-                    continue
-                budget -= 1
-            del self._pending[agent]
-            self._answered[agent] = now
-            self._answer(agent, answer, now)
+        """On the tick: every waiting agent's answer, oldest first, at most
+        ``MAX_ANSWERS_PER_STEP`` of them; the tick stays due until none waits."""
+        if now < self._next_tick:
+            return
+        pending = self._pending
+        for _ in range(min(len(pending), MAX_ANSWERS_PER_STEP)):
+            agent = next(iter(pending))
+            self._answer(agent, pending.pop(agent), now)
+        self._upstream.xfer_stats.add("num_answer_steps", 1)
+        if not pending:
+            self._next_tick = now + self._tick
 
     def _answer(self, agent: str, answer: _Answer, now: float) -> None:
         if not self._answerable(agent) or not self._keeper.instance:
@@ -427,8 +435,6 @@ class AckAnswerer:
                 del self._agents[agent]
                 if not self._used_by_upstream(agent):
                     self._remove(agent)
-        for agent in [a for a in self._answered if not self._answerable(a)]:
-            del self._answered[agent]
         for agent in [a for a in self._welcomed if not self._answerable(a)]:
             del self._welcomed[agent]
         for agent in [a for a in self._queued if a not in self._loading]:
