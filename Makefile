@@ -149,14 +149,14 @@ test-vllm032: build-cpu
 	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 $(CPU_VPY) -m pytest -n auto -p no:cacheprovider -q $(CONNECTOR_TESTS)
 
 # The installs first, side by side (downloads and unpacking overlap), then the stages in order.
-# The connector suites on the twin and on vLLM 0.32 share the machine with the instruction gate:
-# none of them times anything (callgrind counts instructions, whatever the load), so they overlap
-# instead of queueing. The end-to-end tests come last and run serially: each starts a real P/D pair
+# The connector suites on the twin and on vLLM 0.32 share the machine with the instruction gate
+# and the wheel's install check: none of them times anything (callgrind counts instructions,
+# whatever the load; the wheel's check is mostly pip), so they overlap instead of queueing. The end-to-end tests come last and run serially: each starts a real P/D pair
 # (one core each) and nothing else may compete with it.
 test:
 	$(MAKE) -j4 build build-cpu venv-router system-deps $(VENV)/.demo-deps
-	$(MAKE) lint test-dist test-core
-	$(MAKE) -j3 --output-sync=target test-twin test-instr test-vllm032
+	$(MAKE) lint test-core
+	$(MAKE) -j4 --output-sync=target test-twin test-instr test-vllm032 test-dist
 	$(MAKE) test-e2e
 
 .PHONY: dist test-dist
