@@ -157,6 +157,15 @@ def check_pace_phase(phase: float) -> float:
     return phase
 
 
+def check_round_bytes(round_bytes: int) -> int:
+    """The bytes of a heartbeat round small enough to go in one step: an int >= 0 (0: always paced)."""
+    if isinstance(round_bytes, bool) or not isinstance(round_bytes, int):
+        raise TypeError("round_bytes must be an int")
+    if round_bytes < 0:
+        raise ValueError(f"round_bytes must be >= 0, got {round_bytes!r}")
+    return round_bytes
+
+
 def check_max_message_bytes(max_message_bytes: int) -> int:
     """A heartbeat message size cap: an int with room for the prefix and an id."""
     if isinstance(max_message_bytes, bool) or not isinstance(max_message_bytes, int):

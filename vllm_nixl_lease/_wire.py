@@ -48,7 +48,6 @@ import math
 import secrets
 from base64 import urlsafe_b64decode, urlsafe_b64encode
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any, NamedTuple, TypeGuard
 
 LEASE_PROTOCOL_VERSION = 3
@@ -313,13 +312,14 @@ PARAM_LEASE_INSTANCE = "remote_lease_instance"  # the P process that granted the
 PARAM_LEASE_TAG = "remote_lease_tag"  # the lease's tag, for ``LHBT:`` (lease_tags.py)
 
 
-@dataclass(frozen=True, slots=True)
-class LeaseTerms:
+class LeaseTerms(NamedTuple):
     """What one request's ``kv_transfer_params`` say about its lease on P.
 
     ``instance`` is empty for a *plain* lease: a P that does not speak our
     protocol version (stock, an older or a newer release of ours), which D
-    heartbeats with upstream's ``HB:`` only.
+    heartbeats with upstream's ``HB:`` only.  Immutable; a tuple, because D
+    parses one per arriving request (a frozen dataclass costs a
+    ``object.__setattr__`` per field).
     """
 
     deadline: float
@@ -374,6 +374,8 @@ _B64URL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456
 
 
 def _finite(value: object) -> TypeGuard[float]:
+    if type(value) is float:  # the common case, without the isinstance checks
+        return value - value == 0.0  # inf - inf and nan - nan are nan
     return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 

@@ -48,7 +48,7 @@ def scheduler_factory(tmp_path_factory: pytest.TempPathFactory):
 
 
 def test_scheduler_tracks_in_core_and_ships_bytes(scheduler_factory, clock: Clock) -> None:
-    sched = scheduler_factory()
+    sched = scheduler_factory({"kv_lease_duration": 12, "heartbeat_step_bytes": 0})  # always paced
     sched.on_new_request(fake_request("d1", **remote_prefill_params("P1", "p-1", tp=2)))
     sched.on_new_request(fake_request("d2", **remote_prefill_params("P1", "p-2", tp=2)))
     sched.on_new_request(fake_request("d3", **remote_prefill_params("P2", "q-1", port=5700)))
@@ -79,6 +79,23 @@ def test_scheduler_tracks_in_core_and_ships_bytes(scheduler_factory, clock: Cloc
     assert {g.engine_id for g in sched.heartbeats.groups.values()} == {"P1"}
 
 
+def test_a_small_round_goes_in_one_step(scheduler_factory, clock: Clock) -> None:
+    """Under ``heartbeat_step_bytes`` (default 64 KiB) the whole round goes out
+    in one step, once per interval: one sending step, not one per chunk."""
+    sched = scheduler_factory()  # interval 12 // 6 = 2 s
+    for k in range(8):
+        sched.on_new_request(fake_request(f"d{k}", **remote_prefill_params(f"P{k}", f"p-{k}")))
+    sending = []
+    for step in range(int(6.0 / 0.05)):  # three intervals of 50 ms steps
+        sent = getattr(sched.build_connector_meta(None), "lease_heartbeats", {})
+        if sent:
+            sending.append((step, len(by_engine(sent))))
+        clock.advance(0.05)
+    assert [n for _, n in sending] == [8, 8, 8]  # every chunk, one step an interval
+    steps = [step for step, _ in sending]
+    assert steps[0] == 0 and all(b - a in (40, 41) for a, b in zip(steps, steps[1:], strict=False))
+
+
 def test_d_engines_pace_their_rounds_at_phases_drawn_from_their_ids(scheduler_factory, clock: Clock) -> None:
     """Two D engines handed the same 8 requests (one chunk each) at the same moment
     send the round's early chunks at different steps: each paces at the phase its
@@ -87,7 +104,9 @@ def test_d_engines_pace_their_rounds_at_phases_drawn_from_their_ids(scheduler_fa
     assert all(0.0 <= pace_phase(f"d{i}") < 1.0 for i in range(100))
     sends: dict[str, list[int]] = {}
     for engine in ("d-a", "d-b"):
-        sched = scheduler_factory({"kv_lease_duration": 12, "max_heartbeat_bytes": 256}, engine)
+        sched = scheduler_factory(
+            {"kv_lease_duration": 12, "max_heartbeat_bytes": 256, "heartbeat_step_bytes": 0}, engine
+        )
         for i in range(8):
             sched.on_new_request(fake_request(f"d{i}", **remote_prefill_params("P1", f"p-{i:0200d}")))
         steps = []

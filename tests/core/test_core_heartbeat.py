@@ -180,7 +180,7 @@ def test_paced_phase_offsets_a_new_round_without_sending_more(core):
     assert sum(n for t, n in aligned if t >= 1) == sum(n for t, n in offset if t >= 1) == 32
 
 
-def _paced_run(core, seed: int, skip: bool = False, phase: float = 0.0):
+def _paced_run(core, seed: int, skip: bool = False, phase: float = 0.0, round_bytes: int = 0):
     """Random tracks/untracks (FIFO-ish and random), random step lengths;
     returns what was sent and checks the promise on the way.  A poll before
     ``next_poll_at`` must send nothing; with ``skip`` it is not made (what
@@ -189,7 +189,7 @@ def _paced_run(core, seed: int, skip: bool = False, phase: float = 0.0):
 
     rng = random.Random(seed)
     interval = 1.0
-    hb = core.HeartbeatTracker(interval, max_message_bytes=40, phase=phase)
+    hb = core.HeartbeatTracker(interval, max_message_bytes=40, phase=phase, round_bytes=round_bytes)
     live: dict[str, tuple[str, str]] = {}
     last_sent: dict[tuple[str, str], float] = {}  # (engine, remote id) -> last send
     tracked_at: dict[tuple[str, str], float] = {}
@@ -234,6 +234,46 @@ def test_paced_promise_holds_under_churn(core, seed, phase):
     """Each live id is sent at most ``interval`` after its previous send (or
     after it was tracked), whatever arrives and leaves, at any phase."""
     _paced_run(core, seed, phase=phase)
+
+
+@pytest.mark.parametrize("seed", range(5))
+@pytest.mark.parametrize("round_bytes", [120, 400, 10_000])
+def test_a_small_round_keeps_the_promise(core, seed, round_bytes):
+    """Rounds that fit ``round_bytes`` go whole, rounds that grow past it are
+    paced again: each live id still goes out within ``interval``."""
+    _paced_run(core, seed, round_bytes=round_bytes)
+    _paced_run(core, seed, skip=True, phase=0.4, round_bytes=round_bytes)
+
+
+def test_a_round_that_fits_the_step_budget_goes_in_one_step(core):
+    """8 chunks of 12 bytes (96 bytes a round): with a budget of 96 bytes every
+    round goes out in one poll, once per interval; with 95 it is paced, 8 polls
+    an interval as before."""
+
+    def sending_polls(round_bytes: int) -> tuple[list[int], int]:
+        hb = core.HeartbeatTracker(1.0, max_message_bytes=12, round_bytes=round_bytes)
+        for i in range(8):
+            hb.track(f"l{i}", f"P{i % 2}", f"r{i:07d}")
+        sizes, made = [], 0
+        for step in range(3000):
+            now = step * 0.001
+            if now < hb.next_poll_at:
+                continue
+            made += 1
+            n = sum(len(v) for v in hb.poll_paced_chunks(now).values())
+            if n:
+                sizes.append(n)
+        return sizes, made
+
+    whole, made = sending_polls(96)
+    assert whole == [8, 8, 8]  # at 0, 1 and 2 s
+    assert made == 3  # the polls between skipped (next_poll_at)
+    paced, _ = sending_polls(95)
+    assert paced[0] == 8 and set(paced[1:]) == {1} and len(paced) == 1 + 23
+    with pytest.raises(ValueError):
+        core.HeartbeatTracker(1.0, round_bytes=-1)
+    with pytest.raises(TypeError):
+        core.HeartbeatTracker(1.0, round_bytes=1.5)
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -286,6 +326,7 @@ def test_paced_twin_and_cython_agree(seed, skip):
         pytest.skip("no Cython build")
     assert _paced_run(cython, seed, skip) == _paced_run(load_core("python"), seed, skip)
     assert _paced_run(cython, seed, skip, 0.6) == _paced_run(load_core("python"), seed, skip, 0.6)
+    assert _paced_run(cython, seed, skip, 0.6, 300) == _paced_run(load_core("python"), seed, skip, 0.6, 300)
 
 
 def test_chunk_versions_name_who_a_message_covers(core):

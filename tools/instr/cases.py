@@ -28,6 +28,7 @@ from typing import Any
 
 from harness.upstream_fake import NIXL, FakeNixlWrapper, make_upstream_worker, stock_worker_class
 from tools.bench_core import load_impl, req_ids
+from tools.instr.d_lifecycle import d_churn
 from tools.instr.probe import Measurer, PerfCounter
 from vllm_nixl_lease._wire import default_heartbeat_interval, default_lease_extension, heartbeat_message
 
@@ -977,6 +978,28 @@ CASES: list[Case] = [
         d_queue(100_000),
         per_step=True,
         mean_floor={"cython": 0.7, "twin": 0.6},
+    ),
+    # Requests through vLLM's real hooks (tools/instr/d_lifecycle.py): arrival, allocation and
+    # READ, its completion the next step, update_connector_output, request_finished.
+    *(
+        Case(
+            f"D churn, {n:,} queued over 8 P, 10 in + 10 out per step",
+            "d_step",
+            "step",
+            1,
+            d_churn(n, CHURN),
+            per_step=True,
+        )
+        for n in (100, 1000, 10_000)
+    ),
+    Case("D lifecycle with READs, 10 per step", "d_step", "step", 1, d_churn(0, CHURN), per_step=True),
+    Case(
+        "D against a stock P (plain views), 1,000 queued, 10 in + 10 out per step",
+        "d_step",
+        "step",
+        1,
+        d_churn(1000, CHURN, plain=True),
+        per_step=True,
     ),
     Case("parts: P idle step, 10 leases", "parts", "call", 1, idle_parts("P", 10)),
     Case("parts: D idle step, 10 queued", "parts", "call", 1, idle_parts("D", 10)),

@@ -34,6 +34,9 @@ DEFAULT_MAX_EXPIRIES_PER_STEP = 2000
 # (read_pacer.py): short next to any lease, so a burst cannot delay heartbeats by much
 # (see docs/BENCHMARKS.md).
 DEFAULT_READ_POST_BUDGET_MS = 100.0
+# A heartbeat round this small goes out whole in one step (one sending step per
+# interval instead of one per chunk); a larger one is paced over the interval.
+DEFAULT_HEARTBEAT_STEP_BYTES = 65536
 # Smallest heartbeat message accepted: the HB prefix plus room for one long request id
 # (vLLM ids with router prefixes and random suffixes run to ~100 bytes).
 MIN_HEARTBEAT_BYTES = 256
@@ -210,6 +213,9 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
     ConfigKey("max_expiries_per_step", int, DEFAULT_MAX_EXPIRIES_PER_STEP, "an int >= 1", low=1),
     ConfigKey("heartbeat_tags", bool, True, TRUE_OR_FALSE),
     ConfigKey(
+        "heartbeat_step_bytes", int, DEFAULT_HEARTBEAT_STEP_BYTES, "an int >= 0 (0: always paced)", low=0,
+    ),
+    ConfigKey(
         "read_post_budget_ms", float, DEFAULT_READ_POST_BUDGET_MS, "a number >= 0 (0: no bound)", low=0,
         field="read_post_budget_s", convert=_ms_to_s,
     ),
@@ -234,6 +240,8 @@ class LeaseConfig:
     read_post_budget_s: float = DEFAULT_READ_POST_BUDGET_MS / 1000
     # D names leases by tag (lease_tags.py) to a P that takes them; False: by id.
     heartbeat_tags: bool = True
+    # A heartbeat round of at most this many bytes goes out in one step; a larger one is paced.
+    heartbeat_step_bytes: int = DEFAULT_HEARTBEAT_STEP_BYTES
 
     # -- times derived from the settings -------------------------------------
     @property

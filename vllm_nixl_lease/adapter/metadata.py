@@ -91,8 +91,19 @@ class LeaseViewUpdates:
     # it: for the new views, and for views whose ids were repacked.
     chunks: dict[str, tuple[int, int]] = field(default_factory=dict)
 
-    def __reduce__(self) -> tuple[type, tuple[object, ...]]:
-        return LeaseViewUpdates, (self.new, self.dropped, self.chunks)  # see EngineHeartbeats
+    def __reduce__(self) -> tuple[Any, tuple[object, ...]]:
+        # The views as plain tuples: a NamedTuple pickles through two Python-level
+        # calls per view (``__getnewargs__``, then ``__new__`` to unpickle), the
+        # costliest part of shipping a step's new views.
+        plain = {local_id: tuple(view) for local_id, view in self.new.items()}
+        return _unpickle_view_updates, (plain, self.dropped, self.chunks)
+
+
+def _unpickle_view_updates(
+    plain: dict[str, tuple[Any, ...]], dropped: list[str], chunks: dict[str, tuple[int, int]]
+) -> LeaseViewUpdates:
+    new_view = tuple.__new__  # a NewView without its Python-level __new__
+    return LeaseViewUpdates({k: new_view(NewView, v) for k, v in plain.items()}, dropped, chunks)
 
 
 # Attribute set on upstream's NixlConnectorMetadata: the step is idle (idle_pause.py).

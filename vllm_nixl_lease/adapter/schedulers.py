@@ -38,30 +38,52 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
         # have evicted).
         self._quiet = False
 
-    # D: upstream validates and records the request in its own heartbeat
-    # dicts; our components take it over from there.
+    # D: a request that waits for its remote prefill is tracked by our
+    # components directly, under upstream's rule (every remote field present):
+    # upstream's own heartbeat dicts are never built and then undone.
     def on_new_request(self, request: Any) -> None:
-        super().on_new_request(request)
         self._quiet = False
-        req_id = request.request_id
-        entry = self._heartbeat_req_engine.get(req_id)
-        if entry is None:
+        params = request.kv_transfer_params
+        if params is None or not params.get("do_remote_prefill") or params.get("do_remote_decode"):
+            # Not a plain remote prefill (P's truncation, or both roles): upstream's way.
+            super().on_new_request(request)
+            entry = self._heartbeat_req_engine.get(request.request_id)
+            if entry is not None:
+                target = self._heartbeat_by_engine[entry[0]]
+                super()._stop_heartbeat(request.request_id)
+                self._track(
+                    request.request_id, entry[0], entry[1], HeartbeatSchedule.target_of(target), params
+                )
             return
+        engine_id = params.get("remote_engine_id")
+        remote_id = params.get("remote_request_id")
+        host = params.get("remote_host")
+        port = params.get("remote_port")
+        tp_size = params.get("tp_size")
+        if engine_id is None or remote_id is None or host is None or port is None or tp_size is None:
+            return
+        target = (host, port, tp_size, params.get("dcp_size", 1), params.get("pp_size", 1))
+        self._track(request.request_id, engine_id, remote_id, target, params)
+
+    def _track(
+        self, req_id: str, engine_id: str, remote_id: str, target: tuple[Any, ...], params: Any
+    ) -> None:
         # The request's own params say what its P takes (never an engine id's past);
         # acknowledged heartbeats exist to renew the read fence's views.
-        terms = self.lease_views.terms_of(req_id, entry[0], request.kv_transfer_params)
-        taken = self.heartbeats.take_over(
-            self, req_id, super()._stop_heartbeat, terms, self.lease_config.heartbeat_tags
+        terms = self.lease_views.terms_of(req_id, engine_id, params)
+        taken = self.heartbeats.track_request(
+            req_id, engine_id, remote_id, target, terms, self.lease_config.heartbeat_tags
         )
         if taken is not None and terms is not None:
-            engine_id, instance, name = taken
+            instance, name = taken
             self.lease_views.add(req_id, engine_id, instance, name, terms, self.heartbeats.chunk_of(req_id))
 
     def _stop_heartbeat(self, req_id: str) -> None:
         self._quiet = False
         self.lease_views.drop(req_id)
         self.heartbeats.untrack(req_id)
-        super()._stop_heartbeat(req_id)
+        if self._heartbeat_req_engine:  # empty unless a hook of upstream's recorded one
+            super()._stop_heartbeat(req_id)
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         # Upstream's by name: super() resolves through the MRO on every call,

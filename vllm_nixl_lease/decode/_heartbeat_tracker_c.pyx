@@ -18,6 +18,7 @@ from .._checks import (
     check_interval,
     check_max_message_bytes,
     check_pace_phase,
+    check_round_bytes,
     check_remote_id,
 )
 from .._wire import HEARTBEAT_PREFIX
@@ -141,9 +142,13 @@ cdef class HeartbeatTracker:
     cdef readonly double next_poll_at  # no poll before it sends anything (see the twin)
     cdef Py_ssize_t _keys  # chunk keys handed out
     cdef Py_ssize_t _repacks
+    cdef Py_ssize_t _round_bytes  # a round this small goes whole (see the twin); 0: never
+    cdef Py_ssize_t _payload      # distinct ids' bytes plus one separator each, all engines
 
-    def __init__(self, interval, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, phase=0.0):
+    def __init__(self, interval, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, phase=0.0, round_bytes=0):
         self._interval = check_interval(interval)
+        self._round_bytes = check_round_bytes(round_bytes)
+        self._payload = 0
         self._max = check_max_message_bytes(max_message_bytes)
         self._phase = check_pace_phase(phase)
         self._engines = {}
@@ -181,8 +186,12 @@ cdef class HeartbeatTracker:
             (<_Chunk>engine.where[raw]).touch()  # already in a message of this engine; a new joiner
             return
         engine.refs[raw] = 1
+        cdef bint small = self._small_round()
         self._append(engine, raw)
         engine.size += PyBytes_GET_SIZE(raw)
+        self._payload += PyBytes_GET_SIZE(raw) + 1
+        if small and not self._small_round():
+            self.next_poll_at = NOW  # the round outgrew the budget: paced from the next poll
 
     cdef void _append(self, _Engine engine, bytes raw, double new_due=NOW) except *:
         cdef _Chunk chunk = engine.chunks[len(engine.chunks) - 1] if engine.chunks else None
@@ -216,6 +225,7 @@ cdef class HeartbeatTracker:
         chunk.size -= PyBytes_GET_SIZE(raw) + (1 if chunk.ids else 0)
         chunk.touch()
         engine.size -= PyBytes_GET_SIZE(raw)
+        self._payload -= PyBytes_GET_SIZE(raw) + 1
         if not chunk.ids:
             engine.chunks.remove(chunk)
             chunk.alive = False
@@ -284,8 +294,12 @@ cdef class HeartbeatTracker:
                 self._emit(out, chunk)
                 sent.append(chunk)
                 fresh = fresh or chunk.due == NOW
-        # They count toward the pace; a new round's early sends start at the phase.
-        credit = max(self._phase if fresh else 0.0, credit - len(sent))
+        cdef bint small = self._small_round()
+        if small:  # a due chunk takes the whole round with it; nothing goes early otherwise
+            credit = <double>self._chunks if sent else 0.0
+        else:
+            # They count toward the pace; a new round's early sends start at the phase.
+            credit = max(self._phase if fresh else 0.0, credit - len(sent))
         while heap and credit >= 1:  # early, to keep the pace
             entry = heapq.heappop(heap)
             chunk = entry[2]
@@ -298,13 +312,21 @@ cdef class HeartbeatTracker:
         for chunk in sent:  # after the loops: with interval 0, once per call
             self._schedule(chunk, next_due)
         cdef double credit_at
-        if self._interval > 0 and self._chunks:
+        if small:
+            self._credit = 0.0  # pacing, should the round grow, starts afresh
+            heap = self._heap
+            self.next_poll_at = <double>(<tuple>heap[0])[0] if self._interval > 0 and heap else NOW
+        elif self._interval > 0 and self._chunks:
             credit_at = t + (1.0 - credit) * self._interval / self._chunks
             heap = self._heap  # _schedule may have rebuilt it
             self.next_poll_at = min(<double>(<tuple>heap[0])[0], credit_at) if heap else credit_at
         else:
             self.next_poll_at = NOW
         return out
+
+    cdef bint _small_round(self):
+        cdef Py_ssize_t total = self._payload + self._chunks * PREFIX_LEN
+        return 0 < total <= self._round_bytes
 
     cdef void _emit(self, dict out, _Chunk chunk) except *:
         if chunk.message is None:

@@ -25,6 +25,12 @@ only ever makes a send earlier.  What that promises: each id goes out at most
 call when it opened a new chunk.  With ``interval`` 0 every chunk goes out at
 every call.
 
+A small round goes whole: while every chunk's message adds up to at most
+``round_bytes`` (0: never), a call that finds any chunk due sends every chunk
+and none goes early, so a small queue costs one sending step per interval
+instead of one per chunk (pacing exists to keep a large round's bytes out of
+one step).  Sending a chunk before its due time keeps the promise above.
+
 Chunks have a key (unique in the tracker) and a version, bumped by every
 change to their ids and by every ``track`` of an id they hold.  A message
 built at version ``v`` names exactly the ids the chunk held at ``v``, so an
@@ -45,6 +51,7 @@ from .._checks import (
     check_max_message_bytes,
     check_pace_phase,
     check_remote_id,
+    check_round_bytes,
 )
 from .._wire import HEARTBEAT_PREFIX
 
@@ -125,12 +132,20 @@ class HeartbeatTracker:
         "next_poll_at",
         "_keys",
         "_repacks",
+        "_round_bytes",
+        "_payload",
     )
 
     def __init__(
-        self, interval: float, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, phase: float = 0.0
+        self,
+        interval: float,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        phase: float = 0.0,
+        round_bytes: int = 0,
     ) -> None:
         self._interval = check_interval(interval)
+        self._round_bytes = check_round_bytes(round_bytes)
+        self._payload = 0  # distinct ids' bytes plus one separator each, all engines
         self._max = check_max_message_bytes(max_message_bytes)
         self._phase = check_pace_phase(phase)
         self._engines: dict[str, _Engine] = {}
@@ -167,8 +182,12 @@ class HeartbeatTracker:
         if refs:
             engine.where[raw].touch()  # already in a message of this engine; a new joiner
             return
+        small = self._small_round()
         self._append(engine, raw)
         engine.size += len(raw)
+        self._payload += len(raw) + 1
+        if small and not self._small_round():
+            self.next_poll_at = _NOW  # the round outgrew the budget: paced from the next poll
 
     def untrack(self, local_req_id: str) -> bool:
         entry = self._local.pop(local_req_id, None)
@@ -186,6 +205,7 @@ class HeartbeatTracker:
         chunk.size -= len(raw) + (1 if chunk.ids else 0)
         chunk.touch()
         engine.size -= len(raw)
+        self._payload -= len(raw) + 1
         if not chunk.ids:
             engine.chunks.remove(chunk)
             chunk.alive = False
@@ -254,8 +274,12 @@ class HeartbeatTracker:
                 self._emit(out, chunk)
                 sent.append(chunk)
                 fresh = fresh or due == _NOW
-        # They count toward the pace; a new round's early sends start at the phase.
-        credit = max(self._phase if fresh else 0.0, credit - len(sent))
+        small = self._small_round()
+        if small:  # a due chunk takes the whole round with it; nothing goes early otherwise
+            credit = float(self._chunks) if sent else 0.0
+        else:
+            # They count toward the pace; a new round's early sends start at the phase.
+            credit = max(self._phase if fresh else 0.0, credit - len(sent))
         while heap and credit >= 1:  # early, to keep the pace
             due, _, chunk = heapq.heappop(heap)
             if chunk.alive and chunk.due == due:
@@ -266,13 +290,22 @@ class HeartbeatTracker:
         next_due = now + self._interval
         for chunk in sent:  # after the loops: with interval 0, once per call
             self._schedule(chunk, next_due)
-        if self._interval > 0 and self._chunks:
+        if small:
+            self._credit = 0.0  # pacing, should the round grow, starts afresh
+            heap = self._heap
+            self.next_poll_at = heap[0][0] if self._interval > 0 and heap else _NOW
+        elif self._interval > 0 and self._chunks:
             credit_at = now + (1.0 - credit) * self._interval / self._chunks
             heap = self._heap  # _schedule may have rebuilt it
             self.next_poll_at = min(heap[0][0], credit_at) if heap else credit_at
         else:
             self.next_poll_at = _NOW
         return out
+
+    def _small_round(self) -> bool:
+        """Every chunk's message together fits ``round_bytes`` (each at most
+        ``len(HEARTBEAT_PREFIX)`` plus its ids and separators)."""
+        return 0 < self._payload + self._chunks * len(HEARTBEAT_PREFIX) <= self._round_bytes
 
     def _emit(self, out: dict[str, list[tuple[int, int, bytes, int]]], chunk: _Chunk) -> None:
         if chunk.message is None:

@@ -166,7 +166,10 @@ class LeaseViews:
         sharing = self._by_remote.get(key)
         if sharing is None:
             self._by_remote[key] = [local_id]
-            self._names.setdefault((engine_id, instance), {})[name] = None
+            names = self._names.get((engine_id, instance))
+            if names is None:
+                names = self._names[(engine_id, instance)] = {}
+            names[name] = None
         else:
             sharing.append(local_id)
         if chunk is not None:

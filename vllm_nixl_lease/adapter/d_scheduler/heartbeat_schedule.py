@@ -72,6 +72,7 @@ class HeartbeatSchedule:
             lease_config.heartbeat_interval,
             lease_config.max_heartbeat_bytes - ACKED_HEARTBEAT_OVERHEAD,
             pace_phase(engine_id),
+            lease_config.heartbeat_step_bytes,
         )
         # tracker key (one per group) -> the group; a group ends with its last request
         self.groups: dict[str, HeartbeatGroup] = {}
@@ -79,6 +80,11 @@ class HeartbeatSchedule:
         self._next_key = 0
         # groups whose chunks were repacked since the last take_repacked()
         self._repacked: set[str] = set()
+
+    @staticmethod
+    def target_of(info: HeartbeatTarget) -> tuple[str, int, int, int, int]:
+        """Upstream's ``HeartbeatInfo`` as a group's target."""
+        return (info.host, info.port, info.tp_size, info.dcp_size, info.pp_size)
 
     def take_over(
         self,
@@ -91,25 +97,42 @@ class HeartbeatSchedule:
         """Move a request upstream's ``on_new_request`` just recorded for
         heartbeats into this schedule, so upstream's own dicts stay empty (and
         its ``build_connector_meta`` never ships id sets).  ``stop_upstream``
-        is upstream's ``_stop_heartbeat``; ``terms``: the request's lease terms
-        (None: a stock P; pass None too when D keeps no lease views, which
-        acknowledged heartbeats exist to renew); ``tags``: name leases by tag
-        where the terms allow.
-        Returns ``(engine id, instance, the name heartbeats give the lease)``
-        (P's request id or its tag; instance empty for a plain P); None when
-        upstream did not record the request or it cannot be heartbeated."""
+        is upstream's ``_stop_heartbeat``; ``terms`` and ``tags``: see
+        ``track_request``.
+        Returns ``(engine id, instance, the name heartbeats give the lease)``;
+        None when upstream did not record the request or it cannot be heartbeated."""
         entry = upstream._heartbeat_req_engine.get(req_id)
         if entry is None:
             return None
         engine_id, remote_id = entry
         # Read the target first: stopping the last request drops the engine.
-        target = upstream._heartbeat_by_engine[engine_id]
+        target = self.target_of(upstream._heartbeat_by_engine[engine_id])
         stop_upstream(req_id)
+        taken = self.track_request(req_id, engine_id, remote_id, target, terms, tags)
+        return None if taken is None else (engine_id, *taken)
+
+    def track_request(
+        self,
+        req_id: str,
+        engine_id: str,
+        remote_id: str,
+        target: tuple[str, int, int, int, int],
+        terms: LeaseTerms | None = None,
+        tags: bool = False,
+    ) -> tuple[str, str] | None:
+        """Heartbeat the lease of ``req_id`` on P ``engine_id`` (P's request id
+        ``remote_id``; ``target``: where that P listens, as
+        ``(host, port, tp, dcp, pp)``).  ``terms``: the request's lease terms
+        (None: a stock P; pass None too when D keeps no lease views, which
+        acknowledged heartbeats exist to renew); ``tags``: name leases by tag
+        where the terms allow.  Returns ``(instance, the name heartbeats give
+        the lease)`` (P's request id or its tag; instance empty for a plain
+        P); None when it cannot be heartbeated."""
         instance = terms.instance if terms is not None else ""
         tagged = bool(instance) and tags and terms is not None and terms.tag is not None
         name = terms.tag if tagged and terms is not None and terms.tag is not None else remote_id
         if self.track(req_id, engine_id, instance, tagged, name, target):
-            return engine_id, instance, name
+            return instance, name
         return None
 
     def track(
@@ -119,7 +142,7 @@ class HeartbeatSchedule:
         instance: str,
         tagged: bool,
         name: str,
-        target: HeartbeatTarget,
+        target: tuple[str, int, int, int, int],
     ) -> bool:
         group_id = (engine_id, instance, tagged)
         key = self._keys.get(group_id)
@@ -135,12 +158,7 @@ class HeartbeatSchedule:
             return False
         if key not in self.groups:
             self._keys[group_id] = key
-            self.groups[key] = HeartbeatGroup(
-                engine_id,
-                instance,
-                tagged,
-                (target.host, target.port, target.tp_size, target.dcp_size, target.pp_size),
-            )
+            self.groups[key] = HeartbeatGroup(engine_id, instance, tagged, target)
         return True
 
     def untrack(self, req_id: str) -> None:

@@ -341,7 +341,7 @@ class ReadFence:
         instance = self.views.instance_of(req_id)
         # Nothing to read (a full prefix-cache hit, an aborted request's cleanup):
         # upstream only notifies P, which frees the lease on it.
-        if not any(len(group) > 0 for group in meta.local_block_ids):
+        if not any(meta.local_block_ids):  # every group empty (as upstream tests it)
             return self._notify_verdict(req_id, engine_id, instance, agents, offset)
         if instance:
             proof = OTHER if self._proof is None else self._proof(engine_id, instance)
