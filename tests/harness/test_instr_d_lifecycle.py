@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from harness.upstream_fake import stock_worker_class
-from tools.instr.cases import NOW, DEngine, Engines
+from tools.instr.cases import NOW, STEP_S, DEngine, Engines
 from tools.instr.d_lifecycle import make_lifecycle, reads_posted_in_memory
 from tools.instr.probe import PerfCounter
 
@@ -27,7 +27,7 @@ def run(engines: Engines, ours: bool, plain: bool, queued: int, steps: int) -> t
     finished: list[str] = []
     try:
         with reads_posted_in_memory():
-            d = make_lifecycle(DEngine)(env, ours, clock, plain)
+            d = make_lifecycle(DEngine, STEP_S)(env, ours, clock, plain)
             d.fill(queued)
             sched = d.d.sched
             real = sched.request_finished

@@ -84,8 +84,8 @@ BLOCKS = _Blocks([1, 2, 3, 4])
 TOKENS = 4 * 32  # num_external_tokens of a READ of BLOCKS
 
 
-def make_lifecycle(base: type) -> type:
-    """``base`` (``cases.DEngine``) driven through the real hooks; ``plain``:
+def make_lifecycle(base: type, step_s: float) -> type:
+    """``base`` (``cases.DEngine``) driven through the real hooks, ``step_s`` apart; ``plain``:
     P's params carry a lease deadline but no instance (a P that does not
     speak our protocol version: plain views, ``HB:``)."""
 
@@ -130,10 +130,8 @@ def make_lifecycle(base: type) -> type:
                 sched.request_finished(self.requests.pop(local), ([1, 2, 3, 4],))
 
         def churn(self, steps: int, per_step: int, count: Counter | None) -> None:
-            """``steps`` steps of ``STEP_S``: ``per_step`` requests arrive and the
+            """``steps`` steps of ``step_s``: ``per_step`` requests arrive and the
             ``per_step`` oldest get their blocks (their READ ends the next step)."""
-            from tools.instr.cases import STEP_S
-
             for _ in range(steps):
                 arrivals = self.arrivals(per_step)
                 allocated = self.queue[self.head : self.head + per_step]
@@ -148,22 +146,23 @@ def make_lifecycle(base: type) -> type:
                 else:
                     count(step)
                 self.answer()
-                self.clock.now += STEP_S
+                self.clock.now += step_s
 
     return DLifecycle
 
 
-def d_churn(queued: int, per_step: int, plain: bool = False) -> Callable[[Measurer, Any], None]:
-    """D with ``queued`` requests over 8 P engines, ``per_step`` in and out per
-    step through the real hooks; each step of one heartbeat interval counted
-    on its own, after one interval not counted."""
-    from tools.instr.cases import INTERVAL, NOW, STEP_S, DEngine
-
-    cls = make_lifecycle(DEngine)
-    steps = round(INTERVAL / STEP_S)
+def d_churn(
+    engine: type, now: float, interval: float, step_s: float, queued: int, per_step: int, plain: bool = False
+) -> Callable[[Measurer, Any], None]:
+    """D (``engine``: ``cases.DEngine``, passed in so that this module does not import the
+    cases) with ``queued`` requests over 8 P engines, ``per_step`` in and out per step through
+    the real hooks; each step of one heartbeat interval counted on its own, after one interval
+    not counted."""
+    cls = make_lifecycle(engine, step_s)
+    steps = round(interval / step_s)
 
     def run(probe: Measurer, env: Any) -> None:
-        clock = PerfCounter(NOW)
+        clock = PerfCounter(now)
         try:
             with reads_posted_in_memory():
                 for side in env.worker_sides:
