@@ -39,6 +39,7 @@ from vllm_nixl_lease._wire import (
 )
 from vllm_nixl_lease.adapter.config import LeaseConfig
 from vllm_nixl_lease.adapter.d_scheduler.lease_view_collector import LeaseViewCollector
+from vllm_nixl_lease.adapter.d_worker import ack_requester
 from vllm_nixl_lease.adapter.d_worker.ack_requester import OTHER, PENDING, PROVEN, AckRequester
 from vllm_nixl_lease.adapter.d_worker.heartbeat_sender import HeartbeatSender
 from vllm_nixl_lease.adapter.d_worker.read_fence import ReadFence
@@ -1084,7 +1085,13 @@ def chunk_ticks(net: Pair, ticks: int, deliver: bool = True) -> list[int]:
     return seqs
 
 
-def test_d_asks_for_an_answer_only_when_its_chunks_renewal_ends_soon(clock: Clock) -> None:
+@pytest.fixture
+def ask_rule(monkeypatch: pytest.MonkeyPatch) -> None:
+    """D3b's asking rule, which the code ships off (``ack_requester.ASK_ONLY_WHEN_NEEDED``)."""
+    monkeypatch.setattr(ack_requester, "ASK_ONLY_WHEN_NEEDED", True)
+
+
+def test_d_asks_for_an_answer_only_when_its_chunks_renewal_ends_soon(clock: Clock, ask_rule: None) -> None:
     """D3b: the first heartbeat asks (the view waits for its first answer); then
     D asks only once the latest renewal ends within ask_within (margin 2 +
     interval 2 + half P's interval 1 + a round trip 0.25 = 5.25 s): every other
@@ -1100,7 +1107,7 @@ def test_d_asks_for_an_answer_only_when_its_chunks_renewal_ends_soon(clock: Cloc
     assert net.keepers[0].table.deadline("p1") == pytest.approx(clock.now - 2 + EXT)
 
 
-def test_d_always_asks_while_a_read_waits_for_proof(clock: Clock) -> None:
+def test_d_always_asks_while_a_read_waits_for_proof(clock: Clock, ask_rule: None) -> None:
     net = Pair(clock)
     net.grant("p1", "d1", chunk=(1, 1))
     net.prove()
@@ -1108,7 +1115,7 @@ def test_d_always_asks_while_a_read_waits_for_proof(clock: Clock) -> None:
     assert chunk_ticks(net, 4) == [1, 2, 3, 4]
 
 
-def test_d_asks_every_tick_of_a_message_of_no_chunk(clock: Clock) -> None:
+def test_d_asks_every_tick_of_a_message_of_no_chunk(clock: Clock, ask_rule: None) -> None:
     """Per-name messages (no tracker chunk) keep asking every time."""
     net = Pair(clock)
     net.grant("p1", "d1")
@@ -1124,7 +1131,7 @@ def test_d_asks_every_tick_of_a_message_of_no_chunk(clock: Clock) -> None:
     assert seqs == [1, 2, 3, 4]
 
 
-def test_an_unanswered_ask_makes_d_say_hello_again(clock: Clock) -> None:
+def test_an_unanswered_ask_makes_d_say_hello_again(clock: Clock, ask_rule: None) -> None:
     """Silence counts from the first ask P left unanswered, not from the last
     answer: heartbeats that ask nothing leave P silent on purpose."""
     net = Pair(clock)
@@ -1142,7 +1149,7 @@ def test_an_unanswered_ask_makes_d_say_hello_again(clock: Clock) -> None:
     assert any(m.startswith(HELLO) for _, m in net.take_d_sends())
 
 
-def test_an_answer_to_seq_0_from_a_p_of_before_renews_nothing(clock: Clock) -> None:
+def test_an_answer_to_seq_0_from_a_p_of_before_renews_nothing(clock: Clock, ask_rule: None) -> None:
     """A version-2 P of before this rule answers the heartbeats that ask nothing
     (seq 0); D ignores those answers: no view moves, nothing is malformed."""
     net = Pair(clock)

@@ -111,6 +111,12 @@ def agent_name(agent: str | bytes) -> str:
     return agent.decode() if isinstance(agent, bytes) else agent
 
 
+# D3b's asking rule, off: with it D's views lapsed during a 3 s P stall within the extension
+# (tests/nixl/test_nixl_lease_terms.py, "within-extension": 4 of 4 fenced), which asking in every
+# heartbeat does not do. D asks in every heartbeat until that is understood (docs/PROTOCOL.md D3b).
+ASK_ONLY_WHEN_NEEDED = False
+
+
 class AckRequester:
     """D's acknowledged heartbeats: hellos, proof per connection, ``LHB:`` sends, ``LACK:`` answers."""
 
@@ -256,6 +262,8 @@ class AckRequester:
 
     def _wants_answer(self, engine_id: str, key: int, now: float) -> bool:
         """D3b: does chunk ``key`` of ``engine_id`` need an answer to this tick?"""
+        if not ASK_ONLY_WHEN_NEEDED:
+            return True
         within = self._ask_within.get(engine_id)
         if within is None or not self._interval:
             return True  # no terms known, or heartbeats every step: always ask
