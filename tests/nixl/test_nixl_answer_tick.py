@@ -1,12 +1,11 @@
-"""P answers on a tick, and D asks only when a view needs it (docs/PROTOCOL.md
-P3a, P3b, D3b), over real NIXL: one P (ours) holds leases past the lease for 4 D
-engines (ours) that heartbeat them paced over the interval.
+"""P answers on a tick (docs/PROTOCOL.md P3a, P3b), over real NIXL: one P (ours)
+holds leases past the lease for 4 D engines (ours) that heartbeat them paced over the interval.
 
 - P sends its answers in at most one step per answer tick (half the interval),
   counted by the connector (``num_answer_steps``), however many D engines pace
   their heartbeats over the interval;
-- D asks for an answer in only part of its heartbeats (the rest go as
-  ``LHBT:0``, extended on P and never answered);
+- D's asking rule (D3b) ships off, so D asks in every heartbeat; P still
+  answers them in at most one step per tick;
 - nothing lapses meanwhile: no lease expires while its D heartbeats, every
   request is read (its view was proven by P's answers), and every read
   returns P's data.
@@ -30,7 +29,7 @@ N_D = 4
 LEASES = 200
 
 
-def test_p_answers_on_its_tick_and_d_asks_only_when_needed(tmp_path) -> None:
+def test_p_answers_on_its_tick(tmp_path) -> None:
     with Fleet(tmp_path, lease=sc.LEASE) as fleet:
         pf = pfleet.start(fleet, n_d=N_D, max_leases=LEASES, stock=False, observe_ids=True)
         pfleet.grow(pf, LEASES, spread_phases=True)  # each D's rounds at its own phase
@@ -53,7 +52,6 @@ def test_p_answers_on_its_tick_and_d_asks_only_when_needed(tmp_path) -> None:
     assert held["expired"] == 0 and held["d_silent"] == 0
     assert 0 < answer_steps <= ticks  # at most one sending step per tick, whatever the D count
     assert answer_steps < tagged  # one per heartbeat round would be one per D per interval
-    # D asks in every heartbeat while D3b's rule is off (ack_requester.ASK_ONLY_WHEN_NEEDED).
-    assert 0 < answered <= tagged
+    assert answered > 0  # D asks in every heartbeat while D3b's rule is off (ASK_ONLY_WHEN_NEEDED)
     assert out["freed_by"] == {"read": LEASES}  # every request read: its view stayed proven
     assert out["wrong"] == 0  # nothing stale read
