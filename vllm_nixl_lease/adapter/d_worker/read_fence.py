@@ -328,7 +328,10 @@ class ReadFence:
             # answered as one of our P processes, which is then not the grantor (A7).
             if self._reached is None or self._reached(engine_id) is None:
                 return READ
-            return FENCE if any(len(group) > 0 for group in meta.local_block_ids) else WITHHOLD
+            # A notify-only completion goes as upstream sends it: an aborted request of ours has
+            # lost its view by the time its cleanup comes here, and withholding that would leave
+            # P's blocks held to expiry (seen in tests/nixl/test_nixl_abort.py).
+            return FENCE if any(len(group) > 0 for group in meta.local_block_ids) else READ
         # Not connected yet: upstream defers the read to after the handshake
         # and calls us again then, with the clock offset measured (the caller
         # holds the handshake lock, so upstream sees what this saw).
