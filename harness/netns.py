@@ -353,17 +353,21 @@ class TwoHosts:
         assert self.subnet is not None
         return str(self.subnet[1])
 
-    def tcp_backoff(self, name: str, peer: str) -> tuple[int, float]:
-        """The most backed-off TCP connection from host ``name`` to host ``peer``:
-        (its retransmission backoff count, its retransmission timeout in s);
-        (0, 0.0) when no connection waits for a retransmission."""
-        out = subprocess.run(
-            [*self.exec_prefix(name), "ss", "-tinH", "dst", self.ip(peer)],
+    def _ss(self, name: str, peer: str, flags: str) -> str:
+        """``ss``'s TCP sockets on host ``name`` towards host ``peer``, without the header."""
+        return subprocess.run(
+            [*self.exec_prefix(name), "ss", flags, "dst", self.ip(peer)],
             capture_output=True,
             text=True,
             timeout=10,
             check=True,
         ).stdout
+
+    def tcp_backoff(self, name: str, peer: str) -> tuple[int, float]:
+        """The most backed-off TCP connection from host ``name`` to host ``peer``:
+        (its retransmission backoff count, its retransmission timeout in s);
+        (0, 0.0) when no connection waits for a retransmission."""
+        out = self._ss(name, peer, "-tinH")
         worst = (0, 0.0)
         for m in re.finditer(r"\brto:(\d+(?:\.\d+)?) backoff:(\d+)", out):
             worst = max(worst, (int(m.group(2)), float(m.group(1)) / 1000))
@@ -373,13 +377,7 @@ class TwoHosts:
         """The longest wait for a retransmission among the TCP connections from host ``name``
         to host ``peer`` that processes ``pids`` own: (that connection's backoff count, seconds
         until its retransmission timer fires); (0, 0.0) when none waits."""
-        out = subprocess.run(
-            [*self.exec_prefix(name), "ss", "-tinpoH", "dst", self.ip(peer)],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout
+        out = self._ss(name, peer, "-tinpoH")
         worst = (0, 0.0)
         for sock in re.split(r"\n(?=\S)", out):  # a socket: its line, then indented details
             owners = {int(p) for p in re.findall(r"pid=(\d+)", sock)}
