@@ -1,5 +1,5 @@
 """A plain lease reaching D after D proved another process under its engine id
-(issue 35, item 5), over real NIXL on loopback.
+(plain views after a proof: PROTOCOL D5, D5b), over real NIXL on loopback.
 
 1. An old P (a version-1 P of ours: its params carry the lease deadline and
    terms but no instance, so our D keeps a plain view; or stock) grants ``n``

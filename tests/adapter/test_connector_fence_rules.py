@@ -57,7 +57,7 @@ def _prove(worker, instance: str = INSTANCE) -> None:
     worker.ack_requester._proven["p-agent-0"] = instance
 
 
-# -- item 2: a parked READ whose request ended -----------------------------------
+# -- a parked READ whose request ended -----------------------------------
 def test_parked_read_of_an_aborted_request_is_reported_once(d_worker, clock: Clock) -> None:
     """The connection is not proven yet: the READ parks.  The client aborts: the
     scheduler drops the view; the READ is reported as a failed load in that step
@@ -89,7 +89,7 @@ def test_parked_read_whose_view_went_another_way_is_reported_when_taken(d_worker
     assert d_worker._recv_failures == {"d1"} and _stat(d_worker, "num_reads_parked_dropped") == 1
 
 
-# -- item 4: no conversion with an unproven connection's offset ------------------
+# -- no conversion with an unproven connection's offset ------------------
 def test_parked_view_is_not_converted_with_the_unproven_offset(d_worker, clock: Clock) -> None:
     """Two processes under one engine id: the unproven connection's offset (here
     another process's, 20 s off) decides only to wait; once the connection is
@@ -117,7 +117,7 @@ def test_parked_view_is_fenced_when_even_the_estimate_has_no_room(d_worker, cloc
     assert _stat(d_worker, "num_reads_fenced") == 1
 
 
-# -- item 5: plain views over a connection that reached our P -----------------
+# -- plain views over a connection that reached our P -----------------
 def test_plain_view_is_fenced_over_a_connection_that_answered_as_our_p(d_worker, clock: Clock) -> None:
     """A plain view's grantor does not speak our protocol, so it is not the
     process whose agents answered as instance J: added after that proof, it
@@ -159,7 +159,7 @@ def test_unviewed_lease_is_fenced_over_a_connection_that_answered_as_our_p(d_wor
     assert _stat(d_worker, "num_completions_withheld") == 0
 
 
-# -- item 6: the verdict and upstream's look at the connection ------------------
+# -- the verdict and upstream's look at the connection ------------------
 class _ConnectsAfterGet(dict):
     """``_remote_agents`` whose ``get`` lets the handshake's done-callback run on
     another thread right after it answered (the worst moment): the callback
@@ -214,7 +214,7 @@ def test_half_written_connection_is_not_ready(d_worker, clock: Clock) -> None:
     assert d_worker.reads == ["d1"]
 
 
-# -- item 3: margins -------------------------------------------------------------
+# -- margins -------------------------------------------------------------
 def test_stalled_completion_under_a_skewed_clock_is_discarded(d_worker, clock: Clock, monkeypatch) -> None:
     """D's offset estimate is 1.5 s off (P's clock really 1.5 s further ahead:
     P's lease ends 1.5 s before D's view says).  A READ posted with 10 s left

@@ -1,4 +1,4 @@
-"""Issue 35, item 5 over real NIXL: plain leases added after the first proof
+"""Plain views after a proof (PROTOCOL D5b), over real NIXL: plain leases added after the first proof
 (``harness/nixl/plain_after_proof.py``).  A version-1 P of ours granted the
 old leases and died; a new P of ours runs under the same engine id and port,
 and D has proven it before the old requests reach D.

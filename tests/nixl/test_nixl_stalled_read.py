@@ -1,4 +1,4 @@
-"""Issue 35, item 3 over real NIXL: a skewed clock and a stalled completion
+"""The margin at completion (PROTOCOL 4.1), over real NIXL: a skewed clock and a stalled completion
 (``harness/nixl/stalled_read.py``).  D posts its READs and stalls; P's clock
 moves ahead by less than D's margin; P frees and reuses the blocks; the READs
 then run on the reused blocks and complete while D's views have their margin
