@@ -277,7 +277,8 @@ clean:
 
 # Randomized faults over a multi-host fleet, checked: SEED=, MINUTES= (the fault phase,
 # default 10), LANE=harness|serve, IMPL=ours|stock.  Writes .build/chaos/ (history.jsonl,
-# summary.json, timeline.png); exits non-zero on any violation.  Needs root (namespaces).
+# summary.json, timeline.png; the harness lane also tcp_after_heal.txt, the backed-off TCP
+# sockets it saw after the heal); exits non-zero on any violation.  Needs root (namespaces).
 # LANE=serve runs 1 P + 2 D `vllm serve` behind vllm-router (needs .venv-cpu and .venv-router).
 # CHAOS_ARGS: more of tools/chaos.py's options, e.g. the workload's "--abort-frac 0.1 --dup-frac 0.2".
 SEED ?= 1

@@ -235,9 +235,13 @@ class Host:
 
 
 def _ss_seconds(text: str) -> float:
-    """``ss -o``'s timer value ("1min4sec", "12sec", "880ms") in seconds."""
-    units = {"min": 60.0, "sec": 1.0, "ms": 0.001}
-    return sum(float(n) * units[u] for n, u in re.findall(r"(\d+(?:\.\d+)?)(min|sec|ms)", text))
+    """``ss -o``'s timer value in seconds.  ss writes minutes, then seconds, then three-digit
+    milliseconds: "1min4sec", "12sec", "880ms", and "2.820ms" for 2 s 820 ms (not 2.82 ms)."""
+    m = re.fullmatch(r"(?:(\d+)min)?(?:(\d+)(?:sec|\.))?(?:(\d+)ms)?", text.strip())
+    if m is None or not text.strip():
+        raise ValueError(f"not an ss timer: {text!r}")
+    minutes, seconds, millis = (int(g) if g else 0 for g in m.groups())
+    return minutes * 60.0 + seconds + millis / 1000.0
 
 
 class TwoHosts:
@@ -373,7 +377,9 @@ class TwoHosts:
             worst = max(worst, (int(m.group(2)), float(m.group(1)) / 1000))
         return worst
 
-    def tcp_wait(self, name: str, peer: str, pids: Collection[int]) -> tuple[int, float]:
+    def tcp_wait(
+        self, name: str, peer: str, pids: Collection[int], seen: list[str] | None = None
+    ) -> tuple[int, float]:
         """The longest wait for a retransmission among the TCP connections from host ``name``
         to host ``peer`` that processes ``pids`` own: (that connection's backoff count, seconds
         until its retransmission timer fires); (0, 0.0) when none waits."""
@@ -384,7 +390,11 @@ class TwoHosts:
             timer = re.search(r"timer:\(on,([^,]+),\d+\)", sock)
             backoff = re.search(r"\bbackoff:(\d+)", sock)
             if owners & set(pids) and timer and backoff:
-                worst = max(worst, (int(backoff.group(1)), _ss_seconds(timer.group(1))))
+                if seen is not None:  # the raw socket, for whoever must explain a wait
+                    seen.append(sock)
+                seconds = _ss_seconds(timer.group(1))
+                if seconds >= worst[1]:  # the longest wait, not the most backoffs
+                    worst = (int(backoff.group(1)), seconds)
         return worst
 
     def exec_prefix(self, name: str) -> list[str]:

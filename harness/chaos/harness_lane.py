@@ -216,16 +216,18 @@ def run(opts: Options) -> dict[str, Any]:
             nem.join()
             nem.heal_all()
             t_heal = time.monotonic()
-            tcp_wait_s = _record_tcp_waits(hosts, nodes, hist)
+            tcp = TcpWatch(hosts, nodes, hist, t_heal, workdir / "tcp_after_heal.txt")
             say(f"[{hist.now():7.1f}s] healed everything; probing every P-D pair")
             hist.add("phase", name="recovery")
             for n in ds:
                 n.release_all_holds()
-            _probe(wl, ps, ds, probes, BOUNDS["recovery_s"] + tcp_wait_s + 15.0, say, hist)
+            _probe(wl, ps, ds, probes, BOUNDS["recovery_s"] + 15.0, tcp)
+            tcp.record()
             worst = max((t - hist.rel(t_heal) for t in probes.ok.values()), default=0.0)
             say(
                 f"[{hist.now():7.1f}s] recovery: {len(probes.ok)}/{len(ps) * len(ds)} pairs served a probe "
-                f"(worst {worst:.1f}s after the heal; TCP's longest wait then {tcp_wait_s:.1f}s)"
+                f"(worst {worst:.1f}s after the heal; TCP's retransmissions were due until "
+                f"{tcp.longest():.1f}s after it)"
             )
             hist.add("phase", name="quiet")
             if not _wait_idle(all_nodes, 3 * LEASE + 30):
@@ -253,46 +255,75 @@ def run(opts: Options) -> dict[str, Any]:
     return report.finish(say, workdir, head, checker.check, nem_failed, time.monotonic() - started)
 
 
-def _record_tcp_waits(hosts: netns.TwoHosts, nodes: dict[str, Node], hist: History) -> float:
-    """Per P-D pair, how long its engines' TCP connections (either way) still wait for a
-    retransmission right after the heal: a cut backs the timer off, doubling per lost
-    retransmission, and nothing UCX queued on such a connection moves before it fires, up to
-    about as long after the heal as the cut lasted.  D owes service from then on (the recovery
-    rule adds the wait to its bound).  Returns the longest."""
-    longest = 0.0
-    for p, ph in P_HOSTS.items():
-        for d, dh in D_HOSTS.items():
-            pids = [*nodes[p].pids(), *nodes[d].pids()]
+class TcpWatch:
+    """Per P-D pair, until when after the final heal its engines' TCP connections (either way)
+    still waited for a backed-off retransmission.  A cut backs a connection's timer off,
+    doubling per lost retransmission, and nothing UCX queued on it moves before the timer
+    fires: up to about as long after the heal as the cut lasted, longer when the first
+    retransmission after the heal is lost too (the link just came up).  So the pair's
+    connections are looked at every ``POLL_S`` until the pair has served, and the latest
+    moment a retransmission was due (a look's time plus its timer) is the pair's wait.  D owes
+    service from then on: the recovery rule adds the wait to its bound (``tcp_wait`` events)."""
+
+    POLL_S = 1.0
+
+    def __init__(
+        self, hosts: netns.TwoHosts, nodes: dict[str, Node], hist: History, t_heal: float, log: Path
+    ) -> None:
+        self._hosts = hosts
+        self._log = log  # each look's backed-off sockets, as ``ss`` shows them
+        self._nodes = nodes
+        self._hist = hist
+        self._t_heal = t_heal
+        self._next = 0.0
+        self.waits: dict[tuple[str, str], tuple[int, float]] = {}  # pair -> (backoffs, s after heal)
+
+    def longest(self) -> float:
+        return max((w for _, w in self.waits.values()), default=0.0)
+
+    def poll(self, pairs: list[tuple[str, str]]) -> None:
+        """Look at ``pairs`` (those not served yet) if a look is due."""
+        now = time.monotonic()
+        if now < self._next:
+            return
+        self._next = now + self.POLL_S
+        for p, d in pairs:
+            ph, dh = P_HOSTS[p], D_HOSTS[d]
+            pids = [*self._nodes[p].pids(), *self._nodes[d].pids()]
+            seen: list[str] = []
             try:
-                waits = [hosts.tcp_wait(a, b, pids) for a, b in ((dh, ph), (ph, dh))]
+                waits = [self._hosts.tcp_wait(a, b, pids, seen) for a, b in ((dh, ph), (ph, dh))]
             except Exception as exc:  # noqa: BLE001 - evidence for the checker, not the run
-                hist.add("error", engine=d, text=f"ss for {p}->{d} at the heal: {exc}")
+                self._hist.add("error", engine=d, text=f"ss for {p}->{d} after the heal: {exc}")
                 continue
-            (backoffs, wait) = max(waits, key=lambda w: w[1])
+            if seen:
+                with self._log.open("a") as f:
+                    f.write(f"{now - self._t_heal:.2f}s after the heal, {p}->{d}:\n" + "\n".join(seen) + "\n")
+            backoffs, wait = max(waits, key=lambda w: w[1])
             if wait > 0:
-                hist.add("tcp_wait", pair=f"{p}->{d}", backoffs=backoffs, wait_s=wait)
-                longest = max(longest, wait)
-    return longest
+                due = now + wait - self._t_heal
+                if due > self.waits.get((p, d), (0, 0.0))[1]:
+                    self.waits[(p, d)] = (backoffs, due)
+
+    def record(self) -> None:
+        for (p, d), (backoffs, due) in sorted(self.waits.items()):
+            self._hist.add("tcp_wait", pair=f"{p}->{d}", backoffs=backoffs, wait_s=round(due, 3))
 
 
 def _probe(
-    wl: Workload,
-    ps: list[Node],
-    ds: list[Node],
-    probes: ProbeWatch,
-    limit_s: float,
-    say: Callable[[str], None],
-    hist: History,
+    wl: Workload, ps: list[Node], ds: list[Node], probes: ProbeWatch, limit_s: float, tcp: TcpWatch
 ) -> None:
-    """One probe per pair of up engines; another for a pair whose probe failed or is slow."""
-    deadline = time.monotonic() + limit_s
+    """One probe per pair of up engines; another for a pair whose probe failed or is slow.
+    Gives up ``limit_s`` after the start plus the longest wait TCP has shown so far."""
+    start = time.monotonic()
     sent: dict[tuple[str, str], float] = {}
-    while time.monotonic() < deadline:
+    while time.monotonic() < start + limit_s + tcp.longest():
         todo = [
             (p, d) for p in ps for d in ds if (p.name, d.name) not in probes.ok and p.state == d.state == "up"
         ]
         if not todo:
             return
+        tcp.poll([(p.name, d.name) for p, d in todo])
         for p, d in todo:
             key = (p.name, d.name)
             last = sent.get(key)

@@ -12,8 +12,9 @@ Kinds of line (``ev``) and their fields:
 - ``freed``: id, p, reason ("read" or "expiry"), hb_last (P's last heartbeat naming it)
 - ``stats``: engine, fenced, discarded (cumulative, this engine process)
 - ``fault``: fid, kind, hosts, engines, until, detail / ``heal``: fid / ``heal_all``
-- ``tcp_wait``: pair ("p0->d1"), backoffs, wait_s (right after ``heal_all``: the longest wait
-  for a retransmission among the pair's engines' TCP connections, either way, and its backoffs)
+- ``tcp_wait``: pair ("p0->d1"), backoffs, wait_s (looked at after ``heal_all`` until the pair
+  served: the latest moment, in s after the heal, a backed-off retransmission of a TCP connection
+  of the pair's engines, either way, was due; and that connection's backoffs)
 - ``sizes``: engine, phase ("warm", "run", "end"), sizes, keys, rss_kb; held (D: free KV
   blocks, loads admitted and not reported, pending receives, with ids; ``Engine.d_held``)
 - ``steps``: engine, start, conn, pre (P's steps: start, connector s, preemptions)

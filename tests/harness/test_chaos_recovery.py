@@ -33,13 +33,13 @@ def test_each_expected_label_must_be_served_within_the_bound() -> None:
     assert [(v.rule, v.t, v.engines) for v in violations] == [("recovery", 15.0, ("p0", "d1"))]
     assert "p0->d1 served no new request correctly within 10s" in violations[0].what
     assert "(took 12.5s)" in violations[0].what
-    assert figures == {"recovery_s": 12.5, "wedged": ["p0->d1"], "tcp_wait_at_heal_s": 0.0}
+    assert figures == {"recovery_s": 12.5, "wedged": ["p0->d1"], "tcp_wait_s": 0.0}
 
 
 def test_a_label_never_served_is_wedged_and_says_so() -> None:
     violations, figures = _judge([{"t": 5.0, "ev": "heal_all"}], {"p0->d0": 1.0, "elsewhere": 0.5})
     assert [v.engines for v in violations] == [("p0", "d1")] and "took" not in violations[0].what
-    assert figures == {"recovery_s": 1.0, "wedged": ["p0->d1"], "tcp_wait_at_heal_s": 0.0}
+    assert figures == {"recovery_s": 1.0, "wedged": ["p0->d1"], "tcp_wait_s": 0.0}
 
 
 def test_tcp_backoff_at_the_heal_extends_only_its_own_pairs_bound() -> None:
@@ -51,7 +51,19 @@ def test_tcp_backoff_at_the_heal_extends_only_its_own_pairs_bound() -> None:
     ]
     violations, figures = _judge(events, {"p0->d0": 12.0, "p0->d1": 35.0})
     assert [v.engines for v in violations] == [("p0", "d0")]
-    assert figures["tcp_wait_at_heal_s"] == 25.6 and figures["wedged"] == ["p0->d0"]
+    assert figures["tcp_wait_s"] == 25.6 and figures["wedged"] == ["p0->d0"]
     violations, _ = _judge(events, {"p0->d0": 2.0, "p0->d1": 36.0})
     assert [(v.engines, v.t) for v in violations] == [(("p0", "d1"), pytest.approx(5.0 + 35.6))]
-    assert "TCP's wait for a retransmission at the heal (25.6s) included" in violations[0].what
+    assert "TCP's retransmissions due until 25.6s after the heal included" in violations[0].what
+
+
+def test_a_pairs_latest_tcp_wait_counts() -> None:
+    """The lane may record a pair's wait more than once (a retransmission after the heal lost
+    too): the latest due moment bounds the pair."""
+    events = [
+        {"t": 5.0, "ev": "heal_all"},
+        {"t": 9.0, "ev": "tcp_wait", "pair": "p0->d1", "backoffs": 7, "wait_s": 40.0},
+        {"t": 9.1, "ev": "tcp_wait", "pair": "p0->d1", "backoffs": 6, "wait_s": 0.2},
+    ]
+    violations, figures = _judge(events, {"p0->d0": 1.0, "p0->d1": 45.0})
+    assert violations == [] and figures["tcp_wait_s"] == 40.0

@@ -183,7 +183,32 @@ def test_ss_timer_values_read_as_seconds() -> None:
     assert netns._ss_seconds("880ms") == pytest.approx(0.88)
     assert netns._ss_seconds("12sec") == 12.0
     assert netns._ss_seconds("1min4sec") == 64.0
-    assert netns._ss_seconds("1.5sec") == 1.5
+    # ss's own format for 2 s 820 ms: seconds, a dot, then the milliseconds with "ms".
+    assert netns._ss_seconds("2.820ms") == pytest.approx(2.82)
+    assert netns._ss_seconds("036ms") == pytest.approx(0.036)
+    assert netns._ss_seconds("1min") == 60.0
+    with pytest.raises(ValueError):
+        netns._ss_seconds("soon")
+
+
+SS_TWO_BACKED_OFF = (
+    'ESTAB 0 40 10.0.0.2:40000 10.0.0.1:5000 users:(("python",pid=11,fd=3)) timer:(on,21sec,8)\n'
+    "\t cubic rto:25600 backoff:7 rtt:0.1/0.05\n"
+    'ESTAB 0 40 10.0.0.2:40002 10.0.0.1:5002 users:(("python",pid=11,fd=4)) timer:(on,3.050ms,9)\n'
+    "\t cubic rto:51200 backoff:8 rtt:0.1/0.05\n"
+    'ESTAB 0 40 10.0.0.2:40004 10.0.0.1:5004 users:(("python",pid=12,fd=5)) timer:(on,50sec,9)\n'
+    "\t cubic rto:51200 backoff:8 rtt:0.1/0.05\n"
+)
+
+
+def test_tcp_wait_is_the_longest_wait_not_the_most_backoffs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A connection backed off more may be about to retransmit; another may wait much longer:
+    the pair waits for the latter (and another process's connection is not the pair's)."""
+    hosts = netns.TwoHosts()  # nothing is made before ``with``
+    monkeypatch.setattr(hosts, "_ss", lambda name, peer, flags: SS_TWO_BACKED_OFF)
+    assert hosts.tcp_wait("d", "p", [11]) == (7, 21.0)  # not the 3.05 s of the backoff-8 one
+    assert hosts.tcp_wait("d", "p", [11, 12]) == (8, 50.0)
+    assert hosts.tcp_wait("d", "p", [13]) == (0, 0.0)
 
 
 SENDER = """
