@@ -111,9 +111,10 @@ def agent_name(agent: str | bytes) -> str:
     return agent.decode() if isinstance(agent, bytes) else agent
 
 
-# D3b's asking rule, off: with it D's views lapsed during a 3 s P stall within the extension
-# (tests/nixl/test_nixl_lease_terms.py, "within-extension": 4 of 4 fenced), which asking in every
-# heartbeat does not do. D asks in every heartbeat until that is understood (docs/PROTOCOL.md D3b).
+# D3b's asking rule, off: it lets a view's time left fall to ask_within before D asks, so a P
+# stall shorter than P's own stall bound lapses D's views (tests/nixl/test_nixl_lease_terms.py,
+# "within-extension": 4 of 4 fenced). Tolerating such stalls needs ask_within past the extension,
+# i.e. asking in every heartbeat (docs/PROTOCOL.md D3b has the arithmetic).
 ASK_ONLY_WHEN_NEEDED = False
 
 
