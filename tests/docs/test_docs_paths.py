@@ -128,3 +128,10 @@ def test_architecture_listing_places_every_package_file() -> None:
     }
     unplaced = sorted(s for s in sources - listed if not s.endswith("/__init__.py") or s.count("/") == 1)
     assert not unplaced, f"docs/ARCHITECTURE.md's file listing does not place: {unplaced}"
+
+
+def test_readme_stays_short() -> None:
+    """The README is for users (what, install, adopt, configure, operate); measurements and
+    history live in docs/BENCHMARKS.md and the CHANGELOG."""
+    lines = (ROOT / "README.md").read_text().count("\n")
+    assert lines < 300, f"README.md has {lines} lines: move detail into docs/"
