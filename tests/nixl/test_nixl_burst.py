@@ -1,4 +1,4 @@
-"""A burst over real NIXL (issue 11): one D step admits 5000 requests of 16
+"""A burst over real NIXL: one D step admits 5000 requests of 16
 KV blocks each while 500 more wait for D's blocks, all leased on one P and
 queued for a whole lease first.  The lease is scaled down to 2 s (extension
 1 s, a heartbeat every step, as upstream derives them) so that what takes a
