@@ -7,7 +7,7 @@ connector structures and RSS are sampled after the first quarter and again once 
 reaper has released the dead engines.  Exits 1 if a read failed, a structure grew, or a dict
 still names a dead engine.
 
-    .venv/bin/python -m tools.d_restarts [--n 1000] [--json .build/d-restarts.json]
+    .venv/bin/python -m tools.d_restarts [--n 1000] [--json .build/d-restarts.json] [--workdir DIR] [--stock]
 
 Not part of ``make test`` (about 2 s per restart here; a tool for docs/BENCHMARKS.md).
 """
@@ -28,11 +28,16 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=1000, help="P restarts")
     ap.add_argument("--json", type=Path, default=Path(".build/d-restarts.json"))
+    ap.add_argument("--stock", action="store_true", help="stock vLLM's connector on both sides")
+    ap.add_argument("--workdir", type=Path, default=None, help="keep the engines' logs here")
     args = ap.parse_args(argv)
     if args.n < 4:
         ap.error("--n must be at least 4 (the first sample is taken after a quarter)")
-    with tempfile.TemporaryDirectory(prefix="d-restarts-") as tmp, Fleet(tmp, lease=sc.LEASE) as fleet:
-        out = churn.restarts(fleet, args.n)
+    with tempfile.TemporaryDirectory(prefix="d-restarts-") as tmp:
+        workdir = args.workdir or Path(tmp)
+        workdir.mkdir(parents=True, exist_ok=True)
+        with Fleet(str(workdir), lease=sc.LEASE) as fleet:
+            out = churn.restarts(fleet, args.n, say=lambda line: print(line, flush=True), stock=args.stock)
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1, default=str))
     ok = out["read"] == args.n and not out["grown"] and not out["holding_engine_ids"] and not out["d_errors"]

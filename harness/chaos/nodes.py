@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import queue
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -153,10 +154,7 @@ class Node:
         self.state = "down"
         if eng is None:
             return
-        try:
-            os.kill(eng.pid, 9)
-        except ProcessLookupError:
-            pass
+        eng.send_signal(signal.SIGKILL)  # not os.kill: a crashed engine's pid may be another's now
         eng.proc.join(10)
         self._record(eng.pid, up=False)
         self._replay_written(eng)

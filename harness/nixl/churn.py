@@ -14,7 +14,9 @@ holds queued requests of it; P's leases must not lapse meanwhile.
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .fleet import Fleet, wait_for
@@ -30,16 +32,25 @@ def _sample(d: Any) -> tuple[dict[str, int], dict[str, list[str]], int]:
     return out["sizes"], out["keys"], d.call("rss_kib")
 
 
-def restarts(fleet: Fleet, n: int = 20) -> dict[str, Any]:
+def restarts(
+    fleet: Fleet, n: int = 20, say: Callable[[str], None] | None = None, stock: bool = False
+) -> dict[str, Any]:
+    """``say``: a line every 50 restarts (D's RSS and open descriptors), for long runs;
+    ``stock``: stock vLLM's connector on both sides."""
     d = fleet.start(
-        "D", "d", progress_delay_us=PROGRESS_DELAY_US, extra={"engine_ttl": ENGINE_TTL_S}, num_blocks=64
+        "D",
+        "d",
+        stock=stock,
+        progress_delay_us=PROGRESS_DELAY_US,
+        extra={"engine_ttl": ENGINE_TTL_S},
+        num_blocks=64,
     )
     early: tuple[dict[str, int], dict[str, list[str]], int] | None = None
     engine_ids: list[str] = []
     read = 0
     t0 = time.monotonic()
     for i in range(n):
-        p = fleet.start("P", f"p{i}", progress_delay_us=PROGRESS_DELAY_US, num_blocks=16)
+        p = fleet.start("P", f"p{i}", stock=stock, progress_delay_us=PROGRESS_DELAY_US, num_blocks=16)
         ids, params = prefill(p, f"r{i}", 1)
         engine_ids.append(p.report()["engine_id"])
         hand_to_d(d, params, hold=False)
@@ -48,6 +59,9 @@ def restarts(fleet: Fleet, n: int = 20) -> dict[str, Any]:
         read += not d.report()["reqs"][local].get("failed")
         p.kill()
         d.call("drain")  # forget the harness's own per-request records
+        if say is not None and (i + 1) % 50 == 0:
+            fds = len(os.listdir(f"/proc/{d.pid}/fd"))
+            say(f"{i + 1} restarts in {time.monotonic() - t0:.0f}s: D RSS {d.call('rss_kib')} KiB, {fds} fds")
         if i + 1 == max(1, n // 4):
             wait_for(lambda: _connected(d) == 0, SETTLE_S, poll=1.0, what="D releasing the dead P engines")
             early = _sample(d)

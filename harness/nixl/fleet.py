@@ -72,6 +72,11 @@ class EngineProcess:
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=engine_main, args=(spec, child), daemon=True)
         self.proc.start()
+        # Signals go through a pidfd: once the engine has exited (a crash, a kill) its pid can
+        # be another process's, and a bare os.kill(pid) would stop or kill that one instead
+        # (pids wrap within minutes when engines start and stop all the time).
+        assert self.proc.pid is not None
+        self._pidfd = os.pidfd_open(self.proc.pid)
         child.close()
         if wait:
             self.wait_started()
@@ -157,12 +162,23 @@ class EngineProcess:
         """Move the engine's ``time.perf_counter`` by ``seconds`` from now on (TP 1)."""
         return float(self.call("skew_clock", seconds=seconds))
 
+    def send_signal(self, sig: int, tree: bool = False) -> bool:
+        """Send ``sig`` to the engine (with ``tree``, then to its TP ranks too); False if it has
+        exited.  Never reaches a process that took over the engine's pid."""
+        try:
+            signal.pidfd_send_signal(self._pidfd, sig)
+        except (ProcessLookupError, OSError):
+            return False
+        if tree:
+            signal_tree(self.pid, sig)  # the engine was alive just now: its children are its own
+        return True
+
     def freeze(self) -> None:
         """SIGSTOP the engine and its TP ranks: a D whose forward loop stalls."""
-        signal_tree(self.pid, signal.SIGSTOP)
+        self.send_signal(signal.SIGSTOP, tree=True)
 
     def thaw(self) -> None:
-        signal_tree(self.pid, signal.SIGCONT)
+        self.send_signal(signal.SIGCONT, tree=True)
 
     def send_only(self, cmd: str, **kwargs: Any) -> None:
         """Queue a command (e.g. for a frozen engine); collect it with ``collect``."""
@@ -173,7 +189,7 @@ class EngineProcess:
 
     def kill(self) -> float:
         """SIGKILL the engine (and, via the pipe EOF, its TP ranks); return when."""
-        os.kill(self.pid, signal.SIGKILL)
+        self.send_signal(signal.SIGKILL)
         t = time.monotonic()
         self.proc.join(10)
         return t
@@ -187,9 +203,10 @@ class EngineProcess:
                 pass
             self.proc.join(2)
         if self.proc.is_alive():
-            self.proc.kill()
+            self.send_signal(signal.SIGKILL)
             self.proc.join(5)
         self.conn.close()
+        os.close(self._pidfd)
 
 
 class Fleet:

@@ -234,7 +234,7 @@ def crash(pf: PFleet, timeout: float | None = None, settle_s: float = 0.3) -> di
     pf.p.timings()
     t_kill = time.monotonic()
     for d in pf.ds:
-        os.kill(d.pid, signal.SIGKILL)
+        d.send_signal(signal.SIGKILL)
     for d in pf.ds:
         d.proc.join(10)
     time.sleep(settle_s)

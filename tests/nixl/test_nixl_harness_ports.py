@@ -6,6 +6,7 @@ when the bind fails the listener thread dies and the engine would hang.
 
 from __future__ import annotations
 
+import signal
 import socket
 import time
 
@@ -25,3 +26,19 @@ def test_taken_side_channel_port_fails_fast(tmp_path) -> None:
         with pytest.raises(SidePortTaken, match=str(port)):
             EngineProcess(spec)
         assert time.monotonic() - t0 < 60, "the start should fail, not hang until the 90 s timeout"
+
+
+def test_signals_never_reach_a_process_that_took_over_a_dead_engines_pid(tmp_path) -> None:
+    """The harness signals engines through a pidfd: once an engine has exited its pid may
+    belong to another process (pids wrap within minutes when engines come and go), which a
+    bare ``os.kill(pid)`` would stop or kill; a long restart run lost its D that way beside a
+    chaos run killing a crashed engine's old pid."""
+    from harness.nixl import Fleet
+
+    with Fleet(str(tmp_path)) as fleet:
+        p = fleet.start("P", "p")
+        assert p.send_signal(0), "a live engine takes signals"
+        p.kill()
+        assert not p.proc.is_alive()
+        assert not p.send_signal(signal.SIGKILL), "an exited engine's pid is never signalled"
+        p.freeze()  # a no-op now, not a SIGSTOP to whoever holds the pid
