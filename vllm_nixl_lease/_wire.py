@@ -341,28 +341,41 @@ def lease_terms(params: Mapping[str, Any] | None) -> LeaseTerms | None:
     engine id said before."""
     if not params:
         return None
-    deadline = params.get(PARAM_LEASE_DEADLINE)
-    extension = params.get(PARAM_LEASE_EXTENSION)
+    # Any: checked by hand below, the common float case inline (once per arriving request)
+    deadline: Any = params.get(PARAM_LEASE_DEADLINE)
+    extension: Any = params.get(PARAM_LEASE_EXTENSION)
     if deadline is None and extension is None:
         return None
-    if not (_finite(deadline) and _finite(extension) and extension > 0):
+    if not (
+        (deadline - deadline == 0.0 if type(deadline) is float else _finite(deadline))
+        and (extension - extension == 0.0 if type(extension) is float else _finite(extension))
+        and extension > 0
+    ):
         raise ValueError(
             f"{PARAM_LEASE_DEADLINE}={deadline!r} / {PARAM_LEASE_EXTENSION}={extension!r} "
             "must be finite numbers and the extension > 0"
         )
-    interval = params.get(PARAM_LEASE_INTERVAL)
-    interval = float(interval) if _finite(interval) and interval >= 0 else None
+    interval: Any = params.get(PARAM_LEASE_INTERVAL)
+    finite = interval - interval == 0.0 if type(interval) is float else _finite(interval)
+    interval = float(interval) if finite and interval >= 0 else None
     instance = params.get(PARAM_LEASE_INSTANCE)
     if params.get(PARAM_LEASE_PROTOCOL) != LEASE_PROTOCOL_BASE or not is_instance(instance):
-        return LeaseTerms(float(deadline), float(extension), interval)
+        plain = (float(deadline), float(extension), interval, "", None, LEASE_PROTOCOL_BASE)
+        return _new_terms(LeaseTerms, plain)
     tag = params.get(PARAM_LEASE_TAG)
     newest = params.get(PARAM_LEASE_PROTOCOL_MAX)
     version = LEASE_PROTOCOL_BASE
     if isinstance(newest, int) and not isinstance(newest, bool) and newest > LEASE_PROTOCOL_BASE:
         version = min(newest, LEASE_PROTOCOL_VERSION)  # the newest both speak
-    return LeaseTerms(
-        float(deadline), float(extension), interval, instance, tag if is_tag(tag) else None, version
+    return _new_terms(
+        LeaseTerms,
+        (float(deadline), float(extension), interval, instance, tag if is_tag(tag) else None, version),
     )
+
+
+# A NamedTuple's own constructor is a Python-level function (a frame per call);
+# every field is given here, so the plain tuple constructor builds the same object.
+_new_terms = tuple.__new__
 
 
 def is_tag(value: object) -> TypeGuard[str]:

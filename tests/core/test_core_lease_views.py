@@ -334,3 +334,49 @@ def test_forget_engines_drops_per_engine_state_of_engines_gone_and_viewless() ->
     assert views.forget_engines(set()) == 2  # P-999 is kept: D still views a lease of it
     assert views.engines_known() == 1 and "d999" in views
     assert views.remaining("d999", 6.0, 0.0) == pytest.approx(24.0)  # its view stands
+
+
+@pytest.mark.parametrize(
+    "given,kept",
+    [
+        (None, 2.0),
+        (1.5, 1.5),
+        (2.0, 2.0),
+        (3.0, 2.0),
+        (0.0, 0.0),
+        (-1.0, 0.0),
+        (math.nan, 0.0),
+        (math.inf, 2.0),
+    ],
+)
+def test_a_views_margin_is_the_given_one_within_zero_and_the_most(given: float | None, kept: float) -> None:
+    """``min(margin, max(0.0, given))``, NaN included (``max`` keeps its first argument)."""
+    views = LeaseViews(margin=2.0)
+    views.add("d1", "P", "p1", 30.0, 20.0, margin=given)
+    assert views.margin_of("d1") == kept == min(2.0, max(0.0, 2.0 if given is None else given))
+
+
+def test_deadline_of_and_left_and_margin_read_what_remaining_and_margin_of_read() -> None:
+    views = LeaseViews(margin=2.0)
+    views.add("d1", "P", "p1", grantor_deadline=1030.0, extension=20.0, margin=1.0)
+    assert views.deadline_of("unknown", 1000.0) is None
+    assert views.left_and_margin("unknown", 10.0, {"P": 1000.0}) is None
+    assert views.left_and_margin("d1", 10.0, {}) is None  # no offset: nothing converted
+    assert views.deadline_of("d1", 1000.0) == 30.0  # converted with this offset, and kept
+    assert views.left_and_margin("d1", 10.0, {"P": 0.0}) == (20.0, 1.0)
+    assert views.remaining("d1", 10.0, 5.0) == 20.0
+    assert views.end("P", "", ["p1"]) == 1
+    assert views.deadline_of("d1", 1000.0) == -math.inf
+    assert views.left_and_margin("d1", 10.0, {"P": 1000.0}) == (-math.inf, 1.0)
+
+
+def test_a_view_added_with_its_chunk_waits_for_that_chunks_first_answer() -> None:
+    """Added with a chunk (acknowledged): its first answer renews it, as ``move_to_chunk`` would."""
+    views = LeaseViews(margin=1.0)
+    views.add("d1", "P", "p1", 30.0, 20.0, instance="i1", chunk=(7, 3))
+    views.add("d2", "P", "p2", 30.0, 20.0, chunk=(7, 3))  # plain: waits for no answer
+    assert views.chunk_renewed_until("P", 7) is None
+    views.chunk_acked("P", "i1", 7, 3, started=25.0, offset=0.0, now=25.5)
+    assert views.remaining("d1", 25.0, 0.0) == pytest.approx(20.0)
+    assert views.chunk_renewed_until("P", 7) == pytest.approx(45.0)
+    assert views.drop("d1") and views.drop("d2") and len(views) == 0

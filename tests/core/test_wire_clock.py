@@ -18,8 +18,10 @@ from vllm_nixl_lease._wire import (
     PARAM_LEASE_DEADLINE,
     PARAM_LEASE_EXTENSION,
     PARAM_LEASE_INSTANCE,
+    PARAM_LEASE_INTERVAL,
     PARAM_LEASE_PROTOCOL,
     PARAM_LEASE_PROTOCOL_MAX,
+    LeaseTerms,
     heartbeat_ack_message,
     lease_terms,
     parse_heartbeat_ack,
@@ -115,3 +117,38 @@ def test_a_p_that_advertises_3_as_its_base_is_plain() -> None:
     """``remote_lease_protocol`` stays 2: a P that says 3 there is an unknown one."""
     terms = lease_terms(_params(**{PARAM_LEASE_PROTOCOL: 3, PARAM_LEASE_PROTOCOL_MAX: 3}))
     assert terms is not None and not terms.acknowledged and terms.hello_version == LEASE_PROTOCOL_BASE
+
+
+@pytest.mark.parametrize(
+    "extra,expected",
+    [
+        ({}, LeaseTerms(100.0, 8.0, None, I16, None, LEASE_PROTOCOL_BASE)),
+        ({PARAM_LEASE_INTERVAL: 5}, LeaseTerms(100.0, 8.0, 5.0, I16)),
+        ({PARAM_LEASE_INTERVAL: math.nan}, LeaseTerms(100.0, 8.0, None, I16)),
+        ({PARAM_LEASE_INTERVAL: -1.0}, LeaseTerms(100.0, 8.0, None, I16)),
+        ({PARAM_LEASE_DEADLINE: 100, PARAM_LEASE_EXTENSION: 8}, LeaseTerms(100.0, 8.0, None, I16)),
+        ({PARAM_LEASE_INSTANCE: None, PARAM_LEASE_INTERVAL: 2.5}, LeaseTerms(100.0, 8.0, 2.5)),
+    ],
+)
+def test_lease_terms_are_lease_terms_with_every_field(extra: dict[str, object], expected: LeaseTerms) -> None:
+    """Built without the NamedTuple's constructor: the same type, fields and defaults."""
+    terms = lease_terms(_params(**extra))
+    assert type(terms) is LeaseTerms and terms == expected
+    assert terms is not None and type(terms.deadline) is float and type(terms.extension) is float
+
+
+@pytest.mark.parametrize(
+    "deadline,extension",
+    [
+        (math.nan, 8.0),
+        (math.inf, 8.0),
+        (100.0, -math.inf),
+        (100.0, 0.0),
+        (True, 8.0),
+        ("1", 8.0),
+        (None, 8.0),
+    ],
+)
+def test_malformed_lease_fields_raise(deadline: object, extension: object) -> None:
+    with pytest.raises(ValueError):
+        lease_terms(_params(**{PARAM_LEASE_DEADLINE: deadline, PARAM_LEASE_EXTENSION: extension}))

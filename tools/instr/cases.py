@@ -973,7 +973,7 @@ CASES: list[Case] = [
         gate=True,
         per_step=True,
         floor={"cython": 5},
-        mean_floor={"cython": 0.25, "twin": 0.1},
+        mean_floor={"cython": 0.28, "twin": 0.1},
     ),
     Case(
         "D step, 100k queued over 8 P",
@@ -994,7 +994,7 @@ CASES: list[Case] = [
             1,
             d_churn(n, CHURN),
             per_step=True,
-            mean_floor={"cython": 0.4},
+            mean_floor={"cython": 0.46},
         )
         for n in (100, 1000, 10_000)
     ),
@@ -1007,7 +1007,7 @@ CASES: list[Case] = [
         d_churn(0, CHURN),
         gate=True,
         per_step=True,
-        mean_floor={"cython": 0.4},
+        mean_floor={"cython": 0.47},
     ),
     Case(
         "D against a stock P (plain views), 1,000 queued, 10 in + 10 out per step",
@@ -1016,7 +1016,7 @@ CASES: list[Case] = [
         1,
         d_churn(1000, CHURN, plain=True),
         per_step=True,
-        mean_floor={"cython": 0.4},
+        mean_floor={"cython": 0.5},
     ),
     Case("parts: P idle step, 10 leases", "parts", "call", 1, idle_parts("P", 10)),
     Case("parts: D idle step, 10 queued", "parts", "call", 1, idle_parts("D", 10)),

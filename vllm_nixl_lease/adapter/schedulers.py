@@ -76,7 +76,8 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
         )
         if taken is not None and terms is not None:
             instance, name = taken
-            self.lease_views.add(req_id, engine_id, instance, name, terms, self.heartbeats.chunk_of(req_id))
+            chunk = self.heartbeats.tracker.chunk_of(req_id)  # the tracker's own: once per arrival
+            self.lease_views.add(req_id, engine_id, instance, name, terms, chunk)
 
     def _stop_heartbeat(self, req_id: str) -> None:
         self._quiet = False

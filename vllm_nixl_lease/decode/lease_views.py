@@ -67,7 +67,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 
 from .read_claims import ReadClaims
@@ -159,8 +159,21 @@ class LeaseViews:
             self.drop(local_id)
         clamped = extension > self.extension_cap
         extension = float(self.extension_cap if clamped else extension)
-        margin = self.margin if margin is None else min(self.margin, max(0.0, margin))
-        view = _View(engine_id, instance, name, float(grantor_deadline), extension, margin)
+        # ``min(self.margin, max(0.0, margin))`` without two builtin calls (once per view)
+        if margin is None:
+            margin = self.margin
+        else:
+            if not margin > 0.0:
+                margin = 0.0
+            if not margin < self.margin:
+                margin = self.margin
+        if chunk is None:
+            view = _View(engine_id, instance, name, float(grantor_deadline), extension, margin)
+        else:
+            # ``_join`` for a fresh view: it waits on no chunk's list yet
+            view = _View(engine_id, instance, name, float(grantor_deadline), extension, margin, None, *chunk)
+            if instance:
+                self._first.setdefault((engine_id, chunk[0]), []).append(local_id)
         self._views[local_id] = view
         key = (engine_id, instance, name)
         sharing = self._by_remote.get(key)
@@ -172,8 +185,6 @@ class LeaseViews:
             names[name] = None
         else:
             sharing.append(local_id)
-        if chunk is not None:
-            self._join(local_id, view, *chunk)
         if extension > self.max_extension:
             self.max_extension = extension
         if extension < self._extension.get(engine_id, math.inf):
@@ -184,7 +195,8 @@ class LeaseViews:
         view = self._views.pop(local_id, None)
         if view is None:
             return False
-        self._unwait(local_id, view)
+        if view.first_answer is None and view.chunk is not None and view.instance:
+            self._unwait(local_id, view)
         key = (view.engine_id, view.instance, view.name)
         sharing = self._by_remote[key]
         if len(sharing) == 1:
@@ -448,6 +460,26 @@ class LeaseViews:
         if view is None:
             return None
         return self._local(view, offset) - now
+
+    def deadline_of(self, local_id: str, offset: float) -> float | None:
+        """The view's deadline on D's clock (converted with ``offset`` if it was
+        not yet, as ``remaining`` does); None if ``local_id`` is not viewed."""
+        view = self._views.get(local_id)
+        return None if view is None else self._local(view, offset)
+
+    def left_and_margin(
+        self, local_id: str, now: float, offsets: Mapping[str, float]
+    ) -> tuple[float, float] | None:
+        """``remaining`` and ``margin_of`` in one call, with the offset of the
+        view's engine taken from ``offsets``; None if ``local_id`` is not viewed
+        or its engine has no offset (then nothing is converted)."""
+        view = self._views.get(local_id)
+        if view is None:
+            return None
+        offset = offsets.get(view.engine_id)
+        if offset is None:
+            return None
+        return self._local(view, offset) - now, view.margin
 
     def may_read(self, local_id: str, now: float, offset: float) -> bool | None:
         """True if a READ may start now, False to fence it, None if ``local_id`` is not viewed."""

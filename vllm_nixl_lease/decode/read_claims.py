@@ -72,7 +72,9 @@ class ReadClaims:
         again for it); False for any other local request while the claim lives.
         ``expiry``: when a fresh view of the lease would end (D's clock; -inf if
         unknown); ``viewed``: the keys some local view still names (for pruning)."""
-        if self._ended:
+        ended = self._ended
+        # Pruned only when the oldest ended claim is due (``_prune``'s own first test, without its call)
+        if ended and next(iter(ended.values())) <= now:
             self._prune(now, viewed)
         held = self._reader.get(key)
         if held is None:

@@ -25,6 +25,8 @@ logger = init_logger(__name__)
 # each; past this many the oldest is forgotten (and may be logged again).
 MAX_LOGGED_ENGINES = 1024
 
+_new_view = tuple.__new__
+
 
 class LeaseViewCollector:
     """D side: lease views of newly tracked requests, shipped to the workers once."""
@@ -77,8 +79,11 @@ class LeaseViewCollector:
         ``instance`` (empty: a plain P).  ``chunk``: the heartbeat chunk
         ``(key, version)`` naming the request (``HeartbeatTracker.chunk_of``
         right after tracking it)."""
-        self._new[local_id] = NewView(
-            engine_id, instance, name, terms.deadline, terms.extension, terms.interval, terms.hello_version
+        # Every field given: the plain tuple constructor builds the same NewView
+        # without the NamedTuple's Python-level constructor (once per arriving request).
+        self._new[local_id] = _new_view(
+            NewView,
+            (engine_id, instance, name, terms.deadline, terms.extension, terms.interval, terms.hello_version),
         )
         if chunk is not None:
             self._chunks[local_id] = chunk

@@ -260,13 +260,12 @@ class ReadFence:
             self._forget(req_id)
             return True
         if verdict == READ:
-            if meta.remote is not None and req_id in self.views:
+            if meta.remote is not None:
                 offset = self._upstream._engine_clock_offset.get(meta.remote.engine_id)
                 if offset is not None:
-                    now = time.perf_counter()
-                    left = self.views.remaining(req_id, now, offset)
-                    if left is not None:
-                        self._posted[req_id] = now + left
+                    deadline = self.views.deadline_of(req_id, offset)
+                    if deadline is not None:
+                        self._posted[req_id] = deadline
             return False
         if verdict == WITHHOLD:
             self._withhold(req_id, meta)
@@ -323,7 +322,8 @@ class ReadFence:
         if meta.remote is None:
             return READ
         engine_id = meta.remote.engine_id
-        if req_id not in self.views:
+        instance = self.views.instance_of(req_id)  # None: not viewed
+        if instance is None:
             # No view (a stock P's lease): read as upstream, unless the connection has
             # answered as one of our P processes, which is then not the grantor (A7).
             if self._reached is None or self._reached(engine_id) is None:
@@ -341,7 +341,6 @@ class ReadFence:
         offset = self._upstream._engine_clock_offset.get(engine_id)
         if offset is None:
             return WAIT  # agents without an offset: a half-written handshake, not ready
-        instance = self.views.instance_of(req_id)
         # Nothing to read (a full prefix-cache hit, an aborted request's cleanup):
         # upstream only notifies P, which frees the lease on it.
         if not any(meta.local_block_ids):  # every group empty (as upstream tests it)
@@ -396,17 +395,16 @@ class ReadFence:
         now = time.perf_counter()
         offsets = self._upstream._engine_clock_offset
         late = []
+        left_and_margin = self.views.left_and_margin
         for req_id in done:
             posted_deadline = posted.pop(req_id, -math.inf)
-            engine_id = self.views.engine_of(req_id)
-            if engine_id is None or req_id in failed:
+            if req_id in failed:
                 continue
-            offset = offsets.get(engine_id)
-            if offset is None:
+            judged = left_and_margin(req_id, now, offsets)  # None: not viewed, or no offset
+            if judged is None:
                 continue
-            left = self.views.remaining(req_id, now, offset)
-            margin = self.views.margin_of(req_id)
-            if left is not None and margin is not None and left <= margin and now >= posted_deadline - margin:
+            left, margin = judged
+            if left <= margin and now >= posted_deadline - margin:
                 late.append(req_id)
         for req_id in failed:
             posted.pop(req_id, None)

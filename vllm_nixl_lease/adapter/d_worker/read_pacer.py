@@ -58,7 +58,8 @@ class ReadPacer:
         """True: the READ waits for a later step (it is queued).  False: post it now.
 
         Anything queued goes first, so a new READ never overtakes an old one."""
-        if self.carried or not self._has_time():
+        # ``_has_time`` inlined: this runs once per READ
+        if self.carried or not (self._posted == 0 or time.perf_counter() < self._stop_at):
             self.carried.append((req_id, meta))
             self.newly_carried += 1
             return True
