@@ -24,6 +24,10 @@ from harness.nixl import Fleet, churn
 from harness.nixl import scenarios as sc
 
 
+def _say(line: str) -> None:
+    print(line, flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=1000, help="P restarts")
@@ -37,7 +41,13 @@ def main(argv: list[str] | None = None) -> int:
         workdir = args.workdir or Path(tmp)
         workdir.mkdir(parents=True, exist_ok=True)
         with Fleet(str(workdir), lease=sc.LEASE) as fleet:
-            out = churn.restarts(fleet, args.n, say=lambda line: print(line, flush=True), stock=args.stock)
+            try:
+                out = churn.restarts(fleet, args.n, say=_say, stock=args.stock)
+            except Exception:
+                for eng in fleet.engines:
+                    if eng.spec.role == "D":
+                        print(f"D's exit code: {eng.proc.exitcode}; log: {eng.log}", flush=True)
+                raise
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1, default=str))
     ok = out["read"] == args.n and not out["grown"] and not out["holding_engine_ids"] and not out["d_errors"]

@@ -44,6 +44,7 @@ def restarts(
         progress_delay_us=PROGRESS_DELAY_US,
         extra={"engine_ttl": ENGINE_TTL_S},
         num_blocks=64,
+        max_lifetime_s=max(600.0, 5.0 * n),  # an engine exits on its own past this (a leak guard)
     )
     early: tuple[dict[str, int], dict[str, list[str]], int] | None = None
     engine_ids: list[str] = []
@@ -61,7 +62,13 @@ def restarts(
         d.call("drain")  # forget the harness's own per-request records
         if say is not None and (i + 1) % 50 == 0:
             fds = len(os.listdir(f"/proc/{d.pid}/fd"))
-            say(f"{i + 1} restarts in {time.monotonic() - t0:.0f}s: D RSS {d.call('rss_kib')} KiB, {fds} fds")
+            with open(f"/proc/{d.pid}/maps") as maps:
+                n_maps = sum(1 for _ in maps)
+            threads = len(os.listdir(f"/proc/{d.pid}/task"))
+            say(
+                f"{i + 1} restarts in {time.monotonic() - t0:.0f}s: D RSS {d.call('rss_kib')} KiB, "
+                f"{fds} fds, {n_maps} maps, {threads} threads"
+            )
         if i + 1 == max(1, n // 4):
             wait_for(lambda: _connected(d) == 0, SETTLE_S, poll=1.0, what="D releasing the dead P engines")
             early = _sample(d)

@@ -30,9 +30,9 @@ def test_taken_side_channel_port_fails_fast(tmp_path) -> None:
 
 def test_signals_never_reach_a_process_that_took_over_a_dead_engines_pid(tmp_path) -> None:
     """The harness signals engines through a pidfd: once an engine has exited its pid may
-    belong to another process (pids wrap within minutes when engines come and go), which a
-    bare ``os.kill(pid)`` would stop or kill; a long restart run lost its D that way beside a
-    chaos run killing a crashed engine's old pid."""
+    belong to another process (pids wrap within minutes when engines come and go: pid_max
+    32768, ~53 threads per engine), which a bare ``os.kill(pid)`` would stop or kill; the chaos
+    lane kills engines that may have crashed already."""
     from harness.nixl import Fleet
 
     with Fleet(str(tmp_path)) as fleet:
