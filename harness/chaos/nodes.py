@@ -15,6 +15,7 @@ import contextlib
 import json
 import os
 import queue
+import re
 import signal
 import threading
 import time
@@ -50,16 +51,23 @@ def of_local(local: str) -> tuple[str, int]:
 
 
 def last_fatal(log_path: str) -> str:
-    """The engine log's last line that says why the process died (UCX's Fatal, a traceback's end)."""
+    """The engine log's last line that says why the process died (UCX's Fatal, a traceback's
+    end), or for a segfault the functions of its stack, innermost first ("Segfault in a < b <
+    ..."): the handler that prints it writes one frame per line and no reason."""
     try:
         with open(log_path, errors="replace") as fh:
             lines = fh.readlines()[-200:]
     except OSError:
         return ""
-    for line in reversed(lines):
+    for i in range(len(lines) - 1, -1, -1):
+        line = lines[i]
+        if "Segfault encountered" in line:
+            frames = re.findall(r", in (\S+)", "".join(lines[i + 1 : i + 40]))
+            return ("Segfault in " + " < ".join(f for f in frames if not f.startswith("0x")))[:300]
         if "Fatal" in line or "Error" in line or "Segmentation" in line:
             return line.strip()[-300:]
-    return lines[-1].strip()[-300:] if lines else ""
+    last = [line.strip() for line in lines if line.strip()]
+    return last[-1][-300:] if last else ""
 
 
 def rss_kb(pid: int) -> int:

@@ -25,13 +25,18 @@ SEED = 2
 TIMING_RULES = {"p_step", "memory"}
 # UCX's own abort in P when a D dies with READs in flight (docs/BENCHMARKS.md "UCX aborts in P",
 # `python -m tools.ucx_get_abort`): in UCX's progress thread, on no path of ours, and a race.
-# Such a crash is printed, not judged (the harness restarts P under its engine id, and what
-# follows is judged); any other crash fails.
+# It shows as UCX's Fatal or as a segfault whose whole stack is that thread's (NIXL's UCX
+# progress loop into UCX's TCP transport). Such a crash is printed, not judged (the harness
+# restarts P under its engine id, and what follows is judged); any other crash fails.
 UCX_ABORT = ("ucp_request.inl:", "Fatal: unexpected error: Endpoint timeout")
+UCX_SEGFAULT = ("Segfault in ", "< ucp_worker_progress < nixlUcxWorker::progressLoop()")
 
 
 def ucx_abort(violation: dict) -> bool:
-    return violation["rule"] == "crash" and all(part in violation["what"] for part in UCX_ABORT)
+    what = violation["what"]
+    return violation["rule"] == "crash" and (
+        all(part in what for part in UCX_ABORT) or all(part in what for part in UCX_SEGFAULT)
+    )
 
 
 def test_chaos_two_minutes_fixed_seed_ours_holds(tmp_path) -> None:
