@@ -46,6 +46,11 @@ def restarts(
         num_blocks=64,
         max_lifetime_s=max(600.0, 5.0 * n),  # an engine exits on its own past this (a leak guard)
     )
+
+    def settle() -> None:
+        if not stock:  # stock D releases a dead engine only when another one handshakes
+            wait_for(lambda: _connected(d) == 0, SETTLE_S, poll=1.0, what="D releasing the dead P engines")
+
     early: tuple[dict[str, int], dict[str, list[str]], int] | None = None
     engine_ids: list[str] = []
     read = 0
@@ -70,11 +75,9 @@ def restarts(
                 f"{fds} fds, {n_maps} maps, {threads} threads"
             )
         if i + 1 == max(1, n // 4):
-            if not stock:  # stock D releases a dead engine only when another one handshakes
-                wait_for(lambda: _connected(d) == 0, SETTLE_S, poll=1.0, what="D releasing dead P engines")
+            settle()
             early = _sample(d)
-    if not stock:
-        wait_for(lambda: _connected(d) == 0, SETTLE_S, poll=1.0, what="D releasing the dead P engines")
+    settle()
     time.sleep(12)  # one more reaper sweep after the eviction
     late = _sample(d)
     assert early is not None
