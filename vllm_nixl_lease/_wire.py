@@ -37,6 +37,9 @@ P -> D, only to agents whose hello P admitted:
   Version 3: to an agent whose hello said 3, the instance field of an answer to
   heartbeats is ``<instance>@<clock_us>``, P's clock when the newest of them
   arrived, from which D refreshes its clock offset (``ack_requester.py``).
+  Version 4 (``CLAIM_HELLO_VERSION``, opt-in): the same messages; an
+  acknowledged heartbeat of a version-4 agent that names a lease it did not
+  hold yet is a **claim**, answered in the step it arrives.
 
 Imports nothing from vLLM.
 """
@@ -58,6 +61,14 @@ LEASE_PROTOCOL_BASE = 2
 HELLO_VERSIONS = frozenset(range(LEASE_PROTOCOL_BASE, LEASE_PROTOCOL_VERSION + 1))
 # Hello versions from which P's answers carry its clock.
 CLOCK_HELLO_VERSION = 3
+# Version 4, opt-in on both sides (``kv_lease_claim_reads``): version 3 plus read
+# claims.  Only a P with the setting advertises it (``remote_lease_protocol_max``
+# 4) and accepts such hellos; only a D with the setting says it.  P then keeps
+# every agent of version 4 whose acknowledged heartbeat it answered "held" as a
+# holder of that lease, frees the lease on a completion only when no other
+# holder remains, and answers a heartbeat that made an agent a new holder (a
+# claim) in the step it arrives; D reads only once every P rank answered "held".
+CLAIM_HELLO_VERSION = 4
 HEARTBEAT_PREFIX = b"HB:"
 HEARTBEAT_SEPARATOR = b","
 # The lease protocol's escape (docs/PROTOCOL.md section 2): a heartbeat whose
@@ -366,7 +377,8 @@ def lease_terms(params: Mapping[str, Any] | None) -> LeaseTerms | None:
     newest = params.get(PARAM_LEASE_PROTOCOL_MAX)
     version = LEASE_PROTOCOL_BASE
     if isinstance(newest, int) and not isinstance(newest, bool) and newest > LEASE_PROTOCOL_BASE:
-        version = min(newest, LEASE_PROTOCOL_VERSION)  # the newest both speak
+        # the newest both speak (4, claims, only if this D wants them: ``ack_requester.py``)
+        version = min(newest, CLAIM_HELLO_VERSION)
     return _new_terms(
         LeaseTerms,
         (float(deadline), float(extension), interval, instance, tag if is_tag(tag) else None, version),

@@ -12,8 +12,8 @@ from hypothesis import strategies as st
 
 from vllm_nixl_lease._wire import (
     ACK_NONE,
+    CLAIM_HELLO_VERSION,
     LEASE_PROTOCOL_BASE,
-    LEASE_PROTOCOL_VERSION,
     MAX_CLOCK_S,
     PARAM_LEASE_DEADLINE,
     PARAM_LEASE_EXTENSION,
@@ -99,8 +99,9 @@ def _params(**extra: object) -> dict[str, object]:
         (None, 2),  # a version-2 P: no such key
         (2, 2),
         (3, 3),
-        (4, 3),  # a newer P that still takes 2: the newest both speak
-        (10**6, LEASE_PROTOCOL_VERSION),
+        # 4: read claims (kv_lease_claim_reads); D says it only with the setting on (ack_requester.py)
+        (4, CLAIM_HELLO_VERSION),
+        (10**6, CLAIM_HELLO_VERSION),  # a newer P that still takes 2: the newest both speak
         (1, 2),
         ("3", 2),  # not an integer: the base
         (True, 2),

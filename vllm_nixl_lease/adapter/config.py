@@ -219,6 +219,7 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
         "read_post_budget_ms", float, DEFAULT_READ_POST_BUDGET_MS, "a number >= 0 (0: no bound)", low=0,
         field="read_post_budget_s", convert=_ms_to_s,
     ),
+    ConfigKey("kv_lease_claim_reads", bool, False, TRUE_OR_FALSE, field="claim_reads"),
 )  # fmt: skip
 
 
@@ -242,6 +243,9 @@ class LeaseConfig:
     heartbeat_tags: bool = True
     # A heartbeat round of at most this many bytes goes out in one step; a larger one is paced.
     heartbeat_step_bytes: int = DEFAULT_HEARTBEAT_STEP_BYTES
+    # Readers on several Ds (docs/PROTOCOL.md, rules P14 and D11): P advertises and honours
+    # claims, D claims a lease from such a P before it READs it (one round trip per READ).
+    claim_reads: bool = False
 
     # -- times derived from the settings -------------------------------------
     @property

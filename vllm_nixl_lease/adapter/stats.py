@@ -82,6 +82,34 @@ LEASE_COUNTERS: dict[str, tuple[str, str]] = {
         "(n > 1, a retried or duplicate decode): the first READ's completion lets P free the "
         "blocks (reported as failed loads: kv_load_failure_policy applies).",
     ),
+    "num_read_claims_sent": (
+        "vllm:nixl_lease_read_claims_sent",
+        "kv_lease_claim_reads: claims D sent (one acknowledged heartbeat per step and P instance, "
+        "naming that step's new views).",
+    ),
+    "num_reads_waiting_claim": (
+        "vllm:nixl_lease_reads_waiting_claim",
+        "kv_lease_claim_reads: READs D held back until P answered its claim of the lease (counted "
+        "once per READ).",
+    ),
+    "num_reads_fenced_not_claimed": (
+        "vllm:nixl_lease_reads_fenced_not_claimed",
+        'kv_lease_claim_reads: READs D refused because P answered its claim "not held" (another '
+        "D's completion had freed the lease, or too many holders): reported as failed loads.",
+    ),
+    "num_claims_refused": (
+        "vllm:nixl_lease_claims_refused",
+        "kv_lease_claim_reads: claims P answered not held because the lease had too many holders.",
+    ),
+    "num_completions_ignored_held": (
+        "vllm:nixl_lease_completions_ignored_held",
+        "kv_lease_claim_reads: completions P ignored because they came from a D agent that does not "
+        "hold the lease while another does (the lease is freed when its holders finish, or at expiry).",
+    ),
+    "num_claimed_leases_freed": (
+        "vllm:nixl_lease_claimed_leases_freed",
+        "kv_lease_claim_reads: leases of several holders P freed when the last of them finished.",
+    ),
     "num_reads_carried": (
         "vllm:nixl_lease_reads_carried",
         "READs D postponed to a later step because the step had spent read_post_budget_ms posting "

@@ -33,6 +33,7 @@ from .._wire import heartbeat_payload, is_heartbeat
 from ..decode.lease_views import LeaseViews
 from .config import LeaseConfig
 from .d_worker.ack_requester import AckRequester
+from .d_worker.claim_requester import ClaimRequester
 from .d_worker.engine_reaper import EngineReaper
 from .d_worker.heartbeat_sender import HeartbeatSender
 from .d_worker.read_fence import ReadFence
@@ -79,6 +80,11 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
             return any(m.remote is not None and m.remote.engine_id == engine_id for m in parked)
 
         requester.reads_waiting = reads_waiting
+        # kv_lease_claim_reads: claim each lease of a P that takes claims before reading it
+        self.claim_requester = ClaimRequester(self, views, requester, lease_config)
+        if self.claim_requester.enabled:
+            requester.on_proven = self.claim_requester.proven
+            fence.claim_wait = self.claim_requester.waiting
         self.heartbeat_sender = HeartbeatSender(
             self, lease_config.max_heartbeat_bytes, self.read_fence.heartbeat_delivered, self.ack_requester
         )
@@ -102,6 +108,7 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         self.ack_answerer.observe_scheduler_clock(getattr(metadata, "scheduler_clock", None))
         self.read_fence.add_views(metadata)
         self.ack_requester.note_views(metadata)  # D: which hello version each P takes
+        self.claim_requester.note_views(metadata)  # D: claims of the new views (kv_lease_claim_reads)
         # Heartbeats before the reads (upstream sends them after): a step that
         # posts thousands of READs must not delay P's renewals or D's answers.
         self.heartbeat_sender.send(metadata)

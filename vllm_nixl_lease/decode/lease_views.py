@@ -521,6 +521,11 @@ class LeaseViews:
         key = (view.engine_id, view.instance, view.name)
         return self.claims.claim(key, local_id, expiry, now, self._by_remote)
 
+    def answered(self, local_id: str) -> bool:
+        """Has an answer to its chunk's heartbeat named the view held on every rank?"""
+        view = self._views.get(local_id)
+        return view is not None and view.first_answer is not None
+
     def engine_of(self, local_id: str) -> str | None:
         view = self._views.get(local_id)
         return None if view is None else view.engine_id

@@ -73,9 +73,11 @@ from collections.abc import Callable, Mapping, Sequence
 from vllm.logger import init_logger
 
 from ..._wire import (
+    CLAIM_HELLO_VERSION,
     HEARTBEAT_ACK_PREFIX,
     KEEPALIVE_SEQ,
     LEASE_PROTOCOL_BASE,
+    LEASE_PROTOCOL_VERSION,
     acked_heartbeat_message,
     heartbeat_payload,
     hello_message,
@@ -154,6 +156,10 @@ class AckRequester:
         self._offset_sent: dict[str, float] = {}
         self._log = RateLimitedLog(logger)
         self._stranger_log = RateLimitedLog(logger)
+        # kv_lease_claim_reads: hellos say 4 (claims) to a P that takes them; every
+        # heartbeat all ranks answered is reported with its seq (claim_requester.py).
+        self._newest_hello = CLAIM_HELLO_VERSION if lease_config.claim_reads else LEASE_PROTOCOL_VERSION
+        self.on_proven: Callable[[int, Proven], None] | None = None
 
     # -- proof -------------------------------------------------------------
     def proof(self, engine_id: str, instance: str) -> str:
@@ -323,7 +329,7 @@ class AckRequester:
             if not view.instance:
                 continue
             if view.hello_version > LEASE_PROTOCOL_BASE:
-                versions[(view.engine_id, view.instance)] = view.hello_version
+                versions[(view.engine_id, view.instance)] = min(view.hello_version, self._newest_hello)
             if terms.get(view.engine_id) != (view.extension, view.interval):
                 self._note_terms(view.engine_id, view.extension, view.interval)
 
@@ -394,6 +400,8 @@ class AckRequester:
                     proven = self.ledger.answered(agent, seq, ack.not_extended, ack.instance)
                     if proven is not None and proven.engine_id == engine_id:
                         resolved.append(proven)
+                        if self.on_proven is not None:
+                            self.on_proven(seq, proven)
                 if ack.clock is not None and resolved:
                     # Before the renewals: the views they convert take the fresh offset.
                     self._refresh_offset(engine_id, agent, ack.clock, max(p.started for p in resolved))

@@ -147,6 +147,8 @@ class ReadFence:
         self._log_terms = RateLimitedLog(logger)
         self._log_withheld = RateLimitedLog(logger)
         self._second_reader = SecondReaderFence(upstream, views)  # one READ per lease
+        # kv_lease_claim_reads: a READ waits (parked) until P answered its claim (claim_requester.py)
+        self.claim_wait: Callable[[str, ReadMeta], bool] | None = None
 
     def view_margin(self, view: NewView) -> float:
         """The margin of one view: ``lease_safety_margin`` at most, and at most
@@ -256,6 +258,9 @@ class ReadFence:
         verdict = self._verdict(req_id, meta)
         if verdict != WAIT:
             self._counted_waiting.discard(req_id)
+        if verdict == READ and self.claim_wait is not None and self.claim_wait(req_id, meta):
+            self.parked[req_id] = meta  # kv_lease_claim_reads: until P answers the claim
+            return True
         if verdict == READ and self._second_reader.fenced(req_id, meta):
             self._forget(req_id)
             return True

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..._wire import (
+    CLAIM_HELLO_VERSION,
     LEASE_PROTOCOL_BASE,
     LEASE_PROTOCOL_VERSION,
     PARAM_LEASE_DEADLINE,
@@ -51,6 +52,8 @@ class LeaseParams:
         self.instance = PInstance.new()
         self._extension = lease_config.lease_extension
         self._interval = lease_config.heartbeat_interval
+        # kv_lease_claim_reads: version 4, claims (ack_answerer.py and claim_gate.py honour them)
+        self._newest = CLAIM_HELLO_VERSION if lease_config.claim_reads else LEASE_PROTOCOL_VERSION
         self._shipped = False  # the instance went out on some step's metadata
 
     def add(self, params: dict[str, Any], req_id: str, deadline: float | None) -> None:
@@ -64,7 +67,7 @@ class LeaseParams:
         params[PARAM_LEASE_INTERVAL] = self._interval
         # 2, which a version-2 D takes as it is; a newer D reads the newest hello we accept.
         params[PARAM_LEASE_PROTOCOL] = LEASE_PROTOCOL_BASE
-        params[PARAM_LEASE_PROTOCOL_MAX] = LEASE_PROTOCOL_VERSION
+        params[PARAM_LEASE_PROTOCOL_MAX] = self._newest
         params[PARAM_LEASE_INSTANCE] = self.instance.instance
         try:
             params[PARAM_LEASE_TAG] = lease_tag(req_id, self.instance.tag_key)

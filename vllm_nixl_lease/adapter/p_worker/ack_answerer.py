@@ -62,6 +62,7 @@ from vllm.logger import init_logger
 
 from ..._wire import (
     ACK_NONE,
+    CLAIM_HELLO_VERSION,
     CLOCK_HELLO_VERSION,
     ESCAPE_PREFIX,
     HELLO_KIND,
@@ -169,6 +170,11 @@ class AckAnswerer:
         self._clock_shift: float | None = None
         self._log = RateLimitedLog(logger)
         self._refused_log = RateLimitedLog(logger)
+        # kv_lease_claim_reads: version-4 hellos, their heartbeats' holders (claim_gate.py)
+        self._versions = (
+            HELLO_VERSIONS | {CLAIM_HELLO_VERSION} if keeper.claims is not None else HELLO_VERSIONS
+        )
+        self._claimed: set[str] = set()  # agents that claimed a lease this step: answered in it
 
     def observe_scheduler_clock(self, scheduler_clock: object) -> None:
         """One step's ``meta.scheduler_clock`` (0 or absent: a scheduler that
@@ -210,6 +216,8 @@ class AckAnswerer:
                     self._hello(agent, msg, now)
                 else:
                     self._heartbeat(agent, msg, now)
+        if self._claimed:
+            self._answer_claims(now)
         if self._pending:
             self._answer_due(now)
         if now >= self._next_sweep:
@@ -248,6 +256,8 @@ class AckAnswerer:
                 known.useful = now  # it named at least one lease held here
         if seq == KEEPALIVE_SEQ:
             return  # D wants no answer: extended, nothing to send
+        if missing is not None and self._keeper.claims is not None:
+            missing = self._claim(agent, payload, missing)
         answer = self._pending.get(agent)
         if answer is None:
             answer = self._pending[agent] = _Answer(now)
@@ -264,6 +274,34 @@ class AckAnswerer:
         if len(answer) >= MAX_PENDING_SEQS:
             del self._pending[agent]
             self._answer(agent, answer, now)
+
+    def _claim(self, agent: str, payload: bytes, missing: list[str]) -> list[str]:
+        """kv_lease_claim_reads: a version-4 agent holds every name of its
+        heartbeat that was held here; one that became a holder is answered in
+        this step (``_answer_claims``).  Returns ``missing`` plus the names
+        refused at the holder cap (answered not held)."""
+        known = self._agents.get(agent)
+        loading = self._loading.get(agent)
+        version = known.version if known is not None else loading[2] if loading is not None else 0
+        gate = self._keeper.claims
+        if version < CLAIM_HELLO_VERSION or gate is None or not payload:
+            return missing
+        skip = set(missing)
+        names = payload.decode("utf-8", "replace").split(",")
+        new, refused = gate.claim(agent, [n for n in names if n not in skip])
+        if new:
+            self._claimed.add(agent)
+        return missing + refused if refused else missing
+
+    def _answer_claims(self, now: float) -> None:
+        """Claims are answered in the step they arrive (not on the tick): D waits
+        for the answer to read.  Still one answer per agent per step."""
+        pending = self._pending
+        for agent in self._claimed:
+            answer = pending.pop(agent, None)
+            if answer is not None:
+                self._answer(agent, answer, now)
+        self._claimed.clear()
 
     def _answer_due(self, now: float) -> None:
         """On the tick: every waiting agent's answer, oldest first, at most
@@ -344,8 +382,8 @@ class AckAnswerer:
         if hello is None:
             self._malformed(agent, msg)
             return
-        if hello.version not in HELLO_VERSIONS:
-            self._refuse(agent, f"protocol version {hello.version}, not one of {sorted(HELLO_VERSIONS)}")
+        if hello.version not in self._versions:
+            self._refuse(agent, f"protocol version {hello.version}, not one of {sorted(self._versions)}")
             return
         known = self._agents.get(agent)
         if known is not None:

@@ -28,12 +28,14 @@ from vllm.logger import init_logger
 
 from ..._wire import ACK_PREFIXES, PUSH_REG_PREFIX
 from ...prefill.expiry_log import log_expired
+from ...prefill.lease_holders import LeaseHolders
 from ...prefill.lease_table import LeaseTable
 from ...prefill.notification_router import NotificationRouter
 from ..config import LeaseConfig
 from ..metadata import LEASE_INSTANCE_ATTR
 from ..ratelimit import RateLimitedLog
 from ..upstream import UpstreamWorker
+from .claim_gate import ClaimGate
 from .push_aliases import LeaseAliases
 from .upstream_state import ReqsToProcessSet, ReqsToSendDict
 
@@ -83,6 +85,10 @@ class LeaseKeeper:
         self._last_sweep: float | None = None
         self._grace_until = -math.inf
         self._stall_began = 0.0
+        # kv_lease_claim_reads (pull): the D agents holding each lease (claim_gate.py).
+        self.claims: ClaimGate | None = None
+        if lease_config.claim_reads and not push:
+            self.claims = ClaimGate(upstream, self.router, LeaseHolders())
 
     @property
     def table(self) -> LeaseTable:
@@ -100,6 +106,8 @@ class LeaseKeeper:
             self._malformed_log.warning(1, "Ignoring P instance %s from the scheduler: %s", instance, exc)
             return
         self.instance = instance
+        if self.claims is not None:
+            self.claims.tag_key = tag_key
 
     @property
     def grace_s(self) -> float:
@@ -116,6 +124,8 @@ class LeaseKeeper:
     def _released(self, req_id: str) -> None:
         if self.aliases is not None:
             self.aliases.discard(req_id)
+        if self.claims is not None:
+            self.claims.forget((req_id,))
 
     # -- pull: one step's notifications -------------------------------------
     def route(self, notifs: Mapping[str, list[bytes]]) -> tuple[set[str], dict[str, list[bytes]]]:
@@ -126,7 +136,12 @@ class LeaseKeeper:
         if not notifs:
             return set(), {}
         start = time.perf_counter_ns()
+        freed: list[str] = []
+        if self.claims is not None and self.claims.holders:
+            notifs, freed = self.claims.gate(notifs)  # completions of leases other Ds still hold
         result = self.router.route(notifs, time.perf_counter())
+        if freed:
+            result.completed.extend(freed)
         stats = self._upstream.xfer_stats
         stats.observe_time("lease_route_time", (time.perf_counter_ns() - start) / 1e9)
         if result.heartbeat_messages:
@@ -161,6 +176,8 @@ class LeaseKeeper:
                 )
         for req_id in result.completed:
             self._released(req_id)
+        if self.claims is not None and self.claims.holders and result.completed:
+            self.claims.forget(result.completed)
         return set(result.completed), ack_messages
 
     # -- every other heartbeat -----------------------------------------------
@@ -288,5 +305,7 @@ class LeaseKeeper:
             for req_id in ids:
                 self._released(req_id)
         done_sending.update(ids)
+        if self.claims is not None and self.claims.holders:
+            self.claims.forget(ids)
         log_expired(logger, expired)
         stats.observe_time("lease_sweep_time", (time.perf_counter_ns() - start) / 1e9)
