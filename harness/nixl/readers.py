@@ -81,3 +81,67 @@ def same_d(fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 8, gap_s: float 
         f"P completions for no lease {out['p_unknown_completions']}"
     )
     return out
+
+
+def two_d(
+    fleet: Fleet, p_stock: bool, d_stock: bool, claims: bool, n: int = 8, gap_s: float = 0.2
+) -> dict[str, Any]:
+    """One P, two Ds, each P request queued on both (a router hedging or
+    retrying the decode on another D).  D1 reads every request at once.  D2
+    holds the first half (``early``) from before D1 reads them, and gets the
+    second half (``late``) only once P freed them on D1's completions.  P then
+    prefills ``n`` new requests, taking the blocks freed last first (``lifo``:
+    what D1's completions freed is overwritten at once), and ``gap_s`` later D2
+    reads its copies.  A copy of D2 that reads, and is not reported failed,
+    gets other KV: a stale read.
+
+    ``claims``: ``kv_lease_claim_reads`` on P and both Ds (docs/PROTOCOL.md P14,
+    D11): D2's early copies are claimed before D1 finishes, so P keeps their
+    blocks until D2 read them; its late copies are claimed after the free, so P
+    answers "not held" and D2 fences them."""
+    blocks = -(-TOKENS // 32)
+    extra = {"kv_lease_claim_reads": True} if claims else {}
+    p = fleet.start("P", "p", stock=p_stock, num_blocks=2 * n * blocks + 1, block_reuse="lifo", extra=extra)
+    d1 = fleet.start("D", "d1", stock=d_stock, extra={} if d_stock else extra)
+    d2 = fleet.start("D", "d2", stock=d_stock, extra={} if d_stock else extra)
+    ids, params = prefill(p, "two", n)
+    early, late = ids[: n // 2], ids[n // 2 :]
+    d2.submit([(dup_id(r), params[r], TOKENS) for r in early], hold=True)
+    time.sleep(1.0)  # D2 connects, proves P and (claims on) claims the early leases
+    d1.submit([(d_id(r), params[r], TOKENS) for r in ids], hold=False)
+    first_rep = _loaded(d1, [d_id(r) for r in ids], 30)
+    wait_freed(p, late, timeout=30)  # on D1's completions: D2 never named them
+    d2.submit([(dup_id(r), params[r], TOKENS) for r in late], hold=True)
+    reuse_ids, _ = prefill(p, "reuse", n)  # into the blocks freed last
+    time.sleep(gap_s)
+    d2.release([dup_id(r) for r in ids])
+    d2_rep = _loaded(d2, [dup_id(r) for r in ids], 30)
+    p_rep = wait_freed(p, ids, timeout=30)  # the early ones on D2's completions (claims on)
+    p_stats, d1_stats, d2_stats = p.stats(), d1.stats(), d2.stats()
+    out: dict[str, Any] = {
+        "n": n,
+        "first": copies(p_rep, first_rep, ids, d_id),
+        "second_early": copies(p_rep, d2_rep, early, dup_id),
+        "second_late": copies(p_rep, d2_rep, late, dup_id),
+        "early_freed_by": sorted({p_rep["reqs"][r].get("freed_reason", "held") for r in early}),
+        "fenced": over_ranks(d2_stats, "num_reads_fenced"),
+        "fenced_not_claimed": over_ranks(d2_stats, "num_reads_fenced_not_claimed"),
+        "waited_claim": over_ranks(d1_stats, "num_reads_waiting_claim")
+        + over_ranks(d2_stats, "num_reads_waiting_claim"),
+        "discarded": over_ranks(d2_stats, "num_reads_discarded"),
+        "p_claimed_freed": over_ranks(p_stats, "num_claimed_leases_freed"),
+        "p_ignored": over_ranks(p_stats, "num_completions_ignored_held"),
+        "reused": all(p_rep["reqs"][r].get("delay_free") for r in reuse_ids),
+        "errors": p_rep["errors"] + first_rep["errors"] + d2_rep["errors"],
+    }
+    out["second_stale"] = out["second_early"]["stale"] + out["second_late"]["stale"]
+    side = {True: "stock", False: "ours"}
+    who = f"P {side[p_stock]}, Ds {side[d_stock]}, claims {'on' if claims else 'off'}"
+    print(
+        f"\n== each request queued on two Ds ({who}): first D {out['first']}; second D, claimed before "
+        f"the first read {out['second_early']}, handed over after P freed {out['second_late']}; fenced "
+        f"{out['fenced']} (not claimed {out['fenced_not_claimed']}), discarded {out['discarded']}; "
+        f"READs that waited for a claim {out['waited_claim']}; P freed {out['p_claimed_freed']} lease(s) "
+        f"on the last holder, ignored {out['p_ignored']} completion(s)"
+    )
+    return out

@@ -41,3 +41,32 @@ def test_second_local_reader_stock_reads_freed_blocks(tmp_path) -> None:
         out = readers.same_d(fleet, p_stock=True, d_stock=True)
     assert out["reused"] and out["first"]["ok"] == out["n"]
     assert out["second"]["stale"] == 0, f"stock D read {out['second']['stale']} of {out['n']} stale"
+
+
+# -- readers on two Ds (docs/PROTOCOL.md A6, P14, D11) --------------------------------
+def test_second_reader_on_another_d_with_claims_never_reads_freed_blocks(tmp_path) -> None:
+    with Fleet(tmp_path, lease=sc.LEASE) as fleet:
+        out = readers.two_d(fleet, p_stock=False, d_stock=False, claims=True)
+    half = out["n"] // 2
+    assert out["reused"], "P must have reused the freed blocks, or the scenario proves nothing"
+    assert out["first"] == {"ok": out["n"], "failed": 0, "stale": 0}, out["first"]
+    # Claimed before the first D read them: P kept them until the second D read them too.
+    assert out["second_early"] == {"ok": half, "failed": 0, "stale": 0}, out["second_early"]
+    assert out["early_freed_by"] == ["read"] and out["p_claimed_freed"] == half, out
+    # Handed to the second D after P freed them: its claim is answered "not held", so it fences.
+    assert out["second_late"] == {"ok": 0, "failed": half, "stale": 0}, out["second_late"]
+    assert out["fenced_not_claimed"] + out["fenced"] >= half, out
+    assert out["p_ignored"] == 0 and out["errors"] == []
+
+
+@pytest.mark.parametrize("stock", [pytest.param(False, id="ours-claims-off"), pytest.param(True, id="stock")])
+@pytest.mark.xfail(
+    strict=True,
+    reason="without kv_lease_claim_reads (and in vLLM 0.33.0) P frees a lease on the first D's "
+    "completion and reuses its blocks, while another D holding the same params still reads them",
+)
+def test_second_reader_on_another_d_without_claims_reads_freed_blocks(tmp_path, stock: bool) -> None:
+    with Fleet(tmp_path, lease=sc.LEASE) as fleet:
+        out = readers.two_d(fleet, p_stock=stock, d_stock=stock, claims=False)
+    assert out["reused"] and out["first"]["ok"] == out["n"]
+    assert out["second_stale"] == 0, f"the second D read {out['second_stale']} of {out['n']} stale"
