@@ -270,6 +270,7 @@ byte lclaim;               /* D: the request that claimed lease 0's READ (r + 1;
 byte rdc;                  /* the completion D's READ carries, in flight to P (the READ's instance; 0: none) */
 bool hb_a, hb_b;           /* P: D (agent a) / another D (agent b) heartbeated lease 0 */
 bool b_done;               /* the other D's READ of lease 0 completed (its completion reached P) */
+bool a_done;               /* P: D's completion left lease 0 held for the other D (D is no holder since) */
 bool vack[NRQ];           /* D: P answered a heartbeat naming the request's key "held" (P knows D reads it) */
 
 /* ---- network: a bag; a D -> P message goes to every rank in its mask ---- */
@@ -569,7 +570,7 @@ inline p_recv(k, i)
        fi
     :: m_inst == pinst && !pstock && m_kind == LHB ->
 #ifdef READERS
-       hb_a = hb_a || (m_key == 0 && held[k * NL]);
+       hb_a = hb_a || (m_key == 0 && held[k * NL] && !a_done);
 #endif
        /* P2: extend every lease the key names, before the sweep */
        l = 0;
@@ -650,20 +651,24 @@ end:
        od }
 #ifdef READERS
   /* D's READ completion, and the other D's: P frees lease 0 on one only when
-   * no other agent that heartbeated it remains (else at expiry) */
+   * no other agent that heartbeated it remains (else at expiry).  P14
+   * (claim_gate.py): a holder whose completion leaves the lease held for
+   * another leaves, and a heartbeat of it after that makes it no holder again */
   :: atomic { rdc != 0 ->
        if
        :: rdc == pinst && held[rank * NL] && FREE_ON_COMPLETION(hb_b) ->
           free_lease(rank, 0); printf("EV P%d frees lease 0 on D's completion\n", pinst)
+       :: rdc == pinst && held[rank * NL] && !FREE_ON_COMPLETION(hb_b) ->
+          hb_a = 0; a_done = 1; printf("EV P%d keeps lease 0 for the other D; D leaves\n", pinst)
        :: else
        fi;
        rdc = 0 }
   :: atomic { FAULT held[rank * NL] ->
-       rem[rank * NL] = (rem[rank * NL] < EXT -> EXT : rem[rank * NL]); hb_b = 1 }
+       rem[rank * NL] = (rem[rank * NL] < EXT -> EXT : rem[rank * NL]); hb_b = hb_b || !b_done }
   :: atomic { FAULT held[rank * NL] && !b_done -> b_done = 1;
        if
        :: FREE_ON_COMPLETION(hb_a) -> free_lease(rank, 0); printf("EV P%d frees lease 0 on the other D's completion\n", pinst)
-       :: else
+       :: else -> hb_b = 0
        fi }
 #endif
   /* P9 / eviction: P forgets D's agent */
