@@ -33,7 +33,7 @@ from vllm_nixl_lease.adapter.d_scheduler.lease_view_collector import LeaseViewCo
 from vllm_nixl_lease.adapter.d_worker.ack_requester import PROVEN, AckRequester
 from vllm_nixl_lease.adapter.d_worker.claim_requester import ClaimRequester
 from vllm_nixl_lease.adapter.d_worker.read_fence import ReadFence
-from vllm_nixl_lease.adapter.metadata import LEASE_VIEWS_ATTR
+from vllm_nixl_lease.adapter.metadata import LEASE_INSTANCE_ATTR, LEASE_VIEWS_ATTR
 from vllm_nixl_lease.adapter.p_scheduler.lease_params import LeaseParams
 from vllm_nixl_lease.adapter.p_worker.ack_answerer import AckAnswerer
 from vllm_nixl_lease.adapter.p_worker.lease_keeper import LeaseKeeper
@@ -50,16 +50,19 @@ HELLO = ESCAPE_PREFIX + HELLO_KIND
 class POne:
     """One P engine of one rank (agent "P-agent-0")."""
 
-    def __init__(self, clock, config: LeaseConfig = CLAIMS) -> None:  # type: ignore[no-untyped-def]
+    def __init__(  # type: ignore[no-untyped-def]
+        self, clock, config: LeaseConfig = CLAIMS, params: LeaseParams | None = None, rank: int = 0
+    ) -> None:
         self.clock = clock
-        self.params = LeaseParams(config)
+        self.params = LeaseParams(config) if params is None else params  # another rank: its engine's
         self.instance = self.params.instance.instance
         self.up = FakeUpstreamWorker()
-        self.up.nixl_wrapper.name = "P-agent-0"
+        self.agent = f"P-agent-{rank}"
+        self.up.nixl_wrapper.name = self.agent
         self.keeper = LeaseKeeper(self.up, config)
-        meta = SimpleNamespace()
-        self.params.attach(meta)
-        self.keeper.adopt_instance(meta)
+        # What P's scheduler ships every rank (LeaseParams.attach ships it once per step)
+        shipped = (self.params.instance.instance, self.params.instance.tag_key)
+        self.keeper.adopt_instance(SimpleNamespace(**{LEASE_INSTANCE_ATTR: shipped}))
         self.acker = AckAnswerer(self.up, self.keeper, config)
 
     def grant(self, p_id: str) -> dict:
@@ -199,13 +202,16 @@ def test_p_without_the_setting_refuses_claim_hellos_and_frees_on_any_completion(
 class D:
     """One D rank reading from ``p`` (engine "P")."""
 
-    def __init__(self, p: POne, config: LeaseConfig = CLAIMS, name: str = "D-agent") -> None:
+    def __init__(
+        self, p: POne, config: LeaseConfig = CLAIMS, name: str = "D-agent", ranks: list[POne] | None = None
+    ) -> None:
         self.p = p
+        self.ranks = ranks or [p]  # P's TP ranks, ``p`` the first
         self.name = name
         self.up = FakeUpstreamWorker()
         self.up.nixl_wrapper.name = name
-        self.up.connect("P")
-        self.up._remote_agents["P"] = {0: b"P-agent-0"}
+        self.up.connect("P", ranks=len(self.ranks))
+        self.up._remote_agents["P"] = {r: rank.agent.encode() for r, rank in enumerate(self.ranks)}
         self.views = LeaseViews(config.lease_safety_margin)
         self.acks = AckRequester(self.up, self.views, config)
         self.fence = ReadFence(self.up, self.views, config, self.acks.proof)
@@ -229,28 +235,49 @@ class D:
         self.acks.note_views(meta)
         self.claims.note_views(meta)
 
-    def to_p(self) -> list[bytes]:
-        msgs = [m for _, m in self.up.nixl_wrapper.sent]
-        self.up.nixl_wrapper.sent = []
-        return msgs
+    def to_p(self, rank: int = 0) -> list[bytes]:
+        """D's messages to P's rank ``rank`` since the last call (taken off D's outbox)."""
+        agent = self.ranks[rank].agent.encode()
+        sent = self.up.nixl_wrapper.sent
+        self.up.nixl_wrapper.sent = [(to, m) for to, m in sent if to != agent]
+        return [m for to, m in sent if to == agent]
 
-    def exchange(self) -> None:
-        """D's messages to P, one P step, P's answers to D."""
-        self.p.step({self.name: self.to_p()})
-        self.acks.received({"P-agent-0": self.p.sent().get(self.name, [])})
+    def exchange(self, ranks: list[int] | None = None) -> None:
+        """D's messages to each P rank, one step of it, its answers to D."""
+        for r in range(len(self.ranks)) if ranks is None else ranks:
+            rank = self.ranks[r]
+            rank.step({self.name: self.to_p(r)})
+            self.acks.received({rank.agent: rank.sent().get(self.name, [])})
 
     def prove(self) -> None:
-        self.up.nixl_wrapper.sent = [
-            (a, m) for a, m in self.acks.hellos("P", self.p.instance, [b"P-agent-0"])
-        ]
+        agents = list(self.up._remote_agents["P"].values())
+        self.up.nixl_wrapper.sent = list(self.acks.hellos("P", self.p.instance, agents))
         self.exchange()
         assert self.acks.proof("P", self.p.instance) == PROVEN
 
 
-def grant(p: POne, p_id: str) -> dict:
+def grant(p: POne, p_id: str, others: tuple[POne, ...] = ()) -> dict:
     params = p.grant(p_id)
+    for rank in others:  # P's other ranks hold the lease too
+        rank.keeper.deadlines[p_id] = p.clock.now + EXT
     params["remote_request_id"] = p_id
     return params
+
+
+def test_d_reads_only_once_every_p_rank_answered_its_claim(clock) -> None:  # type: ignore[no-untyped-def]
+    p0 = POne(clock)
+    p1 = POne(clock, params=p0.params, rank=1)
+    d = D(p0, ranks=[p0, p1])
+    d.view("d0", grant(p0, "p0", (p1,)))
+    d.prove()
+    d.view("d1", grant(p0, "p1", (p1,)))
+    d.exchange([0])  # rank 1's answer is late
+    d.fence.take_parked()
+    assert d.fence.fenced("d1", READ) and "d1" in d.fence.parked
+    d.exchange([1])
+    d.fence.take_parked()
+    assert not d.fence.fenced("d1", READ)
+    assert [r.keeper.claims.holders.holders("p1") for r in (p0, p1)] == [[d.name], [d.name]]
 
 
 def test_d_reads_only_once_p_answered_its_claim_held(clock) -> None:  # type: ignore[no-untyped-def]
