@@ -101,9 +101,16 @@ def two_d(
     answers "not held" and D2 fences them."""
     blocks = -(-TOKENS // 32)
     extra = {"kv_lease_claim_reads": True} if claims else {}
-    p = fleet.start("P", "p", stock=p_stock, num_blocks=2 * n * blocks + 1, block_reuse="lifo", extra=extra)
+    p = fleet.start(
+        "P", "p", stock=p_stock, num_blocks=(2 * n + 2) * blocks + 1, block_reuse="lifo", extra=extra
+    )
     d1 = fleet.start("D", "d1", stock=d_stock, extra={} if d_stock else extra)
     d2 = fleet.start("D", "d2", stock=d_stock, extra={} if d_stock else extra)
+    # One request each first: both Ds connected and proven, so the loads timed below are warm.
+    warm, warm_params = prefill(p, "warm", 2)
+    for d, r in ((d1, warm[0]), (d2, warm[1])):
+        d.submit([(d_id(r), warm_params[r], TOKENS)], hold=False)
+        _loaded(d, [d_id(r)], 30)
     ids, params = prefill(p, "two", n)
     early, late = ids[: n // 2], ids[n // 2 :]
     d2.submit([(dup_id(r), params[r], TOKENS) for r in early], hold=True)
@@ -135,6 +142,11 @@ def two_d(
         "errors": p_rep["errors"] + first_rep["errors"] + d2_rep["errors"],
     }
     out["second_stale"] = out["second_early"]["stale"] + out["second_late"]["stale"]
+    # What a claim costs the first D (warm): its READs' time from submission to loaded (median).
+    waits = sorted(
+        first_rep["reqs"][d_id(r)]["read_t"] - first_rep["reqs"][d_id(r)]["submitted_t"] for r in ids
+    )
+    out["first_load_s"] = waits[len(waits) // 2]
     side = {True: "stock", False: "ours"}
     who = f"P {side[p_stock]}, Ds {side[d_stock]}, claims {'on' if claims else 'off'}"
     print(
@@ -142,6 +154,7 @@ def two_d(
         f"the first read {out['second_early']}, handed over after P freed {out['second_late']}; fenced "
         f"{out['fenced']} (not claimed {out['fenced_not_claimed']}), discarded {out['discarded']}; "
         f"READs that waited for a claim {out['waited_claim']}; P freed {out['p_claimed_freed']} lease(s) "
-        f"on the last holder, ignored {out['p_ignored']} completion(s)"
+        f"on the last holder, ignored {out['p_ignored']} completion(s); first D's median load "
+        f"{out['first_load_s'] * 1000:.0f} ms"
     )
     return out
