@@ -188,11 +188,23 @@ def _params(rng: random.Random, remote: int) -> Any:
         params["pp_size"] = rng.choice([1, 2])
     if rng.random() < 0.85:  # our P (else a stock P: no lease fields)
         params[PARAM_LEASE_DEADLINE] = _pick(
-            rng, 100.0 + remote, float("nan"), float("inf"), 5, True, "1", None, _Float(3.0)
+            rng,
+            rng.choice([100.0 + remote, 100 + remote]),
+            float("nan"),
+            float("inf"),
+            True,
+            "1",
+            None,
+            _Float(3.0),
+            10**400,
         )
-        params[PARAM_LEASE_EXTENSION] = _pick(rng, 20.0, 0.0, -1.0, float("inf"), 20, None, _Float(2.0))
+        params[PARAM_LEASE_EXTENSION] = _pick(
+            rng, rng.choice([20.0, 20]), 0.0, -1.0, float("inf"), None, _Float(2.0), 10**400, 0
+        )
         if rng.random() < 0.8:
-            params[PARAM_LEASE_INTERVAL] = _pick(rng, 5.0, -1.0, float("nan"), 5, None, "5", _Hostile())
+            params[PARAM_LEASE_INTERVAL] = _pick(
+                rng, rng.choice([5.0, 5]), -1.0, float("nan"), -3, 10**400, None, "5", _Hostile()
+            )
         if rng.random() < 0.8:
             params[PARAM_LEASE_PROTOCOL] = _pick(rng, 2, 3, 1, 2.0, True, "2", None)
             params[PARAM_LEASE_INSTANCE] = _pick(
@@ -316,3 +328,13 @@ def test_a_raising_callback_empties_the_queue(core: Any) -> None:
     with pytest.raises(RuntimeError):
         side.intake.apply()
     assert side.intake.events == []
+
+
+def test_an_int_no_double_holds_is_malformed_not_a_crash() -> None:
+    huge = 10**400
+    with pytest.raises(ValueError):
+        lease_terms({PARAM_LEASE_DEADLINE: huge, PARAM_LEASE_EXTENSION: 8.0})
+    with pytest.raises(ValueError):
+        lease_terms({PARAM_LEASE_DEADLINE: 1.0, PARAM_LEASE_EXTENSION: huge})
+    terms = lease_terms({PARAM_LEASE_DEADLINE: 1, PARAM_LEASE_EXTENSION: 8, PARAM_LEASE_INTERVAL: huge})
+    assert terms is not None and terms.interval is None and terms.deadline == 1.0

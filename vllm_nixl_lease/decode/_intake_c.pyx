@@ -8,6 +8,7 @@ extension, int protocol, str instance and tag) are read here in C; any other
 type goes through ``_wire.lease_terms``, as in the twin.
 """
 
+from cpython.long cimport PyLong_AsDouble
 from libc.math cimport isfinite
 
 from .._wire import (
@@ -65,24 +66,36 @@ cdef inline bint _is_tag(object value):
     return True
 
 
+cdef inline object _finite_float(object value):
+    """A float or int ``value`` as a finite float; None for anything else
+    (another type, not finite, an int too large for a double)."""
+    cdef double x
+    if type(value) is float:
+        x = <double>value
+    elif type(value) is int:
+        try:
+            x = PyLong_AsDouble(value)
+        except OverflowError:
+            return None
+    else:
+        return None
+    return x if isfinite(x) else None
+
+
 cdef tuple _fast_terms(dict params):
     """``_wire.lease_terms(params)`` as a plain tuple when every field has its
     common type; None when ``lease_terms`` must decide (another type, no
     deadline, malformed)."""
-    deadline = params.get(_DEADLINE)
-    extension = params.get(_EXTENSION)
-    if type(deadline) is not float or type(extension) is not float:
-        return None
-    cdef double d = <double>deadline, e = <double>extension
-    if not (isfinite(d) and isfinite(e) and e > 0):
+    deadline = _finite_float(params.get(_DEADLINE))
+    extension = _finite_float(params.get(_EXTENSION))
+    if deadline is None or extension is None or <double>extension <= 0:
         return None
     interval = params.get(_INTERVAL)
-    cdef double iv
     if interval is not None:
-        if type(interval) is not float:
+        interval = _finite_float(interval)
+        if interval is None:
             return None
-        iv = <double>interval
-        if not (isfinite(iv) and iv >= 0):
+        if <double>interval < 0:
             interval = None
     protocol = params.get(_PROTOCOL)
     instance = params.get(_INSTANCE)
