@@ -127,7 +127,8 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
     # P: tell D when its lease ends (read fencing).
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         self._quiet = False
-        delay_free, params = super().request_finished(request, block_ids)
+        # Upstream's by name, as in build_connector_meta: once per finished request.
+        delay_free, params = NixlPullConnectorScheduler.request_finished(self, request, block_ids)
         if delay_free and params and params.get("do_remote_prefill"):
             self.lease_params.add(params, request.request_id, self._reqs_need_send.get(request.request_id))
         return delay_free, params
