@@ -401,7 +401,12 @@ _B64URL = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456
 def _finite(value: object) -> TypeGuard[float]:
     if type(value) is float:  # the common case, without the isinstance checks
         return value - value == 0.0  # inf - inf and nan - nan are nan
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int no double holds: malformed, never a crash
+        return False
 
 
 # -- completions ----------------------------------------------------------

@@ -54,8 +54,9 @@ def test_scheduler_tracks_in_core_and_ships_bytes(scheduler_factory, clock: Cloc
     sched.on_new_request(fake_request("d3", **remote_prefill_params("P2", "q-1", port=5700)))
     sched.on_new_request(fake_request("d4"))  # not a remote prefill
     assert sched._heartbeat_by_engine == {} and sched._heartbeat_req_engine == {}
-    assert len(sched.heartbeats.tracker) == 3
+    assert len(sched.heartbeats.tracker) == 0  # queued: the step's metadata applies them
     meta = sched.build_connector_meta(None)
+    assert len(sched.heartbeats.tracker) == 3
     assert meta.heartbeat_by_engine == {}  # no id sets on the wire
     hb = by_engine(meta.lease_heartbeats)
     p1_chunk = sched.heartbeats.chunk_of("d2")  # the message names every id that joined up to it

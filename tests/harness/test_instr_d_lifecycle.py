@@ -59,6 +59,7 @@ def test_every_request_reads_and_ends_through_the_hooks(engines: Engines, plain:
             assert not stats.get("num_reads_fenced") and not stats.get("num_reads_discarded")
             # Views of the queue and of the READs still in flight, none leaked.
             assert len(worker.read_fence.views) <= queued + 20
+            d.d.sched.heartbeats.intake.apply()  # the last step's departures, queued for the next
             assert len(d.d.sched.heartbeats.tracker) == queued + 10  # and the READs in flight
             if plain:
                 assert sum(stats.get("num_heartbeat_views_renewed", [])) > 0

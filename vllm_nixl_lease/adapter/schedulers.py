@@ -4,6 +4,7 @@ overridden once, calling the lease components in order.
 Components (all per scheduler process):
 - ``heartbeats``: ``HeartbeatSchedule`` (D) -- which heartbeats are due, as bytes;
 - ``lease_views``: ``LeaseViewCollector`` (D, pull) -- views of P's leases for the read fence;
+- ``_intake``: the core's ``Intake`` (D, pull; the schedule's) -- the step's arrivals and departures;
 - ``lease_params``: ``LeaseParams`` (P, pull) -- the lease terms D gets, and this P's instance.
 """
 
@@ -17,7 +18,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_scheduler import Nix
 from .config import LeaseConfig
 from .d_scheduler.heartbeat_schedule import HeartbeatSchedule
 from .d_scheduler.lease_view_collector import LeaseViewCollector
-from .metadata import LEASE_IDLE_ATTR, LeaseConnectorMetadata, executor_pickles
+from .metadata import LEASE_IDLE_ATTR, LeaseConnectorMetadata, NewView, executor_pickles
 from .p_scheduler.idle_step import step_is_idle
 from .p_scheduler.lease_params import LeaseParams
 
@@ -32,29 +33,36 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
         self.lease_views = LeaseViewCollector(lease_config, self._TRANSFER_MODE)
         self.lease_params = LeaseParams(lease_config)
         self._compact_pickle = executor_pickles(vllm_config)
+        intake = self._intake = self.heartbeats.intake
+        intake.views = self.lease_views
+        intake.view_type = NewView
+        intake.tags = lease_config.heartbeat_tags
+        intake.arrive_slow = self._arrive_slow
+        self._intake_events = intake.events
         # No component but the heartbeat schedule has anything to ship (no view
         # news, no repack, P's instance shipped) until a hook below says otherwise:
         # most steps then touch only the schedule (they run with caches others
         # have evicted).
         self._quiet = False
 
-    # D: a request that waits for its remote prefill is tracked by our
-    # components directly, under upstream's rule (every remote field present):
-    # upstream's own heartbeat dicts are never built and then undone.
+    # D: the hooks only queue arrivals and departures; build_connector_meta
+    # applies them in order with one call into the core (decode/intake.py),
+    # which tracks, untracks and collects the views.  Upstream's own heartbeat
+    # dicts are never built and then undone.
     def on_new_request(self, request: Any) -> None:
         self._quiet = False
         params = request.kv_transfer_params
-        if params is None or not params.get("do_remote_prefill") or params.get("do_remote_decode"):
-            # Not a plain remote prefill (P's truncation, or both roles): upstream's way.
-            super().on_new_request(request)
-            entry = self._heartbeat_req_engine.get(request.request_id)
-            if entry is not None:
-                target = self._heartbeat_by_engine[entry[0]]
-                super()._stop_heartbeat(request.request_id)
-                self._track(
-                    request.request_id, entry[0], entry[1], HeartbeatSchedule.target_of(target), params
-                )
+        if params is None or not params.get("do_remote_prefill"):
+            super().on_new_request(request)  # P's truncation; nothing to heartbeat
             return
+        if params.get("do_remote_decode"):
+            # Both roles: upstream's truncation, without its heartbeat entry (ours instead).
+            self._truncate_request_for_prefill(request)
+        self._intake_events.append((request.request_id, params))
+
+    def _arrive_slow(self, req_id: str, params: Any) -> None:
+        # The core's way for a request it does not read itself (a stock P, fields
+        # malformed or of unusual types): the same tracking, and the log lines.
         engine_id = params.get("remote_engine_id")
         remote_id = params.get("remote_request_id")
         host = params.get("remote_host")
@@ -63,7 +71,7 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
         if engine_id is None or remote_id is None or host is None or port is None or tp_size is None:
             return
         target = (host, port, tp_size, params.get("dcp_size", 1), params.get("pp_size", 1))
-        self._track(request.request_id, engine_id, remote_id, target, params)
+        self._track(req_id, engine_id, remote_id, target, params)
 
     def _track(
         self, req_id: str, engine_id: str, remote_id: str, target: tuple[Any, ...], params: Any
@@ -81,15 +89,26 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
 
     def _stop_heartbeat(self, req_id: str) -> None:
         self._quiet = False
-        self.lease_views.drop(req_id)
-        self.heartbeats.untrack(req_id)
+        self._intake_events.append(req_id)
         if self._heartbeat_req_engine:  # empty unless a hook of upstream's recorded one
             super()._stop_heartbeat(req_id)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        # Upstream's only stops heartbeats of the finished READs: queued here at once.
+        finished = connector_output.finished_recving
+        if finished:
+            self._quiet = False
+            self._intake_events.extend(finished)
+            if self._heartbeat_req_engine:
+                for req_id in finished:
+                    super()._stop_heartbeat(req_id)
 
     def build_connector_meta(self, scheduler_output: Any) -> Any:
         # Upstream's by name: super() resolves through the MRO on every call,
         # bypassing the type's attribute cache, the costliest part of an idle
         # step run with caches others have evicted.
+        if self._intake_events:
+            self._intake.apply()  # the step's arrivals and departures, in order
         meta = NixlPullConnectorScheduler.build_connector_meta(self, scheduler_output)
         if self._compact_pickle:
             meta = LeaseConnectorMetadata.adopt(meta)
@@ -108,7 +127,8 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
     # P: tell D when its lease ends (read fencing).
     def request_finished(self, request: Any, block_ids: Any) -> tuple[bool, dict[str, Any] | None]:
         self._quiet = False
-        delay_free, params = super().request_finished(request, block_ids)
+        # Upstream's by name, as in build_connector_meta: once per finished request.
+        delay_free, params = NixlPullConnectorScheduler.request_finished(self, request, block_ids)
         if delay_free and params and params.get("do_remote_prefill"):
             self.lease_params.add(params, request.request_id, self._reqs_need_send.get(request.request_id))
         return delay_free, params

@@ -34,6 +34,7 @@ from vllm.logger import init_logger
 
 from ..._wire import ACKED_HEARTBEAT_OVERHEAD, LeaseTerms
 from ...decode.heartbeat_tracker import HeartbeatTracker
+from ...decode.intake import Intake
 from ..config import LeaseConfig
 from ..metadata import LEASE_HEARTBEATS_ATTR, EngineHeartbeats
 from ..upstream import HeartbeatTarget, UpstreamScheduler
@@ -51,6 +52,12 @@ class HeartbeatGroup:
     instance: str  # empty: a plain P
     tagged: bool
     target: tuple[str, int, int, int, int]  # host, port, tp, dcp, pp of its first request
+
+
+def _log_untrackable(local_id: str, name: str, exc: Exception) -> None:
+    # An id we cannot put on the wire (e.g. contains ','): its lease will
+    # simply not be renewed, exactly what upstream would get.
+    logger.warning("Not heartbeating request %s (remote name %r): %s", local_id, name, exc)
 
 
 def pace_phase(engine_id: str) -> float:
@@ -74,12 +81,10 @@ class HeartbeatSchedule:
             pace_phase(engine_id),
             lease_config.heartbeat_step_bytes,
         )
-        # tracker key (one per group) -> the group; a group ends with its last request
-        self.groups: dict[str, HeartbeatGroup] = {}
-        self._keys: dict[tuple[str, str, bool], str] = {}  # (engine, instance, tagged) -> tracker key
-        self._next_key = 0
-        # groups whose chunks were repacked since the last take_repacked()
-        self._repacked: set[str] = set()
+        # The groups (tracker key -> HeartbeatGroup; a group ends with its last
+        # request) live in the core, which tracks a step's arrivals itself.
+        self.intake = Intake(self.tracker, HeartbeatGroup, _log_untrackable)
+        self.groups: dict[str, HeartbeatGroup] = self.intake.groups
 
     @staticmethod
     def target_of(info: HeartbeatTarget) -> tuple[str, int, int, int, int]:
@@ -144,34 +149,10 @@ class HeartbeatSchedule:
         name: str,
         target: tuple[str, int, int, int, int],
     ) -> bool:
-        group_id = (engine_id, instance, tagged)
-        key = self._keys.get(group_id)
-        if key is None:
-            key = f"g{self._next_key}"
-            self._next_key += 1
-        try:
-            self.tracker.track(local_id, key, name)
-        except (TypeError, ValueError) as exc:
-            # An id we cannot put on the wire (e.g. contains ','): its lease
-            # will simply not be renewed, exactly what upstream would get.
-            logger.warning("Not heartbeating request %s (remote name %r): %s", local_id, name, exc)
-            return False
-        if key not in self.groups:
-            self._keys[group_id] = key
-            self.groups[key] = HeartbeatGroup(engine_id, instance, tagged, target)
-        return True
+        return self.intake.track(local_id, engine_id, instance, tagged, name, target)
 
     def untrack(self, req_id: str) -> None:
-        tracker = self.tracker
-        key = tracker.engine_of(req_id)
-        if key is not None:
-            repacks = tracker.repacks
-            tracker.untrack(req_id)
-            if key not in tracker.engines():
-                group = self.groups.pop(key)
-                del self._keys[(group.engine_id, group.instance, group.tagged)]
-            elif tracker.repacks != repacks:
-                self._repacked.add(key)
+        self.intake.untrack(req_id)
 
     def chunk_of(self, req_id: str) -> tuple[int, int] | None:
         """``(key, version)`` of the heartbeat chunk naming ``req_id`` now."""
@@ -183,10 +164,11 @@ class HeartbeatSchedule:
 
     def take_repacked(self) -> Set[str]:
         """P engines some of whose chunks were repacked since the last call."""
-        if not self._repacked:
+        repacked = self.intake.repacked
+        if not repacked:
             return _NONE
-        out = {self.groups[key].engine_id for key in self._repacked if key in self.groups}
-        self._repacked = set()
+        out = {self.groups[key].engine_id for key in repacked if key in self.groups}
+        repacked.clear()
         return out
 
     def attach(self, meta: object) -> None:

@@ -34,10 +34,11 @@ class LeaseViewCollector:
     def __init__(self, lease_config: LeaseConfig, transfer_mode: str) -> None:
         # Push mode: P writes into D, D never reads, nothing to fence.
         self.enabled = lease_config.lease_fencing and transfer_mode == "pull"
-        self._new: dict[str, NewView] = {}
-        self._dropped: list[str] = []
-        self._chunks: dict[str, tuple[int, int]] = {}
-        self._shipped: dict[str, str] = {}  # local id -> P engine id
+        # Public: the core's intake (``decode/intake.py``) fills them too.
+        self.new: dict[str, NewView] = {}
+        self.dropped: list[str] = []
+        self.chunks: dict[str, tuple[int, int]] = {}
+        self.shipped: dict[str, str] = {}  # local id -> P engine id
         self._fencing_off_engines: dict[str, None] = {}
         self._malformed_log = RateLimitedLog(logger)
 
@@ -81,17 +82,17 @@ class LeaseViewCollector:
         right after tracking it)."""
         # Every field given: the plain tuple constructor builds the same NewView
         # without the NamedTuple's Python-level constructor (once per arriving request).
-        self._new[local_id] = _new_view(
+        self.new[local_id] = _new_view(
             NewView,
             (engine_id, instance, name, terms.deadline, terms.extension, terms.interval, terms.hello_version),
         )
         if chunk is not None:
-            self._chunks[local_id] = chunk
+            self.chunks[local_id] = chunk
 
     def drop(self, local_id: str) -> None:
-        self._chunks.pop(local_id, None)
-        if self._new.pop(local_id, None) is None and self._shipped.pop(local_id, None) is not None:
-            self._dropped.append(local_id)
+        self.chunks.pop(local_id, None)
+        if self.new.pop(local_id, None) is None and self.shipped.pop(local_id, None) is not None:
+            self.dropped.append(local_id)
 
     def rechunk(self, engine_ids: Iterable[str], chunk_of: Callable[[str], tuple[int, int] | None]) -> None:
         """The heartbeat chunks of these engines were repacked: ship every
@@ -99,24 +100,24 @@ class LeaseViewCollector:
         engines = set(engine_ids)
         if not engines:
             return
-        new = ((local_id, view.engine_id) for local_id, view in self._new.items())
-        viewed = chain(self._shipped.items(), new)
+        new = ((local_id, view.engine_id) for local_id, view in self.new.items())
+        viewed = chain(self.shipped.items(), new)
         for local_id, engine_id in viewed:
             if engine_id in engines:
                 chunk = chunk_of(local_id)
                 if chunk is not None:
-                    self._chunks[local_id] = chunk
+                    self.chunks[local_id] = chunk
 
     @property
     def pending(self) -> bool:
         """News for the workers that the next ``attach`` ships."""
-        return bool(self._new or self._dropped or self._chunks)
+        return bool(self.new or self.dropped or self.chunks)
 
     def attach(self, meta: object) -> None:
         if not self.pending:
             return  # the workers read no attribute as no news
-        updates = LeaseViewUpdates(self._new, self._dropped, self._chunks)
-        for local_id, view in self._new.items():
-            self._shipped[local_id] = view.engine_id
-        self._new, self._dropped, self._chunks = {}, [], {}
+        updates = LeaseViewUpdates(self.new, self.dropped, self.chunks)
+        for local_id, view in self.new.items():
+            self.shipped[local_id] = view.engine_id
+        self.new, self.dropped, self.chunks = {}, [], {}
         setattr(meta, LEASE_VIEWS_ATTR, updates)
