@@ -12,8 +12,8 @@ from cpython.long cimport PyLong_AsDouble
 from libc.math cimport isfinite
 
 from .._wire import (
+    CLAIM_HELLO_VERSION,
     LEASE_PROTOCOL_BASE,
-    LEASE_PROTOCOL_VERSION,
     PARAM_LEASE_DEADLINE,
     PARAM_LEASE_EXTENSION,
     PARAM_LEASE_INSTANCE,
@@ -27,7 +27,8 @@ from .._wire import (
 
 cdef object _BASE = LEASE_PROTOCOL_BASE
 cdef long _BASE_C = LEASE_PROTOCOL_BASE
-cdef long _NEWEST_C = LEASE_PROTOCOL_VERSION
+# As lease_terms: the newest version P may name (4 is used only by a D that claims reads)
+cdef long _NEWEST_C = CLAIM_HELLO_VERSION
 cdef Py_ssize_t _INSTANCE_LEN = INSTANCE_HEX_DIGITS
 cdef str _DEADLINE = PARAM_LEASE_DEADLINE
 cdef str _EXTENSION = PARAM_LEASE_EXTENSION
