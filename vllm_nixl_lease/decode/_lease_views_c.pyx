@@ -10,6 +10,7 @@ every step and every READ, so the per-READ check and a step's updates are one
 call each.
 """
 
+from libc.math cimport isfinite
 from libcpp.vector cimport vector
 from cpython.tuple cimport PyTuple_Check, PyTuple_GET_SIZE
 
@@ -33,10 +34,12 @@ cdef class ReadClaims:
     cdef object _ended      # OrderedDict: key -> expiry, oldest first
     cdef object _unviewed   # OrderedDict: key -> reader, most recently read last
     cdef Py_ssize_t _max_unviewed
+    cdef double _oldest     # the expiry of ``_ended``'s first key (INF: empty), tested per claim
 
     def __cinit__(self):
         self._reader = {}
         self._ended = OrderedDict()
+        self._oldest = INF
         self._unviewed = OrderedDict()
         # Read when built, so a test may lower the twin's module constant first.
         self._max_unviewed = _read_claims_py.MAX_UNVIEWED
@@ -59,15 +62,11 @@ cdef class ReadClaims:
 
     cdef bint _claim(self, object key, object local_id, double expiry, double now, object viewed) except -1:
         cdef double known
-        ended = self._ended
-        if ended:
-            for first in ended.values():
-                if <double>first <= now:
-                    self._prune(now, viewed)
-                break
+        if self._oldest <= now:
+            self._prune(now, viewed)
         held = self._reader.get(key)
         if held is None:
-            if key in ended:
+            if key in self._ended:
                 return False
             self._reader[key] = (local_id, expiry)
             return True
@@ -80,13 +79,24 @@ cdef class ReadClaims:
         return True
 
     def release(self, key):
+        self._release(key)
+
+    cdef int _release(self, object key) except -1:
+        cdef double expiry
         held = self._reader.pop(key, None)
         if held is None:
-            return
+            return 0
         expiry = (<tuple>held)[1]
-        if math.isfinite(expiry):
-            self._ended[key] = expiry
-            self._ended.move_to_end(key)
+        if isfinite(expiry):
+            ended = self._ended
+            again = key in ended  # never seen (a key is ended once), but kept as the twin keeps it
+            ended[key] = expiry
+            if again:
+                ended.move_to_end(key)
+                self._oldest = ended[next(iter(ended))]
+            elif len(ended) == 1:
+                self._oldest = expiry
+        return 0
 
     def prune(self, double now, viewed):
         before = len(self._ended)
@@ -102,6 +112,7 @@ cdef class ReadClaims:
             del ended[key]
             if key in viewed:
                 self._reader[key] = ("", ENDED)
+        self._oldest = ended[next(iter(ended))] if ended else INF
 
 
 cdef struct View:
@@ -202,21 +213,19 @@ cdef class LeaseViews:
         self, object local_id, object engine_id, object name, object grantor_deadline_, object extension_,
         object instance, object chunk, object margin_,
     ) except -1:
-        cdef double grantor_deadline, extension, margin
+        cdef double grantor_deadline = grantor_deadline_
+        cdef double extension = extension_
+        cdef double margin
         cdef bint clamped
         cdef Py_ssize_t slot
         cdef View view
-        if not (
-            math.isfinite(grantor_deadline_) and math.isfinite(extension_) and extension_ > 0
-        ):
+        if not (isfinite(grantor_deadline) and isfinite(extension) and extension > 0):
             raise ValueError(
                 f"lease of {local_id!r}: deadline {grantor_deadline_!r} / extension {extension_!r} "
                 "must be finite and the extension > 0"
             )
-        grantor_deadline = grantor_deadline_
-        extension = extension_
         if local_id in self._slot_of:
-            self.drop(local_id)
+            self._drop(local_id)
         clamped = extension > self.extension_cap
         if clamped:
             extension = self.extension_cap
@@ -283,6 +292,9 @@ cdef class LeaseViews:
         return clamped
 
     def drop(self, local_id):
+        return self._drop(local_id)
+
+    cdef bint _drop(self, object local_id) except -1:
         cdef Py_ssize_t slot = self._slot(local_id)
         if slot < 0:
             return False
@@ -296,7 +308,7 @@ cdef class LeaseViews:
         sharing = <list>self._by_remote[key]
         if len(sharing) == 1:
             del self._by_remote[key]
-            self.claims.release(key)
+            self.claims._release(key)
             names = self._names[(engine_id, instance)]
             del names[self._name[slot]]
             if not names:
@@ -314,7 +326,7 @@ cdef class LeaseViews:
 
     def drop_all(self, local_ids):
         for local_id in local_ids:
-            self.drop(local_id)
+            self._drop(local_id)
 
     def terms_margin(self, double extension, double p_interval, double d_interval):
         return self._terms_margin(extension, p_interval, d_interval)
