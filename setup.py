@@ -16,6 +16,7 @@ MODULES = [
     "vllm_nixl_lease.prefill._notification_router_c",
     "vllm_nixl_lease.decode._heartbeat_tracker_c",
     "vllm_nixl_lease.decode._intake_c",
+    "vllm_nixl_lease.decode._lease_views_c",
 ]
 
 

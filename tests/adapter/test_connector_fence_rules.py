@@ -98,7 +98,7 @@ def test_parked_view_is_not_converted_with_the_unproven_offset(d_worker, clock: 
     fence.views.add("d1", "P", "p1", clock.now + OFFSET + 10.0, 8.0, INSTANCE)
     d_worker._engine_clock_offset["P"] = OFFSET - 20.0  # the unproven connection's
     d_worker._read_blocks_for_req("d1", _meta())
-    assert "d1" in fence.parked and fence.views._views["d1"].local_deadline is None
+    assert "d1" in fence.parked and fence.views.converted("d1") is False
     # The connection is released and handshaken again; the new one reaches the grantor.
     d_worker._engine_clock_offset["P"] = OFFSET
     _prove(d_worker)

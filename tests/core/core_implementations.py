@@ -25,6 +25,7 @@ def load_core(name: str) -> types.SimpleNamespace:
         router = importlib.import_module(f"vllm_nixl_lease.prefill._notification_router{suffix}")
         heartbeat = importlib.import_module(f"vllm_nixl_lease.decode._heartbeat_tracker{suffix}")
         intake = importlib.import_module(f"vllm_nixl_lease.decode._intake{suffix}")
+        views = importlib.import_module(f"vllm_nixl_lease.decode._lease_views{suffix}")
     except ImportError as exc:
         if name == "python" or os.environ.get("VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS") == "1":
             raise
@@ -36,4 +37,6 @@ def load_core(name: str) -> types.SimpleNamespace:
         HeartbeatTracker=heartbeat.HeartbeatTracker,
         encode_heartbeats=heartbeat.encode_heartbeats,
         Intake=intake.Intake,
+        LeaseViews=views.LeaseViews,
+        ReadClaims=views.ReadClaims,  # the twin's is read_claims.py's
     )

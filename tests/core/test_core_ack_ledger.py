@@ -21,7 +21,6 @@ from vllm_nixl_lease._wire import (
     parse_heartbeat_ack,
 )
 from vllm_nixl_lease.decode.ack_ledger import AckLedger, Proven
-from vllm_nixl_lease.decode.lease_views import LeaseViews
 
 EXT = 8.0
 IDS = ["p0", "p1", "p2"]
@@ -105,7 +104,7 @@ def test_view_never_outlives_p_under_any_delivery(core, ranks, script, delays, d
             table.grant(p_id, EXT)  # granted at t=0, as reported to D
     ended: list[dict[str, float]] = [{} for _ in range(ranks)]  # rank -> id -> deadline P freed it at
     ledger = AckLedger()
-    views = LeaseViews(margin=0.0)
+    views = core.LeaseViews(margin=0.0)
     for p_id in IDS:
         views.add(f"d-{p_id}", "P", p_id, EXT, EXT, INSTANCE)
     to_p: list[tuple[float, int, bytes]] = []  # (arrival, rank, message)
@@ -184,7 +183,7 @@ def test_steady_answers_keep_the_view_alive(core, ranks: int) -> None:
     agents = [f"r{r}" for r in range(ranks)]
     for table in tables:
         table.grant("p0", EXT)
-    ledger, views = AckLedger(), LeaseViews(margin=2.0)
+    ledger, views = AckLedger(), core.LeaseViews(margin=2.0)
     views.add("d0", "P", "p0", EXT, EXT, INSTANCE)
     now = 0.0
     for _ in range(100):
@@ -206,7 +205,7 @@ def test_renew_on_send_breaks_under_a_partition(core) -> None:
     that a P without acknowledgements still gets (lease_views.heartbeat_sent)."""
     table = core.LeaseTable(EXT)
     table.grant("p0", EXT)
-    on_send, on_ack = LeaseViews(margin=2.0), LeaseViews(margin=2.0)
+    on_send, on_ack = core.LeaseViews(margin=2.0), core.LeaseViews(margin=2.0)
     on_send.add("d0", "P", "p0", EXT, EXT)
     on_ack.add("d0", "P", "p0", EXT, EXT, INSTANCE)
     ledger = AckLedger()

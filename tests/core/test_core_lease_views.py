@@ -10,13 +10,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from vllm_nixl_lease._wire import heartbeat_payload
-from vllm_nixl_lease.decode.lease_views import LeaseViews
 
 INSTANCE = "0123456789abcdef"
 
 
-def test_view_starts_at_the_reported_deadline_on_local_clock() -> None:
-    views = LeaseViews(margin=2.0)
+def test_view_starts_at_the_reported_deadline_on_local_clock(core) -> None:
+    views = core.LeaseViews(margin=2.0)
     views.add("d1", "P", "p1", grantor_deadline=1030.0, extension=20.0)
     # P's clock runs 1000 s ahead of ours: its 1030 is our 30.
     assert views.remaining("d1", now=10.0, offset=1000.0) == pytest.approx(20.0)
@@ -25,8 +24,8 @@ def test_view_starts_at_the_reported_deadline_on_local_clock() -> None:
     assert views.may_read("unknown", now=0.0, offset=0.0) is None
 
 
-def test_heartbeat_renews_only_while_the_view_has_more_than_the_margin() -> None:
-    views = LeaseViews(margin=2.0)
+def test_heartbeat_renews_only_while_the_view_has_more_than_the_margin(core) -> None:
+    views = core.LeaseViews(margin=2.0)
     views.add("d1", "P", "p1", 30.0, 20.0)
     views.add("d2", "P", "p2", 30.0, 20.0)
     assert views.heartbeat_sent("P", ["p1", "zzz"], offset=0.0, started=25.0, finished=25.5) == 1
@@ -39,15 +38,15 @@ def test_heartbeat_renews_only_while_the_view_has_more_than_the_margin() -> None
     assert views.heartbeat_sent("P", ["p2"], offset=0.0, started=29.0, finished=29.0) == 0
 
 
-def test_heartbeat_never_moves_a_view_backwards() -> None:
-    views = LeaseViews(margin=1.0)
+def test_heartbeat_never_moves_a_view_backwards(core) -> None:
+    views = core.LeaseViews(margin=1.0)
     views.add("d1", "P", "p1", 100.0, 4.0)
     views.heartbeat_sent("P", ["p1"], 0.0, 10.0, 10.0)
     assert views.remaining("d1", 10.0, 0.0) == pytest.approx(90.0)
 
 
-def test_views_are_per_engine_and_dropped() -> None:
-    views = LeaseViews(margin=1.0)
+def test_views_are_per_engine_and_dropped(core) -> None:
+    views = core.LeaseViews(margin=1.0)
     views.add("d1", "P1", "same", 10.0, 4.0)
     views.add("d2", "P2", "same", 10.0, 4.0)
     assert views.heartbeat_sent("P1", ["same"], 0.0, 8.0, 8.0) == 1
@@ -66,15 +65,15 @@ def test_views_are_per_engine_and_dropped() -> None:
     "deadline,extension",
     [(math.nan, 1.0), (math.inf, 1.0), (1.0, 0.0), (1.0, -1.0), (1.0, math.inf)],
 )
-def test_bad_lease_fields_raise(deadline: float, extension: float) -> None:
+def test_bad_lease_fields_raise(core, deadline: float, extension: float) -> None:
     with pytest.raises(ValueError):
-        LeaseViews(1.0).add("d1", "P", "p1", deadline, extension)
+        core.LeaseViews(1.0).add("d1", "P", "p1", deadline, extension)
 
 
 @pytest.mark.parametrize("margin", [-1.0, math.nan, math.inf])
-def test_bad_margin_raises(margin: float) -> None:
+def test_bad_margin_raises(core, margin: float) -> None:
     with pytest.raises(ValueError):
-        LeaseViews(margin)
+        core.LeaseViews(margin)
 
 
 @st.composite
@@ -112,7 +111,7 @@ def test_view_never_outlives_the_grantors_lease(core, h: dict) -> None:
     ext, margin, offset, err = h["extension"], h["margin"], h["offset"], h["err"]
     p_table = core.LeaseTable(ext)
     p_table.grant("p1", offset + h["duration"])  # granted at D time 0, on P's clock
-    views = LeaseViews(margin)
+    views = core.LeaseViews(margin)
     views.add("d1", "P", "p1", offset + h["duration"], ext)
     arrivals: list[float] = []  # D-clock arrival times of heartbeats still in flight
     for t, kind, send_time, delay in h["events"]:
@@ -152,7 +151,7 @@ def _chunk_renewal_run(core, seed: int, disown: bool, clean: bool) -> int:
     rng = random.Random(seed)
     ext = 20.0
     hb = core.HeartbeatTracker(1.0, max_message_bytes=60)
-    views = LeaseViews(margin=0.0)
+    views = core.LeaseViews(margin=0.0)
     live: dict[str, tuple[str, str, int]] = {}  # local -> (engine, remote, generation)
     model: dict[str, float] = {}  # local -> deadline the model allows
     gen = 0
@@ -233,8 +232,8 @@ def test_chunk_answers_renew_only_what_they_prove(core, seed: int, disown: bool,
     assert _chunk_renewal_run(core, seed, disown, clean) > 50  # the answers did renew views
 
 
-def test_chunk_answer_guards() -> None:
-    views = LeaseViews(margin=0.0)
+def test_chunk_answer_guards(core) -> None:
+    views = core.LeaseViews(margin=0.0)
     views.add("a", "P", "ra", 10.0, 20.0, INSTANCE, chunk=(7, 3))
     views.add("b", "P", "rb", 10.0, 20.0, INSTANCE, chunk=(7, 5))  # joined after version 4
     views.chunk_acked("P", INSTANCE, 7, 4, started=5.0, offset=0.0)
@@ -256,10 +255,10 @@ def test_chunk_answer_guards() -> None:
     assert views.prune_chunk_acks(sent_before=100.0) == 1
 
 
-def test_chunk_renewed_until_is_what_its_latest_answer_proved() -> None:
+def test_chunk_renewed_until_is_what_its_latest_answer_proved(core) -> None:
     """D3b's question: until when the chunk's latest answer renewed its views
     (None while a view waits for its first answer, or no answer is kept)."""
-    views = LeaseViews(margin=0.0)
+    views = core.LeaseViews(margin=0.0)
     assert views.chunk_renewed_until("P", 7) is None
     views.add("a", "P", "ra", 10.0, 20.0, INSTANCE, chunk=(7, 3))
     assert views.chunk_renewed_until("P", 7) is None  # a waits for its first answer
@@ -273,23 +272,23 @@ def test_chunk_renewed_until_is_what_its_latest_answer_proved() -> None:
     assert views.chunk_renewed_until("P", 7) is None  # forgotten: ask
 
 
-def test_first_answer_after_the_view_lapsed_ends_it() -> None:
-    views = LeaseViews(margin=0.0)
+def test_first_answer_after_the_view_lapsed_ends_it(core) -> None:
+    views = core.LeaseViews(margin=0.0)
     views.add("a", "P", "ra", 10.0, 20.0, INSTANCE, chunk=(7, 1))
     views.chunk_acked("P", INSTANCE, 7, 1, started=12.0, offset=0.0, now=12.0)
     assert views.remaining("a", 0.0, 0.0) == -math.inf
 
 
-def test_answers_too_old_to_renew_are_ignored() -> None:
-    views = LeaseViews(margin=0.0)
+def test_answers_too_old_to_renew_are_ignored(core) -> None:
+    views = core.LeaseViews(margin=0.0)
     views.add("a", "P", "ra", 10.0, 20.0, INSTANCE)
     assert views.heartbeat_acked("P", INSTANCE, ["ra"], 0.0, started=5.0, now=26.0) == 0  # 5 + 20 <= 26
     assert views.heartbeat_acked("P", INSTANCE, ["ra"], 0.0, started=5.0, now=24.0) == 1
     assert views.remaining("a", 0.0, 0.0) == pytest.approx(25.0)
 
 
-def test_another_process_proven_ends_the_old_views() -> None:
-    views = LeaseViews(margin=0.0)
+def test_another_process_proven_ends_the_old_views(core) -> None:
+    views = core.LeaseViews(margin=0.0)
     views.add("a", "P", "ra", 10.0, 20.0, INSTANCE)
     views.add("b", "P", "rb", 10.0, 20.0)  # plain
     views.add("c", "Q", "rc", 10.0, 20.0, INSTANCE)
@@ -305,8 +304,8 @@ def test_another_process_proven_ends_the_old_views() -> None:
 
 
 # -- bounds under P restarts -------------------------------------------------
-def test_an_extension_above_the_cap_is_clamped_which_only_shortens_the_view() -> None:
-    views = LeaseViews(margin=2.0, extension_cap=60.0)
+def test_an_extension_above_the_cap_is_clamped_which_only_shortens_the_view(core) -> None:
+    views = core.LeaseViews(margin=2.0, extension_cap=60.0)
     assert views.add("d1", "P", "p1", 30.0, 1e9, INSTANCE) is True  # P's terms: absurd
     assert views.add("d2", "P", "p2", 30.0, 20.0, INSTANCE) is False
     assert views.max_extension == 60.0  # bounds how long D keeps unanswered sends
@@ -315,11 +314,11 @@ def test_an_extension_above_the_cap_is_clamped_which_only_shortens_the_view() ->
     assert views.remaining("d1", 11.0, 0.0) == pytest.approx(59.0)  # 10 + 60, not 10 + 1e9
     assert views.remaining("d2", 11.0, 0.0) == pytest.approx(19.0)
     with pytest.raises(ValueError):
-        LeaseViews(margin=1.0, extension_cap=0.0)
+        core.LeaseViews(margin=1.0, extension_cap=0.0)
 
 
-def test_forget_engines_drops_per_engine_state_of_engines_gone_and_viewless() -> None:
-    views = LeaseViews(margin=1.0)
+def test_forget_engines_drops_per_engine_state_of_engines_gone_and_viewless(core) -> None:
+    views = core.LeaseViews(margin=1.0)
     for i in range(1000):  # P restarted 1,000 times, a fresh engine id each time
         engine = f"P-{i}"
         views.add(f"d{i}", engine, "p", 30.0, 20.0, INSTANCE, chunk=(1, 1))
@@ -349,15 +348,17 @@ def test_forget_engines_drops_per_engine_state_of_engines_gone_and_viewless() ->
         (math.inf, 2.0),
     ],
 )
-def test_a_views_margin_is_the_given_one_within_zero_and_the_most(given: float | None, kept: float) -> None:
+def test_a_views_margin_is_the_given_one_within_zero_and_the_most(
+    core, given: float | None, kept: float
+) -> None:
     """``min(margin, max(0.0, given))``, NaN included (``max`` keeps its first argument)."""
-    views = LeaseViews(margin=2.0)
+    views = core.LeaseViews(margin=2.0)
     views.add("d1", "P", "p1", 30.0, 20.0, margin=given)
     assert views.margin_of("d1") == kept == min(2.0, max(0.0, 2.0 if given is None else given))
 
 
-def test_deadline_of_and_left_and_margin_read_what_remaining_and_margin_of_read() -> None:
-    views = LeaseViews(margin=2.0)
+def test_deadline_of_and_left_and_margin_read_what_remaining_and_margin_of_read(core) -> None:
+    views = core.LeaseViews(margin=2.0)
     views.add("d1", "P", "p1", grantor_deadline=1030.0, extension=20.0, margin=1.0)
     assert views.deadline_of("unknown", 1000.0) is None
     assert views.left_and_margin("unknown", 10.0, {"P": 1000.0}) is None
@@ -370,9 +371,9 @@ def test_deadline_of_and_left_and_margin_read_what_remaining_and_margin_of_read(
     assert views.left_and_margin("d1", 10.0, {"P": 1000.0}) == (-math.inf, 1.0)
 
 
-def test_a_view_added_with_its_chunk_waits_for_that_chunks_first_answer() -> None:
+def test_a_view_added_with_its_chunk_waits_for_that_chunks_first_answer(core) -> None:
     """Added with a chunk (acknowledged): its first answer renews it, as ``move_to_chunk`` would."""
-    views = LeaseViews(margin=1.0)
+    views = core.LeaseViews(margin=1.0)
     views.add("d1", "P", "p1", 30.0, 20.0, instance="i1", chunk=(7, 3))
     views.add("d2", "P", "p2", 30.0, 20.0, chunk=(7, 3))  # plain: waits for no answer
     assert views.chunk_renewed_until("P", 7) is None

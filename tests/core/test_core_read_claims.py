@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import math
 
-from vllm_nixl_lease.decode.lease_views import LeaseViews
-from vllm_nixl_lease.decode.read_claims import ReadClaims
-
 INSTANCE = "0123456789abcdef"
 
 
-def test_second_local_reader_of_a_lease_is_refused_while_any_view_of_it_remains() -> None:
-    views = LeaseViews(margin=1.0)
+def test_second_local_reader_of_a_lease_is_refused_while_any_view_of_it_remains(core) -> None:
+    views = core.LeaseViews(margin=1.0)
     views.add("d1", "P", "p1", 100.0, 8.0, INSTANCE)
     views.add("d2", "P", "p1", 100.0, 8.0, INSTANCE)  # n > 1 / a duplicate: the same lease
     views.add("d3", "P", "p2", 100.0, 8.0, INSTANCE)  # another lease
@@ -24,16 +21,16 @@ def test_second_local_reader_of_a_lease_is_refused_while_any_view_of_it_remains(
     assert views.claim_read("unviewed", now=0.0, offset=0.0) is True
 
 
-def test_plain_views_and_instances_key_their_own_claims() -> None:
-    views = LeaseViews(margin=1.0)
+def test_plain_views_and_instances_key_their_own_claims(core) -> None:
+    views = core.LeaseViews(margin=1.0)
     views.add("d1", "P", "p1", 100.0, 8.0)  # a plain P's lease p1
     views.add("d2", "P", "p1", 100.0, 8.0, INSTANCE)  # P's instance's lease of that name
     views.add("d3", "Q", "p1", 100.0, 8.0)  # another engine
     assert [views.claim_read(d, 0.0, 0.0) for d in ("d1", "d2", "d3")] == [True, True, True]
 
 
-def test_a_duplicate_arriving_after_the_reader_ended_is_refused_until_the_grant_lapses() -> None:
-    views = LeaseViews(margin=1.0)
+def test_a_duplicate_arriving_after_the_reader_ended_is_refused_until_the_grant_lapses(core) -> None:
+    views = core.LeaseViews(margin=1.0)
     views.add("d1", "P", "p1", 1030.0, 8.0, INSTANCE)
     assert views.claim_read("d1", now=1.0, offset=1000.0) is True  # a fresh view ends at 30 (D)
     views.drop("d1")
@@ -49,8 +46,8 @@ def test_a_duplicate_arriving_after_the_reader_ended_is_refused_until_the_grant_
     assert views.claim_read("d3", now=40.0, offset=1000.0) is True
 
 
-def test_claims_are_forgotten_when_unviewed_and_past_expiry() -> None:
-    claims = ReadClaims()
+def test_claims_are_forgotten_when_unviewed_and_past_expiry(core) -> None:
+    claims = core.ReadClaims()
     viewed: set[tuple[str, str, str]] = set()
     for i in range(1000):
         key = ("P", "", f"p{i}")
@@ -62,11 +59,11 @@ def test_claims_are_forgotten_when_unviewed_and_past_expiry() -> None:
     assert len(claims) == 0
 
 
-def test_leases_of_a_p_without_views_are_claimed_too_and_capped(monkeypatch) -> None:
+def test_leases_of_a_p_without_views_are_claimed_too_and_capped(core, monkeypatch) -> None:
     from vllm_nixl_lease.decode import read_claims
 
     monkeypatch.setattr(read_claims, "MAX_UNVIEWED", 4)
-    views = LeaseViews(margin=1.0)
+    views = core.LeaseViews(margin=1.0)
     assert views.claim_read("d1", 0.0, 0.0, unviewed=("P", "p1")) is True  # a stock P: no view
     assert views.claim_read("d1", 0.0, 0.0, unviewed=("P", "p1")) is True
     assert views.claim_read("d2", 0.0, 0.0, unviewed=("P", "p1")) is False
@@ -77,9 +74,9 @@ def test_leases_of_a_p_without_views_are_claimed_too_and_capped(monkeypatch) -> 
     assert views.claim_read("d2", 0.0, 0.0, unviewed=("P", "p1")) is True
 
 
-def test_ended_claims_are_forgotten_by_the_sweep_without_another_read() -> None:
+def test_ended_claims_are_forgotten_by_the_sweep_without_another_read(core) -> None:
     """An idle D makes no claim, so the engine reaper's sweep prunes (``prune_claims``)."""
-    views = LeaseViews(margin=1.0)
+    views = core.LeaseViews(margin=1.0)
     views.add("d1", "P", "p1", 1030.0, 8.0, INSTANCE)
     assert views.claim_read("d1", now=1.0, offset=1000.0) is True  # a fresh view ends at 30 (D)
     views.drop("d1")

@@ -83,14 +83,13 @@ deadline by P's as long as the offset error is under the margin.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Mapping
 
 from vllm.logger import init_logger
 
 from ..._wire import heartbeat_ids
-from ...decode.lease_views import LeaseViews
+from ...decode.lease_views import CLAIMED, LeaseViews
 from ..config import MARGIN_FLOOR_SHARE, LeaseConfig
 from ..metadata import LEASE_VIEWS_ATTR, LeaseViewUpdates, NewView
 from ..ratelimit import RateLimitedLog
@@ -102,6 +101,11 @@ logger = init_logger(__name__)
 
 
 READ, FENCE, WAIT, WITHHOLD = "read", "fence", "wait", "withhold"
+# A READ judged by ``LeaseViews.admit_read``: let through (its lease claimed, its
+# posted deadline kept), or refused as a second reader of its lease.
+ADMITTED, SECOND_READER = "admitted", "second reader"
+# kv_lease_claim_reads: the READ waits (parked) until P answers this D's claim (claim_requester.py)
+CLAIM_WAIT = "claim wait"
 # Engines whose short lease terms were logged (a bounded memory: oldest forgotten first).
 MAX_LOGGED_ENGINES = 1024
 
@@ -154,15 +158,17 @@ class ReadFence:
         """The margin of one view: ``lease_safety_margin`` at most, and at most
         half the room P's terms leave between a heartbeat and the next answer,
         but never below the floor (``lease_safety_margin * MARGIN_FLOOR_SHARE``)."""
-        p_interval = view.interval if view.interval is not None else self._interval
-        room = view.extension - self._interval - p_interval / 2
-        margin = min(self.views.margin, room / 2)
+        margin = self._terms_margin(view)
         if margin >= self._margin_floor:
             return margin
-        self._short_terms(view, room)
+        self._short_terms(view)
         return self._margin_floor
 
-    def _short_terms(self, view: NewView, room: float) -> None:
+    def _terms_margin(self, view: NewView) -> float:
+        p_interval = view.interval if view.interval is not None else self._interval
+        return self.views.terms_margin(view.extension, p_interval, self._interval)
+
+    def _short_terms(self, view: NewView) -> None:
         self._upstream.xfer_stats.add("num_views_margin_floored", 1)
         logged = self._short_terms_logged
         if view.engine_id in logged:
@@ -179,7 +185,7 @@ class ReadFence:
             view.extension,
             self._interval,
             self._margin_floor,
-            max(0.0, room / 2),
+            max(0.0, self._terms_margin(view)),
         )
 
     # -- views shipped by the scheduler, around upstream's start_load_kv -----
@@ -187,22 +193,19 @@ class ReadFence:
         updates: LeaseViewUpdates | None = getattr(metadata, LEASE_VIEWS_ATTR, None)
         if updates is None:
             return
-        chunks = getattr(updates, "chunks", None) or {}
         views = self.views
-        clamped = 0
-        for local_id, view in updates.new.items():
-            # The margin from P's own terms (a longer extension never shrinks it below
-            # what the clamped one gives), the renewals by at most the cap.
-            clamped += views.add(
-                local_id,
-                view.engine_id,
-                view.name,
-                view.deadline,
-                view.extension,
-                view.instance,
-                chunks.get(local_id),
-                self.view_margin(view),
-            )
+        # One call for the step: each view's margin from P's own terms (``view_margin``'s
+        # rule; a longer extension never shrinks it below what the clamped one gives),
+        # the renewals by at most the cap, and the views repacked into new chunks.
+        clamped, floored = views.add_views(
+            updates.new,
+            getattr(updates, "chunks", None) or {},
+            self._interval,
+            self._margin_floor,
+            self._upstream._engine_clock_offset,
+        )
+        for local_id in floored:
+            self._short_terms(updates.new[local_id])
         if clamped:
             self._upstream.xfer_stats.add("num_lease_terms_clamped", clamped)
             self._log_terms.warning(
@@ -213,23 +216,20 @@ class ReadFence:
                 clamped,
                 views.extension_cap,
             )
-        if len(chunks) > len(updates.new):  # views whose names were repacked into new chunks
-            offsets = self._upstream._engine_clock_offset
-            for local_id, chunk in chunks.items():
-                if local_id not in updates.new:
-                    engine_id = views.engine_of(local_id)
-                    if engine_id is not None:
-                        views.move_to_chunk(local_id, chunk, offsets.get(engine_id))
 
     def drop_views(self, metadata: object) -> None:
         # After the reads: an id whose tracking ended this step may still be read in it.
         updates: LeaseViewUpdates | None = getattr(metadata, LEASE_VIEWS_ATTR, None)
         if updates is not None:
-            parked = self.parked
-            for local_id in updates.dropped:
-                self._forget(local_id)
-                if local_id in parked:
-                    self._drop_parked(local_id)
+            dropped = updates.dropped
+            self.views.drop_all(dropped)
+            bound, posted, parked = self._bound, self._posted, self.parked
+            if bound or posted or parked:
+                for local_id in dropped:
+                    bound.pop(local_id, None)
+                    posted.pop(local_id, None)
+                    if local_id in parked:
+                        self._drop_parked(local_id)
 
     def _drop_parked(self, req_id: str) -> None:
         """A parked READ that will never be posted (its request ended): report it
@@ -256,10 +256,16 @@ class ReadFence:
         """True when the READ must not be posted now: fenced (reported as a
         failed load) or waiting for proof (``parked``, tried again next step)."""
         verdict = self._verdict(req_id, meta)
-        if verdict != WAIT:
+        if verdict != WAIT and self._counted_waiting:
             self._counted_waiting.discard(req_id)
-        if verdict == READ and self.claim_wait is not None and self.claim_wait(req_id, meta):
+        if verdict == ADMITTED:
+            return False
+        if verdict == CLAIM_WAIT:
             self.parked[req_id] = meta  # kv_lease_claim_reads: until P answers the claim
+            return True
+        if verdict == SECOND_READER:
+            self._second_reader.refuse(req_id, meta)
+            self._forget(req_id)
             return True
         if verdict == READ and self._second_reader.fenced(req_id, meta):
             self._forget(req_id)
@@ -366,7 +372,15 @@ class ReadFence:
             bound = self._bound.setdefault(req_id, connection)
             if bound != connection:
                 return FENCE  # the process it was granted by may be gone with that connection
-        return READ if self.views.may_read(req_id, time.perf_counter(), offset) else FENCE
+        if self.claim_wait is not None and self.claim_wait(req_id, meta):
+            return CLAIM_WAIT  # kv_lease_claim_reads: P has not answered this D's claim yet
+        # The margin, the second-reader claim and the deadline kept for ``discard_late``,
+        # in one call: this runs once per READ.
+        admitted = self.views.admit_read(req_id, time.perf_counter(), offset)
+        if isinstance(admitted, float):
+            self._posted[req_id] = admitted
+            return ADMITTED
+        return SECOND_READER if admitted == CLAIMED else FENCE
 
     def _notify_verdict(
         self,
@@ -397,22 +411,9 @@ class ReadFence:
         if not len(self.views):
             posted.clear()
             return
-        now = time.perf_counter()
-        offsets = self._upstream._engine_clock_offset
-        late = []
-        left_and_margin = self.views.left_and_margin
-        for req_id in done:
-            posted_deadline = posted.pop(req_id, -math.inf)
-            if req_id in failed:
-                continue
-            judged = left_and_margin(req_id, now, offsets)  # None: not viewed, or no offset
-            if judged is None:
-                continue
-            left, margin = judged
-            if left <= margin and now >= posted_deadline - margin:
-                late.append(req_id)
-        for req_id in failed:
-            posted.pop(req_id, None)
+        late = self.views.late_reads(
+            done, failed, posted, time.perf_counter(), self._upstream._engine_clock_offset
+        )
         if not late:
             return
         failed.update(late)

@@ -37,6 +37,15 @@ class SecondReaderFence:
         unviewed = (remote.engine_id, getattr(remote, "request_id", ""))
         if self._views.claim_read(req_id, time.perf_counter(), offset, unviewed if unviewed[1] else None):
             return False
+        self.refuse(req_id, meta)
+        return True
+
+    def refuse(self, req_id: str, meta: ReadMeta) -> None:
+        """Report a READ whose lease another local request claimed as a failed
+        load (``fenced``'s refusal; ``ReadFence`` claims most READs itself,
+        through ``LeaseViews.admit_read``)."""
+        assert meta.remote is not None  # only a READ with a remote side claims a lease
+        up = self._upstream
         up.xfer_stats.add("num_reads_fenced_second_reader", 1)
         self._log.warning(
             1,
@@ -47,4 +56,3 @@ class SecondReaderFence:
             meta.remote.engine_id,
         )
         up._handle_failed_transfer(req_id, None, up._recv_failures, record_failed_transfer=False)
-        return True
