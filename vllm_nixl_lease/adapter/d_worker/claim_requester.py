@@ -148,6 +148,9 @@ class ClaimRequester:
                 self._wanted.discard(local_id)
                 self._counted.discard(local_id)
             elif name in proven.not_extended:
+                # The answer ended its view: the fence's margin check refuses the READ.
+                self._wanted.discard(local_id)
+                self._counted.discard(local_id)
                 refused += 1
         if refused:
             self._upstream.xfer_stats.add("num_reads_fenced_not_claimed", refused)
