@@ -164,6 +164,7 @@ def _state(views: Any, now: float) -> tuple[Any, ...]:
             views.engine_of(lid),
             views.instance_of(lid),
             views.margin_of(lid),
+            views.answered(lid),
             views.converted(lid),
             views.may_wait(lid, now, 0.0) if views.converted(lid) is False else None,
         )
