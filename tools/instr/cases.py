@@ -973,7 +973,7 @@ CASES: list[Case] = [
         gate=True,
         per_step=True,
         floor={"cython": 5},
-        mean_floor={"cython": 0.28, "twin": 0.1},
+        mean_floor={"cython": 0.45, "twin": 0.1},
     ),
     Case(
         "D step, 100k queued over 8 P",
@@ -982,7 +982,7 @@ CASES: list[Case] = [
         1,
         d_queue(100_000),
         per_step=True,
-        mean_floor={"cython": 0.7, "twin": 0.6},
+        mean_floor={"cython": 1.3, "twin": 0.6},
     ),
     # Requests through vLLM's real hooks (tools/instr/d_lifecycle.py): arrival, allocation and
     # READ, its completion the next step, update_connector_output, request_finished.
@@ -994,7 +994,7 @@ CASES: list[Case] = [
             1,
             d_churn(n, CHURN),
             per_step=True,
-            mean_floor={"cython": 0.46},
+            mean_floor={"cython": 0.62},
         )
         for n in (100, 1000, 10_000)
     ),
@@ -1007,7 +1007,7 @@ CASES: list[Case] = [
         d_churn(0, CHURN),
         gate=True,
         per_step=True,
-        mean_floor={"cython": 0.47},
+        mean_floor={"cython": 0.62},
     ),
     Case(
         "D against a stock P (plain views), 1,000 queued, 10 in + 10 out per step",
