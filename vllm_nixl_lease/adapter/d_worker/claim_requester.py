@@ -83,9 +83,7 @@ class ClaimRequester:
         updates: LeaseViewUpdates | None = getattr(metadata, LEASE_VIEWS_ATTR, None)
         if updates is None:
             return
-        for local_id in updates.dropped:
-            self._wanted.discard(local_id)
-            self._counted.discard(local_id)
+        self.forget(updates.dropped)
         groups: dict[tuple[str, str, bool], list[tuple[str, str]]] = {}
         for local_id, view in updates.new.items():
             if not view.instance or view.hello_version < CLAIM_HELLO_VERSION:
@@ -145,12 +143,10 @@ class ClaimRequester:
             if local_id not in self._wanted:
                 continue
             if name in held:
-                self._wanted.discard(local_id)
-                self._counted.discard(local_id)
+                self._settle(local_id)
             elif name in proven.not_extended:
                 # The answer ended its view: the fence's margin check refuses the READ.
-                self._wanted.discard(local_id)
-                self._counted.discard(local_id)
+                self._settle(local_id)
                 refused += 1
         if refused:
             self._upstream.xfer_stats.add("num_reads_fenced_not_claimed", refused)
@@ -168,8 +164,7 @@ class ClaimRequester:
         if req_id not in wanted or not any(meta.local_block_ids):
             return False
         if self._views.answered(req_id):
-            wanted.discard(req_id)  # its chunk's first answer named it held on every rank
-            self._counted.discard(req_id)
+            self._settle(req_id)  # its chunk's first answer named it held on every rank
             return False
         if req_id not in self._counted:
             self._counted.add(req_id)
@@ -178,5 +173,9 @@ class ClaimRequester:
 
     def forget(self, local_ids: Iterable[str]) -> None:
         for local_id in local_ids:
-            self._wanted.discard(local_id)
-            self._counted.discard(local_id)
+            self._settle(local_id)
+
+    def _settle(self, local_id: str) -> None:
+        """Its READ no longer waits for a claim (claimed, refused or gone)."""
+        self._wanted.discard(local_id)
+        self._counted.discard(local_id)
