@@ -240,8 +240,8 @@ class ReadFence:
         up.xfer_stats.add("num_reads_parked_dropped", 1)
         self._log_dropped.warning(
             1,
-            "READ of %s, waiting for proof of its P process, will not be posted (its request ended); "
-            "reported as a failed load so that its KV blocks are freed",
+            "READ of %s, waiting for proof of its P process or for P's answer to its claim, will not be "
+            "posted (its request ended); reported as a failed load so that its KV blocks are freed",
             req_id,
         )
         up._handle_failed_transfer(req_id, None, up._recv_failures, record_failed_transfer=False)
