@@ -47,6 +47,7 @@ from vllm_nixl_lease.adapter.metadata import (
     LEASE_HEARTBEATS_ATTR,
     LEASE_VIEWS_ATTR,
     EngineHeartbeats,
+    LeaseViewUpdates,
     NewView,
 )
 from vllm_nixl_lease.adapter.p_scheduler.lease_params import LeaseParams
@@ -800,9 +801,9 @@ def test_margin_follows_the_terms_p_advertised() -> None:
     d_config = LeaseConfig.from_extra_config({"kv_lease_duration": 24})  # D: margin 4, interval 4
     fence = ReadFence(FakeUpstreamWorker(), LeaseViews(d_config.lease_safety_margin), d_config)
     p_terms = NewView("P", "i" * 16, "p1", 0.0, extension=8.0, interval=2.0)
-    assert fence.view_margin(p_terms) == pytest.approx((8 - 4 - 1) / 2)
+    assert _added_margin(fence, "d1", p_terms) == pytest.approx((8 - 4 - 1) / 2)
     same = NewView("P", "i" * 16, "p1", 0.0, extension=16.0, interval=4.0)
-    assert fence.view_margin(same) == pytest.approx(d_config.lease_safety_margin)
+    assert _added_margin(fence, "d2", same) == pytest.approx(d_config.lease_safety_margin)
 
 
 def test_one_answer_per_d_agent_per_step(clock: Clock) -> None:
@@ -1160,3 +1161,11 @@ def test_an_answer_to_seq_0_from_a_p_of_before_renews_nothing(clock: Clock, ask_
     net.d_receive([("P-agent-0", heartbeat_ack_message(net.proc.instance, [0]))])
     assert net.remaining("d1") == pytest.approx(left)
     assert net.d.count("num_malformed_notifs") == 0 and net.d.count("num_heartbeat_views_renewed") == 1
+
+
+def _added_margin(fence: ReadFence, local_id: str, view: NewView) -> float:
+    """The margin the fence gives a view shipped to it (``ReadFence.add_views``)."""
+    fence.add_views(SimpleNamespace(**{LEASE_VIEWS_ATTR: LeaseViewUpdates({local_id: view}, [])}))
+    margin = fence.views.margin_of(local_id)
+    assert margin is not None
+    return margin

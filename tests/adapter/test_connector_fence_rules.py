@@ -16,8 +16,8 @@ from types import SimpleNamespace
 import pytest
 from vllm_support import STOCK_PULL_WORKER, Clock, WorkerMeta, make_worker
 
-from vllm_nixl_lease.adapter.d_worker.read_fence import MARGIN_FLOOR_SHARE
-from vllm_nixl_lease.adapter.metadata import LeaseViewUpdates, NewView
+from vllm_nixl_lease.adapter.d_worker.read_fence import MARGIN_FLOOR_SHARE, ReadFence
+from vllm_nixl_lease.adapter.metadata import LEASE_VIEWS_ATTR, LeaseViewUpdates, NewView
 from vllm_nixl_lease.adapter.workers import LeaseNixlPullConnectorWorker
 
 LEASE = 12  # extension 8, interval 2, margin 2
@@ -236,11 +236,22 @@ def test_margin_has_a_floor_and_short_terms_are_logged_once_per_engine(
     fence = d_worker.read_fence
     floor = fence.views.margin * MARGIN_FLOOR_SHARE
     assert floor > 0
-    assert fence.view_margin(NewView("P", "", "p1", 0.0, 8.0, 2.0)) == pytest.approx(2.0)  # our own terms
+    own = NewView("P", "", "p1", 0.0, 8.0, 2.0)  # our own terms
+    assert _added_margin(fence, "p1", own) == pytest.approx(2.0)
     # P's extension (3 s) barely outlasts D's interval (2 s): room 0.5 s, half of it below the floor.
     for name in ("p1", "p2"):
-        assert fence.view_margin(NewView("Q", "", name, 0.0, 3.0, 1.0)) == pytest.approx(floor)
-    assert fence.view_margin(NewView("R", "", "r1", 0.0, 1.0, 1.0)) == pytest.approx(floor)  # no room at all
+        short = NewView("Q", "", name, 0.0, 3.0, 1.0)
+        assert _added_margin(fence, f"q-{name}", short) == pytest.approx(floor)
+    no_room = NewView("R", "", "r1", 0.0, 1.0, 1.0)  # no room at all
+    assert _added_margin(fence, "r1", no_room) == pytest.approx(floor)
     assert _stat(d_worker, "num_views_margin_floored") == 3
     logged = [r.getMessage() for r in lease_logs.records if "too short for this D's" in r.getMessage()]
     assert len(logged) == 1 and "Q" in logged[0]  # the next engine's line is rate-limited
+
+
+def _added_margin(fence: ReadFence, local_id: str, view: NewView) -> float:
+    """The margin the fence gives a view shipped to it (``ReadFence.add_views``)."""
+    fence.add_views(SimpleNamespace(**{LEASE_VIEWS_ATTR: LeaseViewUpdates({local_id: view}, [])}))
+    margin = fence.views.margin_of(local_id)
+    assert margin is not None
+    return margin

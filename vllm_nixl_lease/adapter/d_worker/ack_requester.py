@@ -335,9 +335,9 @@ class AckRequester:
 
     def _note_terms(self, engine_id: str, extension: float, p_interval: float | None) -> None:
         """``ask_within`` for a view of these terms (the largest an engine's views need):
-        its margin (``ReadFence.view_margin``'s rule) plus one interval of D's, P's
-        answer tick (half P's interval) and an eighth of D's interval for the round
-        trip.  Asked then, a view keeps more than its margin until the answer."""
+        its margin (``LeaseViews.terms_margin``, floored as ``ReadFence.add_views`` does)
+        plus one interval of D's, P's answer tick (half P's interval) and an eighth of
+        D's interval for the round trip.  Asked then, a view keeps more than its margin until the answer."""
         d_interval = self._interval
         p_half = (d_interval if p_interval is None else p_interval) / 2
         room = extension - d_interval - p_half

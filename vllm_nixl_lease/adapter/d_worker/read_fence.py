@@ -154,17 +154,10 @@ class ReadFence:
         # kv_lease_claim_reads: a READ waits (parked) until P answered its claim (claim_requester.py)
         self.claim_wait: Callable[[str, ReadMeta], bool] | None = None
 
-    def view_margin(self, view: NewView) -> float:
-        """The margin of one view: ``lease_safety_margin`` at most, and at most
-        half the room P's terms leave between a heartbeat and the next answer,
-        but never below the floor (``lease_safety_margin * MARGIN_FLOOR_SHARE``)."""
-        margin = self._terms_margin(view)
-        if margin >= self._margin_floor:
-            return margin
-        self._short_terms(view)
-        return self._margin_floor
-
     def _terms_margin(self, view: NewView) -> float:
+        """What P's terms leave for a view's margin (``LeaseViews.terms_margin``);
+        ``add_views`` keeps at least the floor, ``lease_safety_margin *
+        MARGIN_FLOOR_SHARE``, and reports the views it floored."""
         p_interval = view.interval if view.interval is not None else self._interval
         return self.views.terms_margin(view.extension, p_interval, self._interval)
 
@@ -194,7 +187,7 @@ class ReadFence:
         if updates is None:
             return
         views = self.views
-        # One call for the step: each view's margin from P's own terms (``view_margin``'s
+        # One call for the step: each view's margin from P's own terms (``LeaseViews.terms_margin``'s
         # rule; a longer extension never shrinks it below what the clamped one gives),
         # the renewals by at most the cap, and the views repacked into new chunks.
         clamped, floored = views.add_views(
