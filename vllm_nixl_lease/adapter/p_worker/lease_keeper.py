@@ -175,9 +175,7 @@ class LeaseKeeper:
                     push_regs, "Ignored %d PUSH_REG notification(s) on a pull worker", push_regs
                 )
         for req_id in result.completed:
-            self._released(req_id)
-        if self.claims is not None and self.claims.holders and result.completed:
-            self.claims.forget(result.completed)
+            self._released(req_id)  # its holders too
         return set(result.completed), ack_messages
 
     # -- every other heartbeat -----------------------------------------------
