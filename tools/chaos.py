@@ -46,6 +46,12 @@ def main(argv: list[str] | None = None) -> int:
         "--dup-other-frac", type=float, default=None, help="of those, on another D (harness lane)"
     )
     ap.add_argument("--n2-frac", type=float, default=None, help="of stream requests, n = 2 (serve lane)")
+    ap.add_argument(
+        "--no-claim-reads",
+        dest="claim_reads",
+        action="store_false",
+        help="ours without kv_lease_claim_reads: a second reader on another D is then unfenced (A6)",
+    )
     args = ap.parse_args(argv)
     signal.signal(signal.SIGTERM, _interrupt)  # tear the hosts and engines down as Ctrl-C does
 
@@ -73,6 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = serve_lane.run(
             serve_lane.Options(
                 seed=args.seed, minutes=args.minutes, impl=args.impl, workdir=args.out, say=say, kinds=kinds,
+                claim_reads=args.claim_reads,
                 **_given(args, abort_frac="abort_frac", dup_frac="dup_frac", n2_frac="n2_frac"),
             )
         )  # fmt: skip
@@ -89,6 +96,7 @@ def main(argv: list[str] | None = None) -> int:
                 burst_size=args.burst,
                 say=say,
                 kinds=kinds,
+                claim_reads=args.claim_reads,
                 **_given(args, abort_frac="abort_frac", dup_frac="dup_frac", dup_other_frac="dup_other_frac"),
             )
         )

@@ -59,6 +59,9 @@ class Options:
     abort_frac: float = ABORT_FRAC  # of stream requests, cancelled by their client
     dup_frac: float = DUP_FRAC  # of stream requests, submitted twice with the same P params
     dup_other_frac: float = DUP_OTHER_FRAC  # of those, the second on another D
+    # Ours only: each D claims a lease before it reads (``kv_lease_claim_reads``, docs/PROTOCOL.md
+    # P14 and D11). A second reader on another D is safe only with claims (assumption A6).
+    claim_reads: bool = True
     say: Callable[[str], None] = print
     kinds: tuple[str, ...] = schedule.KINDS
     extra: dict[str, Any] = field(default_factory=dict)
@@ -129,6 +132,7 @@ def run(opts: Options) -> dict[str, Any]:
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "engines").mkdir(exist_ok=True)
     stock = opts.impl == "stock"
+    claims = opts.claim_reads and not stock
     horizon = opts.minutes * 60.0
     lay = layout()
     plan = schedule.plan(opts.seed, horizon, lay, opts.kinds)
@@ -151,6 +155,7 @@ def run(opts: Options) -> dict[str, Any]:
         abort_frac=opts.abort_frac,
         dup_frac=opts.dup_frac,
         dup_other_frac=opts.dup_other_frac,
+        claim_reads=claims,
         engines={n: {"role": r, "host": h} for n, (r, h) in lay.engines.items()},
         plan=len(plan),
     )
@@ -162,7 +167,11 @@ def run(opts: Options) -> dict[str, Any]:
         "written_log": True,
         "block_reuse": "lifo",
         "max_lifetime_s": horizon + 1200.0,
-        "extra": {"engine_ttl": ENGINE_TTL_S, **opts.extra},
+        "extra": {
+            "engine_ttl": ENGINE_TTL_S,
+            **({"kv_lease_claim_reads": True} if claims else {}),
+            **opts.extra,
+        },
     }
     nodes: dict[str, Node] = {}
     with (

@@ -58,6 +58,9 @@ class Options:
     abort_frac: float = serve_workload.ABORT_FRAC  # of stream requests, cancelled by their client
     n2_frac: float = serve_workload.N2_FRAC  # of stream requests, n = 2
     dup_frac: float = serve_workload.DUP_FRAC  # of stream requests, the decode step sent twice
+    # Ours only: each D claims a lease before it reads (``kv_lease_claim_reads``, docs/PROTOCOL.md
+    # P14 and D11). A decode step hedged to both Ds is safe only with claims (assumption A6).
+    claim_reads: bool = True
 
 
 def unavailable_reason() -> str | None:
@@ -106,12 +109,14 @@ def run(opts: Options) -> dict[str, Any]:
     hist = History(workdir / "history.jsonl")
     tally = ServeTally()
     hist.observers.append(tally)
+    claims = opts.claim_reads and opts.impl == "ours"
     cfg = PDConfig(
         connector="lease" if opts.impl == "ours" else "stock",
         lease_s=LEASE,
         log_dir=workdir / "servers",
         kv_transfer={"kv_load_failure_policy": "recompute"},
         startup_timeout_s=START_TIMEOUT_S,
+        kv_extra={"kv_lease_claim_reads": True} if claims else {},
     )
     cfg.log_dir.mkdir(parents=True, exist_ok=True)
     for old in cfg.log_dir.glob("*.log"):  # expiries are read from these: no earlier run's lines
@@ -120,6 +125,7 @@ def run(opts: Options) -> dict[str, Any]:
         "run", seed=opts.seed, impl=opts.impl, lane="serve", lease=LEASE, extension=EXTENSION,
         interval=INTERVAL, minutes=opts.minutes, bounds=serve_checker.SERVE_BOUNDS, rate=RATE,
         burst_size=BURST, abort_frac=opts.abort_frac, n2_frac=opts.n2_frac, dup_frac=opts.dup_frac,
+        claim_reads=claims,
         engines={n: {"role": r, "host": h} for n, (r, h, _) in ENGINES.items()},
         plan=len(plan),
     )  # fmt: skip
