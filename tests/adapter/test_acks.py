@@ -220,7 +220,7 @@ class Pair:
 
 
 def settle(acker: AckAnswerer) -> None:
-    concurrent.futures.wait([load for load, *_ in acker._loading.values()], timeout=5)
+    concurrent.futures.wait([load for load, *_ in acker._loading.values()], timeout=60)
 
 
 def acks_of(sent: list[tuple[str, bytes]]) -> list[HeartbeatAck | None]:

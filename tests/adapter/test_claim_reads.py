@@ -75,7 +75,7 @@ class POne:
         """Route, answer and expire one step's notifications; the leases freed."""
         done, ack_messages = self.keeper.route(msgs)
         self.acker.handle(ack_messages)
-        concurrent.futures.wait([load for load, *_ in self.acker._loading.values()], timeout=5)
+        concurrent.futures.wait([load for load, *_ in self.acker._loading.values()], timeout=60)
         self.acker.handle({})
         self.keeper.expire(done)
         return done

@@ -244,7 +244,7 @@ def test_acked_views_move_only_on_p_workers_answers(d_worker, clock: Clock) -> N
                 if agent == p.nixl_wrapper.name:
                     p.nixl_wrapper.deliver("d-agent", msg)
             p._get_new_notifs()
-            concurrent.futures.wait([load for load, *_ in p.ack_answerer._loading.values()], timeout=5)
+            concurrent.futures.wait([load for load, *_ in p.ack_answerer._loading.values()], timeout=60)
             p._get_new_notifs()  # the hello loaded: the welcome (and answers) go out
         d_worker.nixl_wrapper.sent = []
 

@@ -279,7 +279,7 @@ def _answers_to(p, agent: str, version: int) -> list[bytes]:  # type: ignore[no-
     """Hello (``version``), welcome, one acknowledged heartbeat of p-1: what P sent ``agent``."""
     p.nixl_wrapper.deliver(agent, hello_message(1.0, f"fake-md:{agent}".encode(), "p-1", version))
     p_step(p)
-    concurrent.futures.wait([load for load, *_ in p.ack_answerer._loading.values()], timeout=5)
+    concurrent.futures.wait([load for load, *_ in p.ack_answerer._loading.values()], timeout=60)
     p_step(p)
     p.nixl_wrapper.deliver(agent, acked_heartbeat_message(1, heartbeat_message(["p-1"])))
     p_step(p)

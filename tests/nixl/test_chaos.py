@@ -1,11 +1,12 @@
 """`make chaos` at test size: the harness lane (2 P + 3 D NIXL engines on five
 network-namespace hosts) under a fixed seed's nemesis for 2 minutes, then
 healed, probed and checked, with the workload's default cancelling clients and
-second readers (on the same D and on another, read claims on).  Correctness only: the checker's rules on stale reads (second
-readers' included), premature expiries, leaks (D's included), recovery and crashes (all but UCX's own
-abort, below; ``summary.json`` keeps the timing figures; benchmarks, not this
-test, judge them).  Serial: five engines and a nemesis on a shared machine
-(~5 minutes)."""
+second readers (on the same D and on another, read claims on).  Correctness
+only: the checker's rules on stale reads (second readers' included), premature
+expiries, leaks (D's included), recovery and crashes (all but UCX's own abort,
+below; ``summary.json`` keeps the timing figures; benchmarks, not this test,
+judge them).  Serial: five engines and a nemesis on a shared machine (~5
+minutes)."""
 
 from __future__ import annotations
 
