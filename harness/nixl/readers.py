@@ -84,7 +84,14 @@ def same_d(fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 8, gap_s: float 
 
 
 def two_d(
-    fleet: Fleet, p_stock: bool, d_stock: bool, claims: bool, n: int = 8, gap_s: float = 0.2
+    fleet: Fleet,
+    p_stock: bool,
+    d_stock: bool,
+    claims: bool,
+    n: int = 8,
+    gap_s: float = 0.2,
+    p_tp: int = 1,
+    d_tp: int = 1,
 ) -> dict[str, Any]:
     """One P, two Ds, each P request queued on both (a router hedging or
     retrying the decode on another D).  D1 reads every request at once.  D2
@@ -98,14 +105,27 @@ def two_d(
     ``claims``: ``kv_lease_claim_reads`` on P and both Ds (docs/PROTOCOL.md P14,
     D11): D2's early copies are claimed before D1 finishes, so P keeps their
     blocks until D2 read them; its late copies are claimed after the free, so P
-    answers "not held" and D2 fences them."""
+    answers "not held" and D2 fences them.
+
+    ``p_tp``, ``d_tp``: TP sizes (two KV heads, one per rank, when either is 2).
+    With P at TP 2 every claim needs "held" from both P ranks, and each rank keeps
+    its own holders; with the Ds at TP 2 each D rank is a holder of its own."""
     blocks = -(-TOKENS // 32)
     extra = {"kv_lease_claim_reads": True} if claims else {}
+    heads = {"kv_heads": 2} if max(p_tp, d_tp) > 1 else {}
     p = fleet.start(
-        "P", "p", stock=p_stock, num_blocks=(2 * n + 2) * blocks + 1, block_reuse="lifo", extra=extra
+        "P",
+        "p",
+        stock=p_stock,
+        num_blocks=(2 * n + 2) * blocks + 1,
+        block_reuse="lifo",
+        extra=extra,
+        tp_size=p_tp,
+        **heads,
     )
-    d1 = fleet.start("D", "d1", stock=d_stock, extra={} if d_stock else extra)
-    d2 = fleet.start("D", "d2", stock=d_stock, extra={} if d_stock else extra)
+    d_extra = {} if d_stock else extra
+    d1 = fleet.start("D", "d1", stock=d_stock, extra=d_extra, tp_size=d_tp, **heads)
+    d2 = fleet.start("D", "d2", stock=d_stock, extra=d_extra, tp_size=d_tp, **heads)
     # One request each first: both Ds connected and proven, so the loads timed below are warm.
     warm, warm_params = prefill(p, "warm", 2)
     for d, r in ((d1, warm[0]), (d2, warm[1])):
@@ -148,7 +168,7 @@ def two_d(
     )
     out["first_load_s"] = waits[len(waits) // 2]
     side = {True: "stock", False: "ours"}
-    who = f"P {side[p_stock]}, Ds {side[d_stock]}, claims {'on' if claims else 'off'}"
+    who = f"P {side[p_stock]} TP {p_tp}, Ds {side[d_stock]} TP {d_tp}, claims {'on' if claims else 'off'}"
     print(
         f"\n== each request queued on two Ds ({who}): first D {out['first']}; second D, claimed before "
         f"the first read {out['second_early']}, handed over after P freed {out['second_late']}; fenced "

@@ -44,15 +44,30 @@ def test_second_local_reader_stock_reads_freed_blocks(tmp_path) -> None:
 
 
 # -- readers on two Ds (docs/PROTOCOL.md A6, P14, D11) --------------------------------
-def test_second_reader_on_another_d_with_claims_never_reads_freed_blocks(tmp_path) -> None:
+@pytest.mark.parametrize(
+    ("p_tp", "d_tp"),
+    [
+        pytest.param(1, 1, id="TP1"),
+        # Every P rank must answer "held" before a READ goes; each rank keeps its own holders.
+        pytest.param(2, 1, id="P-TP2"),
+        # Each D rank claims, reads and completes on its own: four holders per lease on P.
+        pytest.param(1, 2, id="D-TP2"),
+    ],
+)
+def test_second_reader_on_another_d_with_claims_never_reads_freed_blocks(
+    tmp_path, p_tp: int, d_tp: int
+) -> None:
     with Fleet(tmp_path, lease=sc.LEASE) as fleet:
-        out = readers.two_d(fleet, p_stock=False, d_stock=False, claims=True)
+        out = readers.two_d(fleet, p_stock=False, d_stock=False, claims=True, p_tp=p_tp, d_tp=d_tp)
     half = out["n"] // 2
     assert out["reused"], "P must have reused the freed blocks, or the scenario proves nothing"
     assert out["first"] == {"ok": out["n"], "failed": 0, "stale": 0}, out["first"]
     # Claimed before the first D read them: P kept them until the second D read them too.
     assert out["second_early"] == {"ok": half, "failed": 0, "stale": 0}, out["second_early"]
-    assert out["early_freed_by"] == ["read"] and out["p_claimed_freed"] == half, out
+    # Leases freed on their last of two or more holders, added up over P's ranks: the early ones
+    # (both Ds); with D at TP 2, every lease, the two warm-up ones too (one D's two ranks).
+    claimed = half if d_tp == 1 else out["n"] + 2
+    assert out["early_freed_by"] == ["read"] and out["p_claimed_freed"] == claimed * p_tp, out
     # Handed to the second D after P freed them: its claim is answered "not held", so it fences.
     assert out["second_late"] == {"ok": 0, "failed": half, "stale": 0}, out["second_late"]
     assert out["fenced_not_claimed"] + out["fenced"] >= half, out
