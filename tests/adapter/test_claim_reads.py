@@ -340,6 +340,53 @@ def test_a_read_parked_for_its_claim_then_aborted_is_reported_failed(clock) -> N
     assert not d.claims.waiting("d1", READ)  # forgotten with its view
 
 
+def test_a_claim_never_answered_fences_the_read_once_its_view_runs_down(clock) -> None:  # type: ignore[no-untyped-def]
+    """Seen in a 30-minute chaos run: claims lost under partitions (or their P gone) left READs
+    parked for good, their blocks on D held and their requests heartbeated, so P's lease too."""
+    p = POne(clock)
+    d = D(p)
+    d.view("d0", grant(p, "p0"))
+    d.prove()
+    d.view("d1", grant(p, "p1"))
+    d.to_p()  # the claim is lost, and so is every claim sent again
+    assert d.fence.fenced("d1", READ) and "d1" in d.fence.parked
+    waited = 0
+    while d.fence.parked:  # each step, as the worker tries parked READs again
+        clock.now += 1.0
+        d.step_views(SimpleNamespace())
+        d.to_p()
+        for req_id, meta in d.fence.take_parked():
+            d.fence.fenced(req_id, meta)
+        waited += 1
+        assert waited <= EXT, "a READ parked past its view's lease"
+    # Fenced once its view had only the margin left, not before.
+    assert waited >= EXT - CLAIMS.lease_safety_margin - 1, waited
+    assert [r for r, _ in d.up.failed_transfers] == ["d1"]
+
+
+def test_an_unanswered_claim_is_sent_again_after_a_heartbeat_interval(clock) -> None:  # type: ignore[no-untyped-def]
+    p = POne(clock)
+    d = D(p)
+    d.view("d0", grant(p, "p0"))
+    d.prove()
+    d.view("d1", grant(p, "p1"))
+    assert len(d.to_p()) == 1  # the claim, lost
+    clock.now += CLAIMS.heartbeat_interval / 2
+    d.step_views(SimpleNamespace())
+    assert d.to_p() == []  # not before an interval
+    clock.now += CLAIMS.heartbeat_interval / 2
+    d.step_views(SimpleNamespace())
+    again = d.to_p()  # names d0's lease too: viewed before the proof, never claimed since
+    assert len(again) == 1 and parse_acked_heartbeat(again[0])[1:] == (b"p0,p1", False)
+    p.step({d.name: again})
+    d.acks.received({"P-agent-0": p.sent()[d.name]})
+    d.fence.take_parked()
+    assert not d.fence.fenced("d1", READ) and d.up.failed_transfers == []  # claimed: read
+    clock.now += CLAIMS.heartbeat_interval
+    d.step_views(SimpleNamespace())
+    assert d.to_p() == []  # claimed: never sent again
+
+
 def test_d_claims_nothing_from_a_p_without_the_setting(clock) -> None:  # type: ignore[no-untyped-def]
     p = POne(clock, PLAIN)
     d = D(p)

@@ -20,7 +20,10 @@ naming it "held" (R10 of the spin model):
 - a view is **claimed** once the answer to its claim, or the first answer to
   its chunk's heartbeat (``LeaseViews.answered``), named it held on every
   rank; until then its READ waits (``waiting``; ``ReadFence.parked``, tried
-  again every step; an aborted request's parked READ is reported failed);
+  again every step; an aborted request's parked READ is reported failed), but
+  only while its view has more than the margin left: then the fence's margin
+  check fences it.  A claim still unanswered after a heartbeat interval (lost
+  under a partition, or sent before the connection was proven) is sent again;
 - an answer naming it "not held" ends the view (``ack_requester.py``), so the
   READ is fenced (a failed load: vLLM recomputes), and counted here
   (``num_reads_fenced_not_claimed``).
@@ -29,8 +32,9 @@ Costs one round trip to P plus P's step before each READ.  A P without the
 setting (version 3 or older, stock) advertises no claims: its views are read
 as before, never waiting for an answer that would not come.
 
-Bounds: per viewed request (dropped with its view), and claims in flight
-younger than the longest view extension.
+Bounds: per viewed request (dropped with its view), claims in flight
+younger than the longest view extension, and a claim sent again at most once
+per heartbeat interval per waiting view.
 """
 
 from __future__ import annotations
@@ -66,6 +70,10 @@ class ClaimRequester:
         self.enabled = lease_config.claim_reads
         self._wanted: set[str] = set()  # local ids whose P takes claims, not claimed yet
         self._counted: set[str] = set()  # ... whose READ was counted as waiting
+        # ... -> (engine id, instance, tagged, P's name, when last claimed), to claim them again
+        self._claimed: dict[str, tuple[str, str, bool, str, float]] = {}
+        self._retry_s = lease_config.heartbeat_interval
+        self._retry_at = 0.0  # next look for unanswered claims
         # seq -> ((local id, name), send time) of claims in flight, oldest first
         self._sent: OrderedDict[int, tuple[list[tuple[str, str]], float]] = OrderedDict()
         self._log = RateLimitedLog(logger)
@@ -80,21 +88,39 @@ class ClaimRequester:
         once over a proven connection; dropped views forgotten."""
         if not self.enabled:
             return
+        now = time.perf_counter()
+        if self._claimed and now >= self._retry_at:
+            self._claim_again(now)
         updates: LeaseViewUpdates | None = getattr(metadata, LEASE_VIEWS_ATTR, None)
         if updates is None:
             return
         self.forget(updates.dropped)
         groups: dict[tuple[str, str, bool], list[tuple[str, str]]] = {}
+        claimed = self._claimed
         for local_id, view in updates.new.items():
             if not view.instance or view.hello_version < CLAIM_HELLO_VERSION:
                 continue
             self._wanted.add(local_id)
             tagged = self._tags and is_tag(view.name)
+            claimed[local_id] = (view.engine_id, view.instance, tagged, view.name, now)
             groups.setdefault((view.engine_id, view.instance, tagged), []).append((local_id, view.name))
-        now = time.perf_counter()
         for (engine_id, instance, tagged), named in groups.items():
             self._claim(engine_id, instance, tagged, named, now)
         self._prune(now)
+
+    def _claim_again(self, now: float) -> None:
+        """Claim again each waiting view whose last claim is a heartbeat interval old."""
+        self._retry_at = now + self._retry_s / 4
+        due = now - self._retry_s
+        groups: dict[tuple[str, str, bool], list[tuple[str, str]]] = {}
+        claimed = self._claimed
+        for local_id, (engine_id, instance, tagged, name, at) in claimed.items():
+            if at <= due:
+                groups.setdefault((engine_id, instance, tagged), []).append((local_id, name))
+        for (engine_id, instance, tagged), named in groups.items():
+            for local_id, name in named:
+                claimed[local_id] = (engine_id, instance, tagged, name, now)
+            self._claim(engine_id, instance, tagged, named, now)
 
     def _claim(
         self, engine_id: str, instance: str, tagged: bool, named: list[tuple[str, str]], now: float
@@ -179,3 +205,4 @@ class ClaimRequester:
         """Its READ no longer waits for a claim (claimed, refused or gone)."""
         self._wanted.discard(local_id)
         self._counted.discard(local_id)
+        self._claimed.pop(local_id, None)

@@ -365,8 +365,15 @@ class ReadFence:
             bound = self._bound.setdefault(req_id, connection)
             if bound != connection:
                 return FENCE  # the process it was granted by may be gone with that connection
-        if self.claim_wait is not None and self.claim_wait(req_id, meta):
-            return CLAIM_WAIT  # kv_lease_claim_reads: P has not answered this D's claim yet
+        # kv_lease_claim_reads: P has not answered this D's claim yet. Waits only while the view
+        # could still be read: a claim whose answer never comes (lost, its P gone) then ends in
+        # the margin check below, a fence, rather than a READ parked for good.
+        if (
+            self.claim_wait is not None
+            and self.claim_wait(req_id, meta)
+            and self.views.may_read(req_id, time.perf_counter(), offset)
+        ):
+            return CLAIM_WAIT
         # The margin, the second-reader claim and the deadline kept for ``discard_late``,
         # in one call: this runs once per READ.
         admitted = self.views.admit_read(req_id, time.perf_counter(), offset)
