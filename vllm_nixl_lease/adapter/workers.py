@@ -71,7 +71,13 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         self.ack_requester = AckRequester(self, views, lease_config)
         requester = self.ack_requester
         self.read_fence = ReadFence(
-            self, views, lease_config, requester.proof, requester.other_instance, requester.reached
+            self,
+            views,
+            lease_config,
+            requester.proof,
+            requester.other_instance,
+            requester.reached,
+            requester.proven_agents,
         )
         fence = self.read_fence
 

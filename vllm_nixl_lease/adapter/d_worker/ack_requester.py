@@ -162,6 +162,11 @@ class AckRequester:
         self.on_proven: Callable[[int, Proven], None] | None = None
 
     # -- proof -------------------------------------------------------------
+    @property
+    def proven_agents(self) -> Mapping[str, str]:
+        """The instance each P agent's answers carry (the table ``proof`` reads; live)."""
+        return self._proven
+
     def proof(self, engine_id: str, instance: str) -> str:
         """``PROVEN``: every agent of the connection to ``engine_id`` answered as
         ``instance``; ``OTHER``: one answered as another instance; else ``PENDING``
