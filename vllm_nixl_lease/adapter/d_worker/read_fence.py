@@ -43,7 +43,7 @@ them, and upstream's ``_recving_metadata`` entry goes with the report
 
 The verdict and upstream's own look at the connection (``_read_blocks_for_req``
 defers a READ to an engine not connected yet) happen under upstream's
-handshake lock (``workers._post_read``), so the handshake's done-callback
+handshake lock (``workers._read_blocks_for_req`` and ``_post_read``), so the handshake's done-callback
 cannot connect the engine between the two: a READ judged "not connected" is
 deferred by upstream, and one judged on a connection is judged on its agents
 and clock offset together.  A connection with agents but no offset yet (a
