@@ -92,7 +92,11 @@ class PProcess:
 
 
 class Pair:
-    """P ranks (one engine, "P") and one D rank, joined by a hand-carried network."""
+    """P ranks (one engine, "P") and one D rank, joined by a hand-carried network.
+    ``one_call``: the fence judges a READ over a proven connection in one call into
+    the core, as the worker builds it (``the_fence_both_ways`` runs each test both ways)."""
+
+    one_call = True
 
     def __init__(self, clock: Clock, ranks: int = 1, config: LeaseConfig = CONFIG) -> None:
         self.clock = clock
@@ -103,7 +107,8 @@ class Pair:
         self.connect(self.proc)
         self.views = LeaseViews(config.lease_safety_margin)
         self.acks = AckRequester(self.d, self.views, config)
-        self.fence = ReadFence(self.d, self.views, config, self.acks.proof)
+        proven = self.acks.proven_agents if self.one_call else None
+        self.fence = ReadFence(self.d, self.views, config, self.acks.proof, proven_agents=proven)
         self.sender = HeartbeatSender(self.d, 8192, self.fence.heartbeat_delivered, self.acks)
         self.names: dict[str, str] = {}  # P id -> the name D heartbeats it by
 
@@ -1084,6 +1089,13 @@ def chunk_ticks(net: Pair, ticks: int, deliver: bool = True) -> list[int]:
             net.d_receive(net.take_p_sends())
         net.clock.advance(CONFIG.heartbeat_interval)
     return seqs
+
+
+@pytest.fixture(autouse=True, params=["one call", "the long way"])
+def the_fence_both_ways(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test with the fence's one-call judgement (``LeaseViews.admit_proven``) and
+    without it (``ReadFence._verdict`` alone): both must fence alike."""
+    monkeypatch.setattr(Pair, "one_call", request.param == "one call")
 
 
 @pytest.fixture

@@ -48,6 +48,7 @@ def test_track_and_untrack(core):
     for i in (3, 5):
         hb.untrack(f"loc{i}")
     assert hb.engines() == ["P1"] and sorted(sent(hb)) == ["P1"]
+    assert hb.has_engine("P1") and not hb.has_engine("P0")  # the intake's look at one engine
 
 
 def test_messages_respect_limit_and_dedupe(core):
@@ -79,6 +80,7 @@ def test_retrack_moves_engine(core):
     hb.track("l", "A", "r")
     hb.track("l", "B", "r")
     assert hb.engine_of("l") == "B" and hb.engines() == ["B"] and len(hb) == 1
+    assert hb.has_engine("B") and not hb.has_engine("A")
 
 
 def test_repack_after_removals(core):

@@ -59,7 +59,7 @@ def _ops(rng: random.Random, t: list[float]) -> list[tuple[str, Callable[[Any], 
         extension = rng.choice((0.0, -1.0, math.nan))
     names = rng.sample(NAMES, rng.randrange(4))
     margin = rng.choice((None, 0.0, 0.5, 1.5, 9.0, -1.0))
-    choice = rng.randrange(24)
+    choice = rng.randrange(26)
     # Every draw happens here: each function runs twice, once per implementation.
     if choice < 5:
         in_chunk = chunk if rng.random() < 0.7 else None
@@ -146,6 +146,23 @@ def _ops(rng: random.Random, t: list[float]) -> list[tuple[str, Callable[[Any], 
         return [("may_wait", lambda v: v.may_wait(lid, now, offset))]
     if choice == 22:
         return [("terms_margin", lambda v: v.terms_margin(extension, 1.0, 2.0))]
+    if choice == 23:
+        # A connection's agents (upstream keeps bytes names), and what each answered as.
+        named = rng.sample(("a0", b"a1", "a2"), rng.randrange(3))
+        agents = {e: {(0, k): a for k, a in enumerate(named)} for e in ENGINES if rng.random() < 0.9}
+        proven = {a: rng.choice(INSTANCES[1:]) for a in ("a0", "a1", "a2") if rng.random() < 0.85}
+        offsets = {e: offset for e in ENGINES if rng.random() < 0.8}
+        return [("admit_proven", lambda v: v.admit_proven(lid, now, engine, agents, offsets, proven))]
+    if choice == 24:
+        dropped = rng.sample(LOCAL_IDS, rng.randrange(4))
+        records = {i: now for i in rng.sample(LOCAL_IDS, 5)}
+
+        def drop_also(v: Any) -> tuple[dict[str, float], dict[str, float]]:
+            posted, bound = dict(records), dict(records)
+            v.drop_all(dropped, (posted, bound))
+            return posted, bound
+
+        return [("drop_all also", drop_also)]
     # the read-only look at one view (converting it, as ``remaining`` does)
     return [
         ("remaining", lambda v: v.remaining(lid, now, offset)),

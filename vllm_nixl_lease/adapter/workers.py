@@ -71,7 +71,13 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
         self.ack_requester = AckRequester(self, views, lease_config)
         requester = self.ack_requester
         self.read_fence = ReadFence(
-            self, views, lease_config, requester.proof, requester.other_instance, requester.reached
+            self,
+            views,
+            lease_config,
+            requester.proof,
+            requester.other_instance,
+            requester.reached,
+            requester.proven_agents,
         )
         fence = self.read_fence
 
@@ -146,8 +152,13 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
 
     def _read_blocks_for_req(self, req_id: str, meta: Any) -> None:
         # Past this step's read_post_budget_ms the READ waits for the next step.
-        if not self.read_pacer.defer(req_id, meta):
-            self._post_read(req_id, meta)
+        if self.read_pacer.defer(req_id, meta):
+            return
+        # _post_read inlined (this runs once per READ); upstream's method by name, as in
+        # the schedulers' build_connector_meta.
+        with self._handshake_lock:
+            if not self.read_fence.fenced(req_id, meta):
+                NixlPullConnectorWorker._read_blocks_for_req(self, req_id, meta)
 
     def _post_read(self, req_id: str, meta: Any) -> None:
         # Under the handshake lock: upstream's done-callback (executor thread)

@@ -257,6 +257,9 @@ cdef class HeartbeatTracker:
     def engines(self):
         return list(self._engines)
 
+    def has_engine(self, engine_id):
+        return engine_id in self._engines
+
     def __len__(self):
         return len(self._local)
 

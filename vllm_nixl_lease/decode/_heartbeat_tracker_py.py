@@ -239,6 +239,10 @@ class HeartbeatTracker:
     def engines(self) -> list[str]:
         return list(self._engines)
 
+    def has_engine(self, engine_id: str) -> bool:
+        """``engine_id in engines()``, without the list (the intake asks once per departure)."""
+        return engine_id in self._engines
+
     def __len__(self) -> int:
         return len(self._local)
 

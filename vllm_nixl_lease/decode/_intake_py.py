@@ -187,7 +187,7 @@ class Intake:
         if key is not None:
             repacks = tracker.repacks
             tracker.untrack(local_id)
-            if key not in tracker.engines():
+            if not tracker.has_engine(key):
                 group = self.groups.pop(key)
                 del self.keys[(group.engine_id, group.instance, group.tagged)]
             elif tracker.repacks != repacks:

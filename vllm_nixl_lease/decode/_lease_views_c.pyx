@@ -324,9 +324,12 @@ cdef class LeaseViews:
         self._free.push_back(slot)
         return True
 
-    def drop_all(self, local_ids):
+    def drop_all(self, local_ids, also=()):
+        cdef tuple tables = tuple(also)
         for local_id in local_ids:
             self._drop(local_id)
+            for table in tables:
+                table.pop(local_id, None)
 
     def terms_margin(self, double extension, double p_interval, double d_interval):
         return self._terms_margin(extension, p_interval, d_interval)
@@ -665,10 +668,42 @@ cdef class LeaseViews:
 
     def admit_read(self, local_id, double now, double offset):
         cdef Py_ssize_t slot = self._slot(local_id)
-        cdef double deadline
         if slot < 0:
             return None
-        deadline = self._local(slot, offset)
+        return self._admit(slot, local_id, now, offset)
+
+    def admit_proven(self, local_id, double now, engine_id, agents, offsets, proven):
+        cdef Py_ssize_t slot = self._slot(local_id)
+        if slot < 0:
+            return None
+        instance = self._instance[slot]
+        if not instance:
+            return None
+        if type(agents) is dict:
+            connection = (<dict>agents).get(engine_id)
+        else:
+            connection = agents.get(engine_id)
+        if type(offsets) is dict:
+            offset = (<dict>offsets).get(engine_id)
+        else:
+            offset = offsets.get(engine_id)
+        if not connection or offset is None:
+            return None
+        for agent in connection.values():
+            if type(agent) is bytes:
+                agent = (<bytes>agent).decode()
+            elif isinstance(agent, bytes):
+                agent = agent.decode()
+            if type(proven) is dict:
+                seen = (<dict>proven).get(agent)
+            else:
+                seen = proven.get(agent)
+            if seen != instance:
+                return None
+        return self._admit(slot, local_id, now, offset)
+
+    cdef object _admit(self, Py_ssize_t slot, object local_id, double now, double offset):
+        cdef double deadline = self._local(slot, offset)
         cdef View* view = &self._v[slot]
         if not deadline - now > view.margin:
             return FENCED

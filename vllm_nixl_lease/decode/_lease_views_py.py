@@ -64,8 +64,9 @@ No vLLM imports: the vLLM adapter feeds it (``adapter/d_worker/read_fence.py``,
 reference); ``_lease_views_c.pyx`` behaves identically.
 
 The adapter's hot path calls it once per step for the step's updates
-(``add_views``, ``drop_all``), once per READ (``admit_read``, after
-``instance_of``) and once per step for the completed READs (``late_reads``).
+(``add_views``, ``drop_all``), once per READ (``admit_proven``; the long way,
+``admit_read`` after ``instance_of``) and once per step for the completed READs
+(``late_reads``).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Collection, Iterable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
 
 from .read_claims import ReadClaims
 
@@ -286,10 +287,14 @@ class LeaseViews:
                         self.move_to_chunk(local_id, chunk, offsets.get(engine_id))
         return clamped, floored
 
-    def drop_all(self, local_ids: Iterable[str]) -> None:
-        """``drop`` each of ``local_ids`` (a step's ended views)."""
+    def drop_all(self, local_ids: Iterable[str], also: Iterable[MutableMapping[str, Any]] = ()) -> None:
+        """``drop`` each of ``local_ids`` (a step's ended views), and pop each
+        from every dict of ``also`` (the caller's own per-READ records)."""
+        also = tuple(also)
         for local_id in local_ids:
             self.drop(local_id)
+            for table in also:
+                table.pop(local_id, None)
 
     def any_name(self, engine_id: str, instance: str) -> str | None:
         """The name of a lease of this P instance that D still views (the newest)."""
@@ -625,6 +630,35 @@ class LeaseViews:
         if not self.claims.claim(key, local_id, expiry, now, self._by_remote):
             return CLAIMED
         return deadline
+
+    def admit_proven(
+        self,
+        local_id: str,
+        now: float,
+        engine_id: str,
+        agents: Mapping[str, Mapping[Any, str | bytes]],
+        offsets: Mapping[str, float],
+        proven: Mapping[str, str],
+    ) -> float | str | None:
+        """``admit_read`` for a READ from ``engine_id`` of a view of a P instance,
+        over a connection proven to reach it: ``agents`` are upstream's agents
+        of each engine's connection (names as str or bytes), ``offsets`` its
+        clock offsets, ``proven`` the instance each agent's answers carry.  None,
+        having changed nothing, unless the view is of an instance, the
+        connection has agents and an offset, and every agent answered as that
+        instance (the caller then judges the READ the long way)."""
+        view = self._views.get(local_id)
+        if view is None or not view.instance:
+            return None
+        connection = agents.get(engine_id)
+        offset = offsets.get(engine_id)
+        if not connection or offset is None:
+            return None
+        instance = view.instance
+        for agent in connection.values():
+            if proven.get(agent.decode() if isinstance(agent, bytes) else agent) != instance:
+                return None
+        return self.admit_read(local_id, now, offset)
 
     def late_reads(
         self,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 from vllm.logger import init_logger
@@ -26,6 +27,7 @@ logger = init_logger(__name__)
 MAX_LOGGED_ENGINES = 1024
 
 _new_view = tuple.__new__
+_engine_of = itemgetter(0)  # a NewView's engine_id
 
 
 class LeaseViewCollector:
@@ -116,8 +118,9 @@ class LeaseViewCollector:
     def attach(self, meta: object) -> None:
         if not self.pending:
             return  # the workers read no attribute as no news
-        updates = LeaseViewUpdates(self.new, self.dropped, self.chunks)
-        for local_id, view in self.new.items():
-            self.shipped[local_id] = view.engine_id
+        new = self.new
+        updates = LeaseViewUpdates(new, self.dropped, self.chunks)
+        if new:  # local id -> engine id of each, in one C-level pass
+            self.shipped.update(zip(new, map(_engine_of, new.values()), strict=True))
         self.new, self.dropped, self.chunks = {}, [], {}
         setattr(meta, LEASE_VIEWS_ATTR, updates)

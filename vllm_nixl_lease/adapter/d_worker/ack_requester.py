@@ -162,6 +162,11 @@ class AckRequester:
         self.on_proven: Callable[[int, Proven], None] | None = None
 
     # -- proof -------------------------------------------------------------
+    @property
+    def proven_agents(self) -> Mapping[str, str]:
+        """The instance each P agent's answers carry (the table ``proof`` reads; live)."""
+        return self._proven
+
     def proof(self, engine_id: str, instance: str) -> str:
         """``PROVEN``: every agent of the connection to ``engine_id`` answered as
         ``instance``; ``OTHER``: one answered as another instance; else ``PENDING``
@@ -325,13 +330,14 @@ class AckRequester:
         if updates is None:
             return
         versions, terms = self._hello_versions, self._ask_terms
-        for view in updates.new.values():
-            if not view.instance:
+        # A NewView unpacked by position: one step's new views, each once.
+        for engine_id, instance, _, _, extension, interval, hello_version in updates.new.values():
+            if not instance:
                 continue
-            if view.hello_version > LEASE_PROTOCOL_BASE:
-                versions[(view.engine_id, view.instance)] = min(view.hello_version, self._newest_hello)
-            if terms.get(view.engine_id) != (view.extension, view.interval):
-                self._note_terms(view.engine_id, view.extension, view.interval)
+            if hello_version > LEASE_PROTOCOL_BASE:
+                versions[(engine_id, instance)] = min(hello_version, self._newest_hello)
+            if terms.get(engine_id) != (extension, interval):
+                self._note_terms(engine_id, extension, interval)
 
     def _note_terms(self, engine_id: str, extension: float, p_interval: float | None) -> None:
         """``ask_within`` for a view of these terms (the largest an engine's views need):

@@ -43,7 +43,7 @@ them, and upstream's ``_recving_metadata`` entry goes with the report
 
 The verdict and upstream's own look at the connection (``_read_blocks_for_req``
 defers a READ to an engine not connected yet) happen under upstream's
-handshake lock (``workers._post_read``), so the handshake's done-callback
+handshake lock (``workers._read_blocks_for_req`` and ``_post_read``), so the handshake's done-callback
 cannot connect the engine between the two: a READ judged "not connected" is
 deferred by upstream, and one judged on a connection is judged on its agents
 and clock offset together.  A connection with agents but no offset yet (a
@@ -117,7 +117,10 @@ class ReadFence:
     ``instance`` (``AckRequester.proof``)?  None: this worker asks no P for
     acknowledgements, and never reads a view that needs them.
     ``reached(engine)``: the instance an agent of the current connection to
-    ``engine`` answered as, None if none has (``AckRequester.reached``)."""
+    ``engine`` answered as, None if none has (``AckRequester.reached``).
+    ``proven_agents``: the instance each P agent's answers carry, the table
+    ``proof`` reads (``AckRequester.proven_agents``): with it a READ over a
+    proven connection is judged in one call into the core (``admit_proven``)."""
 
     def __init__(
         self,
@@ -127,9 +130,11 @@ class ReadFence:
         proof: Callable[[str, str], str] | None = None,
         on_other: Callable[[str, str], None] | None = None,
         reached: Callable[[str], str | None] | None = None,
+        proven_agents: Mapping[str, str] | None = None,
     ) -> None:
         self._upstream = upstream
         self.views = views
+        self._proven_agents = proven_agents if proof is not None else None
         self._interval = lease_config.heartbeat_interval
         self._proof = proof
         self._on_other = on_other  # a view's connection proven another instance: (engine, instance)
@@ -215,12 +220,10 @@ class ReadFence:
         updates: LeaseViewUpdates | None = getattr(metadata, LEASE_VIEWS_ATTR, None)
         if updates is not None:
             dropped = updates.dropped
-            self.views.drop_all(dropped)
             bound, posted, parked = self._bound, self._posted, self.parked
-            if bound or posted or parked:
+            self.views.drop_all(dropped, (bound, posted) if bound or posted else ())
+            if parked:
                 for local_id in dropped:
-                    bound.pop(local_id, None)
-                    posted.pop(local_id, None)
                     if local_id in parked:
                         self._drop_parked(local_id)
 
@@ -248,7 +251,30 @@ class ReadFence:
     def fenced(self, req_id: str, meta: ReadMeta) -> bool:
         """True when the READ must not be posted now: fenced (reported as a
         failed load) or waiting for proof (``parked``, tried again next step)."""
-        verdict = self._verdict(req_id, meta)
+        admitted = None
+        remote = meta.remote
+        if self._proven_agents is not None and self.claim_wait is None and remote is not None:
+            if any(meta.local_block_ids):
+                # The common READ (a view of a P instance, read over a connection proven
+                # to reach it) in one call; anything else the long way, ``_verdict``.
+                up = self._upstream
+                admitted = self.views.admit_proven(
+                    req_id,
+                    time.perf_counter(),
+                    remote.engine_id,
+                    up._remote_agents,
+                    up._engine_clock_offset,
+                    self._proven_agents,
+                )
+        if admitted is None:
+            verdict = self._verdict(req_id, meta)
+        elif isinstance(admitted, float):
+            self._posted[req_id] = admitted
+            if self._counted_waiting:
+                self._counted_waiting.discard(req_id)
+            return False
+        else:
+            verdict = self._admitted(req_id, admitted)
         if verdict != WAIT and self._counted_waiting:
             self._counted_waiting.discard(req_id)
         if verdict == ADMITTED:
@@ -376,7 +402,10 @@ class ReadFence:
             return CLAIM_WAIT
         # The margin, the second-reader claim and the deadline kept for ``discard_late``,
         # in one call: this runs once per READ.
-        admitted = self.views.admit_read(req_id, time.perf_counter(), offset)
+        return self._admitted(req_id, self.views.admit_read(req_id, time.perf_counter(), offset))
+
+    def _admitted(self, req_id: str, admitted: float | str | None) -> str:
+        """The verdict for what ``admit_read`` (or ``admit_proven``) answered."""
         if isinstance(admitted, float):
             self._posted[req_id] = admitted
             return ADMITTED
