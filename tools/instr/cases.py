@@ -973,7 +973,7 @@ CASES: list[Case] = [
         gate=True,
         per_step=True,
         floor={"cython": 5},
-        mean_floor={"cython": 0.45, "twin": 0.1},
+        mean_floor={"cython": 0.47, "twin": 0.1},
     ),
     Case(
         "D step, 100k queued over 8 P",
@@ -994,7 +994,7 @@ CASES: list[Case] = [
             1,
             d_churn(n, CHURN),
             per_step=True,
-            mean_floor={"cython": 0.62},
+            mean_floor={"cython": 0.66},
         )
         for n in (100, 1000, 10_000)
     ),
@@ -1007,7 +1007,7 @@ CASES: list[Case] = [
         d_churn(0, CHURN),
         gate=True,
         per_step=True,
-        mean_floor={"cython": 0.62},
+        mean_floor={"cython": 0.66},
     ),
     Case(
         "D against a stock P (plain views), 1,000 queued, 10 in + 10 out per step",
