@@ -112,7 +112,7 @@ def two_d(
     its own holders; with the Ds at TP 2 each D rank is a holder of its own."""
     blocks = -(-TOKENS // 32)
     extra = {"kv_lease_claim_reads": True} if claims else {}
-    heads = {"kv_heads": 2} if max(p_tp, d_tp) > 1 else {}
+    heads = 2 if max(p_tp, d_tp) > 1 else 1  # KV heads: one per rank at TP 2
     p = fleet.start(
         "P",
         "p",
@@ -121,11 +121,11 @@ def two_d(
         block_reuse="lifo",
         extra=extra,
         tp_size=p_tp,
-        **heads,
+        kv_heads=heads,
     )
     d_extra = {} if d_stock else extra
-    d1 = fleet.start("D", "d1", stock=d_stock, extra=d_extra, tp_size=d_tp, **heads)
-    d2 = fleet.start("D", "d2", stock=d_stock, extra=d_extra, tp_size=d_tp, **heads)
+    d1 = fleet.start("D", "d1", stock=d_stock, extra=d_extra, tp_size=d_tp, kv_heads=heads)
+    d2 = fleet.start("D", "d2", stock=d_stock, extra=d_extra, tp_size=d_tp, kv_heads=heads)
     # One request each first: both Ds connected and proven, so the loads timed below are warm.
     warm, warm_params = prefill(p, "warm", 2)
     for d, r in ((d1, warm[0]), (d2, warm[1])):
