@@ -325,13 +325,19 @@ def test_a_claim_answered_not_held_fences_the_read(clock) -> None:  # type: igno
     assert [r for r, _ in d.up.failed_transfers] == ["d1"]
 
 
-def test_a_read_parked_for_its_claim_then_aborted_is_reported_failed(clock) -> None:  # type: ignore[no-untyped-def]
+def _d1_claimed_over_a_proven_connection(clock) -> tuple[POne, D, list[bytes]]:  # type: ignore[no-untyped-def]
+    """D proven to reach P (through d0's lease), then d1's view arrives: its claim, taken off
+    D's outbox (lost unless the test hands it to P)."""
     p = POne(clock)
     d = D(p)
     d.view("d0", grant(p, "p0"))
     d.prove()
     d.view("d1", grant(p, "p1"))
-    d.to_p()  # the claim is lost
+    return p, d, d.to_p()
+
+
+def test_a_read_parked_for_its_claim_then_aborted_is_reported_failed(clock) -> None:  # type: ignore[no-untyped-def]
+    _, d, _ = _d1_claimed_over_a_proven_connection(clock)  # the claim is lost
     assert d.fence.fenced("d1", READ) and "d1" in d.fence.parked
     dropped = SimpleNamespace(**{LEASE_VIEWS_ATTR: SimpleNamespace(new={}, dropped=["d1"], chunks={})})
     d.fence.drop_views(dropped)
@@ -343,12 +349,7 @@ def test_a_read_parked_for_its_claim_then_aborted_is_reported_failed(clock) -> N
 def test_a_claim_never_answered_fences_the_read_once_its_view_runs_down(clock) -> None:  # type: ignore[no-untyped-def]
     """Seen in a 30-minute chaos run: claims lost under partitions (or their P gone) left READs
     parked for good, their blocks on D held and their requests heartbeated, so P's lease too."""
-    p = POne(clock)
-    d = D(p)
-    d.view("d0", grant(p, "p0"))
-    d.prove()
-    d.view("d1", grant(p, "p1"))
-    d.to_p()  # the claim is lost, and so is every claim sent again
+    _, d, _ = _d1_claimed_over_a_proven_connection(clock)  # lost, as every claim sent again
     assert d.fence.fenced("d1", READ) and "d1" in d.fence.parked
     waited = 0
     while d.fence.parked:  # each step, as the worker tries parked READs again
@@ -365,12 +366,8 @@ def test_a_claim_never_answered_fences_the_read_once_its_view_runs_down(clock) -
 
 
 def test_an_unanswered_claim_is_sent_again_after_a_heartbeat_interval(clock) -> None:  # type: ignore[no-untyped-def]
-    p = POne(clock)
-    d = D(p)
-    d.view("d0", grant(p, "p0"))
-    d.prove()
-    d.view("d1", grant(p, "p1"))
-    assert len(d.to_p()) == 1  # the claim, lost
+    p, d, claim = _d1_claimed_over_a_proven_connection(clock)
+    assert len(claim) == 1  # lost
     clock.now += CLAIMS.heartbeat_interval / 2
     d.step_views(SimpleNamespace())
     assert d.to_p() == []  # not before an interval
