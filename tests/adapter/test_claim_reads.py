@@ -384,6 +384,19 @@ def test_an_unanswered_claim_is_sent_again_after_a_heartbeat_interval(clock) -> 
     assert d.to_p() == []  # claimed: never sent again
 
 
+def test_an_idle_ds_unanswered_claims_age_out(clock) -> None:  # type: ignore[no-untyped-def]
+    """Seen in a 10-minute chaos run: claims in flight stayed past the quiet phase on a D that
+    got no new views, since they aged out only in a step that brought some."""
+    _, d, _ = _d1_claimed_over_a_proven_connection(clock)  # lost
+    dropped = SimpleNamespace(**{LEASE_VIEWS_ATTR: SimpleNamespace(new={}, dropped=["d0", "d1"], chunks={})})
+    d.fence.drop_views(dropped)
+    d.claims.note_views(dropped)
+    assert len(d.claims) == 1  # the claim in flight
+    clock.now += d.views.max_extension + 1.0
+    d.claims.note_views(SimpleNamespace())  # an idle step: no views at all
+    assert len(d.claims) == 0
+
+
 def test_d_claims_nothing_from_a_p_without_the_setting(clock) -> None:  # type: ignore[no-untyped-def]
     p = POne(clock, PLAIN)
     d = D(p)

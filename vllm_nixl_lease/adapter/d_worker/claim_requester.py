@@ -91,6 +91,8 @@ class ClaimRequester:
         now = time.perf_counter()
         if self._claimed and now >= self._retry_at:
             self._claim_again(now)
+        if self._sent:  # every step: an idle D's claims in flight age out too
+            self._prune(now)
         updates: LeaseViewUpdates | None = getattr(metadata, LEASE_VIEWS_ATTR, None)
         if updates is None:
             return
@@ -106,7 +108,6 @@ class ClaimRequester:
             groups.setdefault((view.engine_id, view.instance, tagged), []).append((local_id, view.name))
         for (engine_id, instance, tagged), named in groups.items():
             self._claim(engine_id, instance, tagged, named, now)
-        self._prune(now)
 
     def _claim_again(self, now: float) -> None:
         """Claim again each waiting view whose last claim is a heartbeat interval old."""
