@@ -97,30 +97,36 @@ class ClaimRequester:
         if updates is None:
             return
         self.forget(updates.dropped)
-        groups: dict[tuple[str, str, bool], list[tuple[str, str]]] = {}
         claimed = self._claimed
+        new: list[str] = []
         for local_id, view in updates.new.items():
             if not view.instance or view.hello_version < CLAIM_HELLO_VERSION:
                 continue
             self._wanted.add(local_id)
             tagged = self._tags and is_tag(view.name)
             claimed[local_id] = (view.engine_id, view.instance, tagged, view.name, now)
-            groups.setdefault((view.engine_id, view.instance, tagged), []).append((local_id, view.name))
-        for (engine_id, instance, tagged), named in groups.items():
-            self._claim(engine_id, instance, tagged, named, now)
+            new.append(local_id)
+        if new:
+            self._send_claims(new, now)
 
     def _claim_again(self, now: float) -> None:
         """Claim again each waiting view whose last claim is a heartbeat interval old."""
         self._retry_at = now + self._retry_s / 4
         due = now - self._retry_s
-        groups: dict[tuple[str, str, bool], list[tuple[str, str]]] = {}
+        again = [local_id for local_id, entry in self._claimed.items() if entry[4] <= due]
+        if again:
+            self._send_claims(again, now)
+
+    def _send_claims(self, local_ids: list[str], now: float) -> None:
+        """Claim each of ``local_ids`` (in ``_claimed``), one message per P instance and
+        naming kind, and record ``now`` as its last claim."""
         claimed = self._claimed
-        for local_id, (engine_id, instance, tagged, name, at) in claimed.items():
-            if at <= due:
-                groups.setdefault((engine_id, instance, tagged), []).append((local_id, name))
+        groups: dict[tuple[str, str, bool], list[tuple[str, str]]] = {}
+        for local_id in local_ids:
+            engine_id, instance, tagged, name, _ = claimed[local_id]
+            claimed[local_id] = (engine_id, instance, tagged, name, now)
+            groups.setdefault((engine_id, instance, tagged), []).append((local_id, name))
         for (engine_id, instance, tagged), named in groups.items():
-            for local_id, name in named:
-                claimed[local_id] = (engine_id, instance, tagged, name, now)
             self._claim(engine_id, instance, tagged, named, now)
 
     def _claim(
