@@ -20,7 +20,7 @@ SHOWN = (
     "requests", "reads", "reads_ok", "reads_failed", "fenced", "discarded", "stale", "expiries",
     "premature_expiries", "leaks", "d_leaks", "aborts", "dups", "second_reads", "stale_second_reader",
     "stale_after_abort", "second_reads_after_free", "recovery_s", "worst_p_step_gain_s", "max_rss_growth",
-    "crashes", "faults_by_kind",
+    "crashes", "faults_by_kind", "late_heals", "latest_heal_s",
 )  # fmt: skip
 SHOWN_SERVE = (
     "requests", "answers_ok", "stale", "timeouts", "cancelled", "n2", "hedged", "errors", "unanswered",

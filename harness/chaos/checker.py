@@ -34,6 +34,13 @@
   under its engine id, as an orchestrator would; the crash counts as a process
   fault of that engine from its death to its restart).
 
+Not a rule, a figure: **late heals**, the faults the nemesis healed more than
+``LATE_HEAL_S`` after their planned end (a kill's heal waits for the restart, so
+kills are left out).  The nemesis heals on time unless the machine starves it,
+and what starves it starves the engines too, UCX's progress threads included:
+a run with late heals was overloaded, and its expiries on unfaulted pairs say
+more about the machine than about the connector.
+
 ``check`` returns every violation and the figures; ``explain`` prints one
 violation with the seed, the history around it and the faults active then.
 """
@@ -242,6 +249,7 @@ def check(events: list[dict[str, Any]], bounds: dict[str, float] | None = None) 
     figures["requests"] = len(requests)
     figures["bursts"] = sum(1 for e in events if e["ev"] == "burst")
     figures["faults_by_kind"] = by_kind(faults)
+    figures.update(late_heals(events))
 
     _check_reads(events, written, violations, figures, requests)
     figures.update(readers.figures(events, requests))
@@ -271,6 +279,22 @@ def check_crashes(events: list[dict[str, Any]], violations: list[Violation], fig
             )
         )
     figures["crashes"] = [f"{e['engine']} at {e['t']:.1f}s: {e.get('why', '')}" for e in crashes]
+
+
+# A heal this much after its fault's planned end: the nemesis was starved.
+LATE_HEAL_S = 1.0
+
+
+def late_heals(events: list[dict[str, Any]]) -> dict[str, Any]:
+    """How many faults (kills aside) were healed over ``LATE_HEAL_S`` late, and the latest."""
+    planned = {e["fid"]: e for e in events if e["ev"] == "fault" and e.get("until") is not None}
+    lateness = [
+        e["t"] - planned[e["fid"]]["until"]
+        for e in events
+        if e["ev"] == "heal" and e["fid"] in planned and planned[e["fid"]]["kind"] != "kill"
+    ]
+    late = [s for s in lateness if s > LATE_HEAL_S]
+    return {"late_heals": len(late), "latest_heal_s": round(max(lateness, default=0.0), 2)}
 
 
 def by_kind(faults: list[Fault]) -> dict[str, int]:

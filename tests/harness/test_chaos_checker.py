@@ -573,3 +573,17 @@ def test_progress_counts_a_cancelled_loads_other_data_apart_from_stale_reads() -
     ):
         tally(e)
     assert (tally.n["after_abort"], tally.n["stale"]) == (1, 1)
+
+
+def test_heals_past_their_planned_end_are_counted_kills_aside() -> None:
+    ev = base() + [
+        {"t": 10.0, "ev": "fault", "fid": 3, "kind": "partition", "hosts": ["d"], "engines": [], "until": 12.0},
+        {"t": 12.05, "ev": "heal", "fid": 3},  # on time
+        {"t": 13.0, "ev": "fault", "fid": 4, "kind": "stop", "hosts": [], "engines": ["d1"], "until": 15.0},
+        {"t": 23.5, "ev": "heal", "fid": 4},  # the nemesis was starved
+        {"t": 24.0, "ev": "fault", "fid": 5, "kind": "kill", "hosts": [], "engines": ["d1"], "until": 25.0},
+        {"t": 40.0, "ev": "heal", "fid": 5},  # a restart: not late
+    ]
+    fig = run(ev).figures
+    assert fig["late_heals"] == 1 and fig["latest_heal_s"] == pytest.approx(8.5)
+    assert run(base()).figures["late_heals"] == 0
