@@ -576,12 +576,16 @@ def test_progress_counts_a_cancelled_loads_other_data_apart_from_stale_reads() -
 
 
 def test_heals_past_their_planned_end_are_counted_kills_aside() -> None:
+    def fault(t: float, fid: int, kind: str, until: float, **where: list[str]) -> dict[str, Any]:
+        ev = {"t": t, "ev": "fault", "fid": fid, "kind": kind, "hosts": [], "engines": [], "until": until}
+        return {**ev, **where}
+
     ev = base() + [
-        {"t": 10.0, "ev": "fault", "fid": 3, "kind": "partition", "hosts": ["d"], "engines": [], "until": 12.0},
+        fault(10.0, 3, "partition", 12.0, hosts=["d"]),
         {"t": 12.05, "ev": "heal", "fid": 3},  # on time
-        {"t": 13.0, "ev": "fault", "fid": 4, "kind": "stop", "hosts": [], "engines": ["d1"], "until": 15.0},
+        fault(13.0, 4, "stop", 15.0, engines=["d1"]),
         {"t": 23.5, "ev": "heal", "fid": 4},  # the nemesis was starved
-        {"t": 24.0, "ev": "fault", "fid": 5, "kind": "kill", "hosts": [], "engines": ["d1"], "until": 25.0},
+        fault(24.0, 5, "kill", 25.0, engines=["d1"]),
         {"t": 40.0, "ev": "heal", "fid": 5},  # a restart: not late
     ]
     fig = run(ev).figures
