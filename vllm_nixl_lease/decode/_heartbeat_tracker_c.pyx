@@ -86,16 +86,7 @@ def encode_heartbeats(ids, max_bytes=DEFAULT_MAX_MESSAGE_BYTES):
 cdef double NOW = -math.inf  # due time of a chunk that must go out at the next paced poll
 
 
-cdef class _Chunk:
-    cdef dict ids          # ordered set of raw ids
-    cdef Py_ssize_t size   # encoded length
-    cdef object message    # cached bytes, None when dirty
-    cdef str engine_id
-    cdef double due        # paced sending: send by then
-    cdef bint alive        # False once removed (its heap entries are stale)
-    cdef Py_ssize_t key
-    cdef Py_ssize_t version  # bumped by each change to ids (and each track of one)
-
+cdef class _Chunk:  # attributes: _heartbeat_tracker_c.pxd
     def __cinit__(self, str engine_id, Py_ssize_t key):
         self.ids = {}
         self.size = PREFIX_LEN
@@ -106,18 +97,8 @@ cdef class _Chunk:
         self.key = key
         self.version = 0
 
-    cdef inline void touch(self):
-        self.version += 1
-        self.message = None
 
-
-cdef class _Engine:
-    cdef str engine_id
-    cdef list chunks
-    cdef dict where        # raw id -> _Chunk
-    cdef dict refs         # raw id -> local requests tracking it
-    cdef Py_ssize_t size   # sum of id lengths
-
+cdef class _Engine:  # attributes: _heartbeat_tracker_c.pxd
     def __cinit__(self, str engine_id):
         self.engine_id = engine_id
         self.chunks = []
@@ -127,23 +108,8 @@ cdef class _Engine:
 
 
 cdef class HeartbeatTracker:
-    """Which P-side request ids D must keep alive, grouped per P engine."""
-
-    cdef double _interval
-    cdef Py_ssize_t _max
-    cdef dict _engines     # engine id -> _Engine
-    cdef dict _local       # local id -> (engine id, raw remote id)
-    cdef list _heap        # (due, push count, chunk), stale entries skipped
-    cdef Py_ssize_t _pushes
-    cdef Py_ssize_t _chunks  # live chunks, all engines
-    cdef object _paced_at  # last poll_paced_chunks, or None
-    cdef double _credit    # early sends earned and not yet made
-    cdef double _phase     # the credit a round starts with (see the twin)
-    cdef readonly double next_poll_at  # no poll before it sends anything (see the twin)
-    cdef Py_ssize_t _keys  # chunk keys handed out
-    cdef Py_ssize_t _repacks
-    cdef Py_ssize_t _round_bytes  # a round this small goes whole (see the twin); 0: never
-    cdef Py_ssize_t _payload      # distinct ids' bytes plus one separator each, all engines
+    """Which P-side request ids D must keep alive, grouped per P engine
+    (attributes: ``_heartbeat_tracker_c.pxd``)."""
 
     def __init__(self, interval, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, phase=0.0, round_bytes=0):
         self._interval = check_interval(interval)
@@ -162,7 +128,7 @@ cdef class HeartbeatTracker:
         self._keys = 0
         self._repacks = 0
 
-    def track(self, local_req_id, engine_id, remote_req_id):
+    cpdef track(self, local_req_id, engine_id, remote_req_id):
         if not local_req_id:
             raise ValueError("empty local request id")
         if not engine_id:
@@ -208,7 +174,7 @@ cdef class HeartbeatTracker:
         chunk.touch()
         engine.where[raw] = chunk
 
-    def untrack(self, local_req_id):
+    cpdef untrack(self, local_req_id):
         entry = self._local.pop(local_req_id, None)
         if entry is None:
             return False
@@ -238,7 +204,7 @@ cdef class HeartbeatTracker:
             self._repack(engine)
         return True
 
-    def chunk_of(self, local_req_id):
+    cpdef chunk_of(self, local_req_id):
         """``(key, version)`` of the chunk now naming ``local_req_id``'s remote id."""
         entry = self._local.get(local_req_id)
         if entry is None:
@@ -250,14 +216,14 @@ cdef class HeartbeatTracker:
     def repacks(self):
         return self._repacks
 
-    def engine_of(self, local_req_id):
+    cpdef engine_of(self, local_req_id):
         entry = self._local.get(local_req_id)
         return None if entry is None else entry[0]
 
     def engines(self):
         return list(self._engines)
 
-    def has_engine(self, engine_id):
+    cpdef bint has_engine(self, engine_id) except -1:
         return engine_id in self._engines
 
     def __len__(self):

@@ -11,6 +11,8 @@ type goes through ``_wire.lease_terms``, as in the twin.
 from cpython.long cimport PyLong_AsDouble
 from libc.math cimport isfinite
 
+from ._heartbeat_tracker_c cimport HeartbeatTracker
+
 from .._wire import (
     CLAIM_HELLO_VERSION,
     LEASE_PROTOCOL_BASE,
@@ -118,7 +120,8 @@ cdef tuple _fast_terms(dict params):
 cdef class Intake:
     """D's scheduler-side bookkeeping of arriving and departing requests (see the twin)."""
 
-    cdef public object tracker
+    cdef readonly object tracker
+    cdef HeartbeatTracker _fast  # the tracker when it is the Cython one (called in C), else None
     cdef public dict groups      # tracker key (one per group) -> the group
     cdef public dict keys        # (engine, instance, tagged) -> tracker key
     cdef public Py_ssize_t next_key
@@ -133,6 +136,7 @@ cdef class Intake:
 
     def __init__(self, tracker, new_group, untrackable):
         self.tracker = tracker
+        self._fast = tracker if type(tracker) is HeartbeatTracker else None
         self.groups = {}
         self.keys = {}
         self.next_key = 0
@@ -224,7 +228,7 @@ cdef class Intake:
         (<dict>views.new)[local_id] = tuple.__new__(
             self.view_type, (engine_id, instance, name, terms[0], terms[1], terms[2], terms[5])
         )
-        chunk = self.tracker.chunk_of(local_id)
+        chunk = self._fast.chunk_of(local_id) if self._fast is not None else self.tracker.chunk_of(local_id)
         if chunk is not None:
             (<dict>views.chunks)[local_id] = chunk
 
@@ -243,7 +247,10 @@ cdef class Intake:
             key = f"g{self.next_key}"
             self.next_key += 1
         try:
-            self.tracker.track(local_id, key, name)
+            if self._fast is not None:
+                self._fast.track(local_id, key, name)
+            else:
+                self.tracker.track(local_id, key, name)
         except (TypeError, ValueError) as exc:
             self.untrackable(local_id, name, exc)
             return False
@@ -253,6 +260,19 @@ cdef class Intake:
         return True
 
     cpdef untrack(self, local_id):
+        cdef HeartbeatTracker fast = self._fast
+        cdef Py_ssize_t before
+        if fast is not None:  # the same steps as below, in C
+            key = fast.engine_of(local_id)
+            if key is not None:
+                before = fast._repacks
+                fast.untrack(local_id)
+                if not fast.has_engine(key):
+                    group = self.groups.pop(key)
+                    del self.keys[(group.engine_id, group.instance, group.tagged)]
+                elif fast._repacks != before:
+                    self.repacked.add(key)
+            return
         tracker = self.tracker
         key = tracker.engine_of(local_id)
         if key is not None:
