@@ -1018,6 +1018,13 @@ CASES: list[Case] = [
         per_step=True,
         mean_floor={"cython": 0.5},
     ),
+    Case(
+        "parts: D lifecycle step, 10 in + 10 out",
+        "parts",
+        "call",
+        1,
+        d_lifecycle.lifecycle_parts(DEngine, NOW, INTERVAL, STEP_S, CHURN),
+    ),
     Case("parts: P idle step, 10 leases", "parts", "call", 1, idle_parts("P", 10)),
     Case("parts: D idle step, 10 queued", "parts", "call", 1, idle_parts("D", 10)),
     Case(

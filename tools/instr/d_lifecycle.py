@@ -117,7 +117,8 @@ def make_lifecycle(base: type, step_s: float) -> type:
 
         def lifecycle_step(self, arrivals: list[Any], allocated: list[str]) -> None:
             """One step: ``arrivals`` enter the queue, ``allocated`` get their
-            blocks (READ posted this step), last step's READs end."""
+            blocks (READ posted this step), last step's READs end.  Written out
+            (``hooks`` has the same calls): the counted rows pay no closure per hook."""
             sched, worker = self.d.sched, self.d.worker
             for req in arrivals:
                 sched.on_new_request(req)
@@ -128,6 +129,45 @@ def make_lifecycle(base: type, step_s: float) -> type:
             sched.update_connector_output(SimpleNamespace(finished_recving=results.finished_recving))
             for local in results.finished_recving:
                 sched.request_finished(self.requests.pop(local), ([1, 2, 3, 4],))
+
+        def hooks(self, arrivals: list[Any], allocated: list[str]) -> list[tuple[str, Callable[[], None]]]:
+            """``lifecycle_step``'s calls, hook by hook, in order (``lifecycle_parts``)."""
+            sched, worker = self.d.sched, self.d.worker
+            state: dict[str, Any] = {}
+
+            def arrive() -> None:
+                for req in arrivals:
+                    sched.on_new_request(req)
+
+            def allocate() -> None:
+                for local in allocated:
+                    sched.update_state_after_alloc(self.requests[local], BLOCKS, TOKENS)
+
+            def build() -> None:
+                state["meta"] = sched.build_connector_meta(self.d.output)
+
+            def start() -> None:
+                worker.start_load_kv(state.pop("meta"))  # the metadata dies here, as in a step
+
+            def results() -> None:
+                state["done"] = worker.get_transfer_results().finished_recving
+
+            def output() -> None:
+                sched.update_connector_output(SimpleNamespace(finished_recving=state["done"]))
+
+            def finish() -> None:
+                for local in state.pop("done"):
+                    sched.request_finished(self.requests.pop(local), ([1, 2, 3, 4],))
+
+            return [
+                ("on_new_request", arrive),
+                ("update_state_after_alloc", allocate),
+                ("build_connector_meta", build),
+                ("start_load_kv", start),
+                ("get_transfer_results", results),
+                ("update_connector_output", output),
+                ("request_finished", finish),
+            ]
 
         def churn(self, steps: int, per_step: int, count: Counter | None) -> None:
             """``steps`` steps of ``step_s``: ``per_step`` requests arrive and the
@@ -175,6 +215,40 @@ def d_churn(
 
                     with probe.instrumented():
                         d.churn(steps, per_step, measure_step)
+        finally:
+            clock.restore()
+
+    return run
+
+
+def lifecycle_parts(
+    engine: type, now: float, interval: float, step_s: float, per_step: int
+) -> Callable[[Measurer, Any], None]:
+    """``d_churn``'s lifecycle with no queue, each hook of each step of one interval
+    counted on its own (a row per hook: the median step's count of the hook, all its
+    calls together): where a request's instructions go, ours against stock."""
+    cls = make_lifecycle(engine, step_s)
+    steps = round(interval / step_s)
+
+    def run(probe: Measurer, env: Any) -> None:
+        clock = PerfCounter(now)
+        try:
+            with reads_posted_in_memory():
+                for side in env.worker_sides:
+                    d = cls(env, side != "stock", clock)
+                    d.churn(steps, per_step, None)
+
+                    with probe.instrumented():
+                        for _ in range(steps):
+                            arrivals = d.arrivals(per_step)
+                            allocated = d.queue[d.head : d.head + per_step]
+                            d.head += per_step
+                            d.d.worker.nixl_wrapper.xfer_states.clear()
+                            for hook, call in d.hooks(arrivals, allocated):
+                                name = f"{env.case.name}: {hook}"
+                                probe.measure(name, side, call, ops=1, warmup=0, repeats=1)
+                            d.answer()
+                            clock.now += step_s
         finally:
             clock.restore()
 
