@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -412,3 +413,22 @@ def test_d_claims_nothing_from_a_p_without_the_setting(clock) -> None:  # type: 
 def test_the_setting_is_off_by_default_and_a_bool(config: LeaseConfig) -> None:
     assert config.claim_reads is (config is CLAIMS)
     assert LeaseConfig.from_extra_config({}).claim_reads is False
+
+
+def test_an_idle_worker_still_ages_its_claims_out(clock) -> None:  # type: ignore[no-untyped-def]
+    """Seen in `make test`'s 2-minute chaos run after the test above passed: the worker's
+    idle-step shortcut (``_nothing_to_start``) skipped ``note_views`` altogether, so
+    claims in flight on a D with nothing else to do stayed to the end of the run."""
+    from tests.adapter.vllm_support import make_worker
+    from vllm_nixl_lease.adapter.workers import LeaseNixlPullConnectorWorker
+
+    worker = make_worker(LeaseNixlPullConnectorWorker, 12, {"kv_lease_claim_reads": True})
+    claims = worker.claim_requester
+    claims._sent[7] = ([("d0", "p0")], clock.now)  # a claim P never answered
+    nothing: dict[str, Any] = {"reqs_to_recv": {}, "reqs_to_send": {}, "heartbeat_by_engine": {}}
+    idle = SimpleNamespace(**nothing, reqs_in_batch=set(), reqs_not_processed=set())
+    worker.start_load_kv(idle)
+    assert len(claims) == 1  # young: kept
+    clock.now += worker.read_fence.views.max_extension + 1.0
+    worker.start_load_kv(idle)
+    assert len(claims) == 0 and not claims.has_pending()

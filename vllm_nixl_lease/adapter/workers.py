@@ -145,6 +145,7 @@ class LeaseNixlPullConnectorWorker(NixlPullConnectorWorker):
             or getattr(metadata, LEASE_INSTANCE_ATTR, None)
             or self._ready_requests.queue  # a peek: a handshake finishing now is read next step
             or self.heartbeat_sender.has_pending()
+            or self.claim_requester.has_pending()  # claims to age out or send again
             or self.read_fence.parked
             or self.read_pacer.carried
             or self.idle_pause.enabled

@@ -82,6 +82,11 @@ class ClaimRequester:
         """Per-request state held (for bounds tests)."""
         return len(self._wanted) + len(self._sent)
 
+    def has_pending(self) -> bool:
+        """Claims in flight or waiting to be sent again: ``note_views`` has work in a
+        step with no news (the worker's idle-step shortcut must not skip it)."""
+        return bool(self._sent or self._claimed)
+
     # -- views of the step ---------------------------------------------------
     def note_views(self, metadata: object) -> None:
         """The step's new views of a P that takes claims: wanted, and claimed at
