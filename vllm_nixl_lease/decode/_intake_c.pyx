@@ -118,10 +118,11 @@ cdef tuple _fast_terms(dict params):
 
 
 cdef class Intake:
-    """D's scheduler-side bookkeeping of arriving and departing requests (see the twin)."""
+    """D's scheduler-side bookkeeping of arriving and departing requests (see the twin).
+    It takes this core's tracker only, as the twin takes the twin's: the choosers
+    pick both together (this module cimports the tracker's)."""
 
-    cdef readonly object tracker
-    cdef HeartbeatTracker _fast  # the tracker when it is the Cython one (called in C), else None
+    cdef readonly HeartbeatTracker tracker  # the Cython one (its cimport): called in C
     cdef public dict groups      # tracker key (one per group) -> the group
     cdef public dict keys        # (engine, instance, tagged) -> tracker key
     cdef public Py_ssize_t next_key
@@ -134,9 +135,8 @@ cdef class Intake:
     cdef public object new_group
     cdef public object untrackable
 
-    def __init__(self, tracker, new_group, untrackable):
+    def __init__(self, HeartbeatTracker tracker not None, new_group, untrackable):
         self.tracker = tracker
-        self._fast = tracker if type(tracker) is HeartbeatTracker else None
         self.groups = {}
         self.keys = {}
         self.next_key = 0
@@ -228,7 +228,7 @@ cdef class Intake:
         (<dict>views.new)[local_id] = tuple.__new__(
             self.view_type, (engine_id, instance, name, terms[0], terms[1], terms[2], terms[5])
         )
-        chunk = self._fast.chunk_of(local_id) if self._fast is not None else self.tracker.chunk_of(local_id)
+        chunk = self.tracker.chunk_of(local_id)
         if chunk is not None:
             (<dict>views.chunks)[local_id] = chunk
 
@@ -247,10 +247,7 @@ cdef class Intake:
             key = f"g{self.next_key}"
             self.next_key += 1
         try:
-            if self._fast is not None:
-                self._fast.track(local_id, key, name)
-            else:
-                self.tracker.track(local_id, key, name)
+            self.tracker.track(local_id, key, name)
         except (TypeError, ValueError) as exc:
             self.untrackable(local_id, name, exc)
             return False
@@ -260,26 +257,14 @@ cdef class Intake:
         return True
 
     cpdef untrack(self, local_id):
-        cdef HeartbeatTracker fast = self._fast
-        cdef Py_ssize_t before
-        if fast is not None:  # the same steps as below, in C
-            key = fast.engine_of(local_id)
-            if key is not None:
-                before = fast._repacks
-                fast.untrack(local_id)
-                if not fast.has_engine(key):
-                    group = self.groups.pop(key)
-                    del self.keys[(group.engine_id, group.instance, group.tagged)]
-                elif fast._repacks != before:
-                    self.repacked.add(key)
-            return
-        tracker = self.tracker
+        cdef HeartbeatTracker tracker = self.tracker
+        cdef Py_ssize_t repacks
         key = tracker.engine_of(local_id)
         if key is not None:
-            repacks = tracker.repacks
+            repacks = tracker._repacks
             tracker.untrack(local_id)
             if not tracker.has_engine(key):
                 group = self.groups.pop(key)
                 del self.keys[(group.engine_id, group.instance, group.tagged)]
-            elif tracker.repacks != repacks:
+            elif tracker._repacks != repacks:
                 self.repacked.add(key)
