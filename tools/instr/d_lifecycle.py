@@ -32,6 +32,7 @@ from vllm_nixl_lease._wire import PARAM_LEASE_DEADLINE, PARAM_LEASE_EXTENSION, P
 
 _handles = itertools.count(1)
 Counter = Callable[[Callable[[], object]], None]  # runs one step's connector calls (counted)
+HookCounter = Callable[[list[tuple[str, Callable[[], None]]]], None]  # runs them hook by hook
 
 
 def _posted(worker: Any, req_id: str, meta: Any) -> None:
@@ -169,9 +170,12 @@ def make_lifecycle(base: type, step_s: float) -> type:
                 ("request_finished", finish),
             ]
 
-        def churn(self, steps: int, per_step: int, count: Counter | None) -> None:
+        def churn(
+            self, steps: int, per_step: int, count: Counter | None, by_hook: HookCounter | None = None
+        ) -> None:
             """``steps`` steps of ``step_s``: ``per_step`` requests arrive and the
-            ``per_step`` oldest get their blocks (their READ ends the next step)."""
+            ``per_step`` oldest get their blocks (their READ ends the next step).
+            ``count(step)`` runs each step; ``by_hook(hooks)`` instead runs its hooks."""
             for _ in range(steps):
                 arrivals = self.arrivals(per_step)
                 allocated = self.queue[self.head : self.head + per_step]
@@ -181,7 +185,9 @@ def make_lifecycle(base: type, step_s: float) -> type:
                     self.lifecycle_step(arrivals, allocated)
 
                 self.d.worker.nixl_wrapper.xfer_states.clear()  # last step's READs are done
-                if count is None:
+                if by_hook is not None:
+                    by_hook(self.hooks(arrivals, allocated))
+                elif count is None:
                     step()
                 else:
                     count(step)
@@ -202,23 +208,32 @@ def d_churn(
     steps = round(interval / step_s)
 
     def run(probe: Measurer, env: Any) -> None:
-        clock = PerfCounter(now)
-        try:
-            with reads_posted_in_memory():
-                for side in env.worker_sides:
-                    d = cls(env, side != "stock", clock, plain)
-                    d.fill(queued)
-                    d.churn(steps, per_step, None)
+        for side, d in _warmed(cls, env, now, steps, queued, per_step, plain):
 
-                    def measure_step(step: Callable[[], object], side: str = side) -> None:
-                        probe.measure(env.case.name, side, step, ops=1, warmup=0, repeats=1)
+            def measure_step(step: Callable[[], object], side: str = side) -> None:
+                probe.measure(env.case.name, side, step, ops=1, warmup=0, repeats=1)
 
-                    with probe.instrumented():
-                        d.churn(steps, per_step, measure_step)
-        finally:
-            clock.restore()
+            with probe.instrumented():
+                d.churn(steps, per_step, measure_step)
 
     return run
+
+
+def _warmed(
+    cls: type, env: Any, now: float, steps: int, queued: int, per_step: int, plain: bool = False
+) -> Iterator[tuple[str, Any]]:
+    """Per side of ``env``: ``cls``'s D with ``queued`` requests after one uncounted
+    interval of churn, READs posted in memory, the clock held from ``now``."""
+    clock = PerfCounter(now)
+    try:
+        with reads_posted_in_memory():
+            for side in env.worker_sides:
+                d = cls(env, side != "stock", clock, plain)
+                d.fill(queued)
+                d.churn(steps, per_step, None)
+                yield side, d
+    finally:
+        clock.restore()
 
 
 def lifecycle_parts(
@@ -231,25 +246,13 @@ def lifecycle_parts(
     steps = round(interval / step_s)
 
     def run(probe: Measurer, env: Any) -> None:
-        clock = PerfCounter(now)
-        try:
-            with reads_posted_in_memory():
-                for side in env.worker_sides:
-                    d = cls(env, side != "stock", clock)
-                    d.churn(steps, per_step, None)
+        for side, d in _warmed(cls, env, now, steps, 0, per_step):
 
-                    with probe.instrumented():
-                        for _ in range(steps):
-                            arrivals = d.arrivals(per_step)
-                            allocated = d.queue[d.head : d.head + per_step]
-                            d.head += per_step
-                            d.d.worker.nixl_wrapper.xfer_states.clear()
-                            for hook, call in d.hooks(arrivals, allocated):
-                                name = f"{env.case.name}: {hook}"
-                                probe.measure(name, side, call, ops=1, warmup=0, repeats=1)
-                            d.answer()
-                            clock.now += step_s
-        finally:
-            clock.restore()
+            def by_hook(hooks: list[tuple[str, Callable[[], None]]], side: str = side) -> None:
+                for hook, call in hooks:
+                    probe.measure(f"{env.case.name}: {hook}", side, call, ops=1, warmup=0, repeats=1)
+
+            with probe.instrumented():
+                d.churn(steps, per_step, None, by_hook)
 
     return run
