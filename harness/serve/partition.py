@@ -75,6 +75,10 @@ class Partition:
     marks: dict[str, float] = field(default_factory=dict)  # event -> seconds after the cut
     t_cut: float = 0.0
     t_heal: float = 0.0
+    # How long `ip link set down` and `ip link set up` took. The second is part of the cut: a slow
+    # one (a starved machine) lengthens it past what was asked.
+    cut_cmd_s: float = 0.0
+    heal_cmd_s: float = 0.0
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -106,7 +110,8 @@ class Partition:
 
         return (
             f"{self.connectors}: phase {f(self.phase_s)}s (on P {f(self.cut_after_hb_s)}s), cut "
-            f"{self.cut_s:.1f}s, wrong {self.wrong}/{self.n}, errors {self.errors}, fenced "
+            f"{self.cut_s:.1f}s (heal command {self.heal_cmd_s:.2f}s), wrong {self.wrong}/{self.n}, "
+            f"errors {self.errors}, fenced "
             f"{self.fenced:.0f}, P expired {self.expired:.0f} (before cut {self.expired_before_cut:.0f}), "
             f"churned {self.churned}, P notifs after expiry {self.notifs_after_expiry:.0f}, P heartbeats "
             f"during cut {f(self.p_hb_during_cut)}, first after heal {f(self.hb_resume_after_heal_s)}s, "
@@ -239,6 +244,7 @@ def partition_decode(
     acks0 = _metric(pd.d_url, ACKS_RECV)
     blocker, burst = block_and_queue(pd, n, tag, max_tokens, timeout, max_s=timeout)
     t_cut = t_heal = 0.0
+    cut_cmd_s = heal_cmd_s = 0.0
     churned = 0
     p_hb_during_cut: float | None = None
     hb_heal = 0.0
@@ -253,8 +259,10 @@ def partition_decode(
                 notes.append("no heartbeat in P's log: the cut is not aligned")
             else:
                 time.sleep(max(0.0, seen + phase_s - time.time()))
+        t_cmd = time.time()
         net.cut("d")
         t_cut = time.time()
+        cut_cmd_s = t_cut - t_cmd
         if cut_s is None:
             hb_cut: float | None = None  # P's heartbeat counter 1 s into the cut
             deadline = t_cut + lease + 30
@@ -283,8 +291,10 @@ def partition_decode(
             time.sleep(max(0.0, t_cut + cut_s - time.time()))
     finally:
         if t_cut:
+            t_cmd = time.time()
             net.heal("d")
             t_heal = time.time()
+            heal_cmd_s = t_heal - t_cmd
         if cut_s is None or not t_heal:
             blocker.release()  # D aborts it and takes the queued requests
             marks["released"] = time.time()
@@ -351,6 +361,8 @@ def partition_decode(
         marks={k: round(v - t_cut, 2) for k, v in sorted(marks.items(), key=lambda kv: kv[1])},
         t_cut=t_cut,
         t_heal=t_heal,
+        cut_cmd_s=cut_cmd_s,
+        heal_cmd_s=heal_cmd_s,
         notes=notes,
     )
 

@@ -37,6 +37,7 @@ PHASES = (0.05, 0.3, 0.5, 0.7, 0.95)
 # Short cut: well below extension - interval (5 s at lease 10), started right after a heartbeat,
 # so P's leases outlive it by ~4 s; still two heartbeats queue in UCX during it.
 SHORT_CUT_S = 2.0
+SHORT_ATTEMPTS = 3  # runs of the short shape before a cut the machine keeps stretching fails it
 
 
 def _skip_reason() -> str | None:
@@ -112,14 +113,28 @@ def ours() -> Iterator[PDCluster]:
 
 def test_short_partition_nothing_expires_nothing_fenced(ours: PDCluster) -> None:
     """A cut shorter than extension - interval: the heartbeats UCX queued during it reach P after
-    the heal, before any lease ends; P's answers renew D's views; D reads every request's KV."""
-    assert SHORT_CUT_S < lease_extension(LEASE_S) - lease_interval(LEASE_S)
-    t0 = time.time()
-    out = partition.partition_decode(
-        ours, N, phase_s=0.05 * lease_interval(LEASE_S), cut_s=SHORT_CUT_S, tag="short"
+    the heal, before any lease ends; P's answers renew D's views; D reads every request's KV.
+
+    A cut the machine stretched to that bound (a starved `ip link set up` or sleep) does not have
+    the short shape, so its run is done again, up to SHORT_ATTEMPTS runs in all."""
+    bound = lease_extension(LEASE_S) - lease_interval(LEASE_S)
+    assert SHORT_CUT_S < bound
+    attempts: list[dict[str, object]] = []
+    out = None
+    for _ in range(SHORT_ATTEMPTS):
+        t0 = time.time()
+        out = partition.partition_decode(
+            ours, N, phase_s=0.05 * lease_interval(LEASE_S), cut_s=SHORT_CUT_S, tag=f"short{len(attempts)}"
+        )
+        attempts.append({**out.summary(), "test_s": round(time.time() - t0, 1)})
+        print(out.line())
+        if out.cut_s < bound:
+            break
+    _record("lease_short", attempts[-1] | {"overrun_attempts": attempts[:-1]})
+    assert out is not None and out.cut_s < bound, (
+        f"the harness could not keep a {SHORT_CUT_S}s cut under {bound}s in {SHORT_ATTEMPTS} runs: "
+        f"{[(a['cut_s'], a['heal_cmd_s']) for a in attempts]} (cut, heal command)"
     )
-    _record("lease_short", {**out.summary(), "test_s": round(time.time() - t0, 1)})
-    print(out.line())
     assert out.p_hb_during_cut == 0, "P applied heartbeats during the cut: the cut did not stop NIXL traffic"
     assert out.errors == 0, [r.error for r in out.results if not r.ok]
     assert out.wrong == 0, out.line()
