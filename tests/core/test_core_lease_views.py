@@ -4,6 +4,7 @@ that the view never lets D read after P's real lease table has dropped the lease
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -381,3 +382,38 @@ def test_a_view_added_with_its_chunk_waits_for_that_chunks_first_answer(core) ->
     assert views.remaining("d1", 25.0, 0.0) == pytest.approx(20.0)
     assert views.chunk_renewed_until("P", 7) == pytest.approx(45.0)
     assert views.drop("d1") and views.drop("d2") and len(views) == 0
+
+
+class NewView(NamedTuple):
+    """The adapter's ``NewView`` field order (``ViewTerms``), without importing vLLM."""
+
+    engine_id: str
+    instance: str
+    name: str
+    deadline: float
+    extension: float
+    interval: float | None
+    hello_version: int
+
+
+def test_note_terms_keeps_versions_and_terms_and_reports_each_change(core) -> None:
+    base, newest = 2, 4
+    new = {
+        "plain": NewView("P0", "", "p0", 10.0, 6.0, 1.0, 5),  # a plain P: changes nothing
+        "a": NewView("P1", INSTANCE, "p1", 10.0, 6.0, 1.0, 3),
+        "b": NewView("P1", INSTANCE, "p2", 10.0, 6.0, 1.0, 9),  # over the newest: capped
+        "c": NewView("P2", "fedcba9876543210", "p3", 10.0, 8.0, None, base),  # base: no version
+        "d": NewView("P1", INSTANCE, "p4", 10.0, 7.0, 1.0, 3),  # P1's terms change again
+    }
+    versions: dict[tuple[str, str], int] = {("P2", "fedcba9876543210"): 3}
+    terms: dict[str, tuple[float, float | None]] = {"P2": (8.0, None)}
+    changed = core.LeaseViews.note_terms(new, versions, terms, base, newest)
+    assert changed == [("P1", 6.0, 1.0), ("P1", 7.0, 1.0)]
+    assert versions == {("P1", INSTANCE): 3, ("P2", "fedcba9876543210"): 3}
+    assert terms == {"P1": (7.0, 1.0), "P2": (8.0, None)}
+    # The same views again: P1's alternate, P2's match what was kept.
+    assert core.LeaseViews.note_terms(new, versions, terms, base, newest) == [
+        ("P1", 6.0, 1.0),
+        ("P1", 7.0, 1.0),
+    ]
+    assert core.LeaseViews.note_terms({"d": new["d"]}, versions, terms, base, newest) == []

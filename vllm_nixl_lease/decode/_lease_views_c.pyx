@@ -370,6 +370,35 @@ cdef class LeaseViews:
                         self.move_to_chunk(local_id, chunk, offsets.get(engine_id))
         return clamped, floored
 
+    @staticmethod
+    def note_terms(new, dict versions, dict terms, base_version, newest_version):
+        cdef list changed = []
+        for view in new.values():
+            if PyTuple_Check(view) and PyTuple_GET_SIZE(view) >= 7:
+                # A NewView by position (as add_views)
+                instance = (<tuple>view)[1]
+                if not instance:
+                    continue
+                engine_id = (<tuple>view)[0]
+                extension = (<tuple>view)[4]
+                interval = (<tuple>view)[5]
+                hello_version = (<tuple>view)[6]
+            else:
+                instance = view.instance
+                if not instance:
+                    continue
+                engine_id = view.engine_id
+                extension, interval, hello_version = view.extension, view.interval, view.hello_version
+            if hello_version > base_version:
+                versions[(engine_id, instance)] = (
+                    hello_version if hello_version < newest_version else newest_version
+                )
+            latest = (extension, interval)
+            if terms.get(engine_id) != latest:
+                terms[engine_id] = latest
+                changed.append((engine_id, extension, interval))
+        return changed
+
     def any_name(self, engine_id, instance):
         names = self._names.get((engine_id, instance))
         return next(reversed(names)) if names else None

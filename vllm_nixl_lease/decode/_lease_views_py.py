@@ -101,6 +101,8 @@ class ViewTerms(Protocol):
     def extension(self) -> float: ...
     @property
     def interval(self) -> float | None: ...
+    @property
+    def hello_version(self) -> int: ...
 
 
 @dataclass(slots=True)
@@ -286,6 +288,36 @@ class LeaseViews:
                     if engine_id is not None:
                         self.move_to_chunk(local_id, chunk, offsets.get(engine_id))
         return clamped, floored
+
+    @staticmethod
+    def note_terms(
+        new: Mapping[str, ViewTerms],
+        versions: MutableMapping[tuple[str, str], int],
+        terms: MutableMapping[str, tuple[float, float | None]],
+        base_version: int,
+        newest_version: int,
+    ) -> list[tuple[str, float, float | None]]:
+        """What a step's new views say of their P processes, into the caller's
+        tables (the ack requester's): ``versions``, the hello version of each
+        (engine, instance), ``min(view's, newest_version)`` for a view over
+        ``base_version``; ``terms``, each engine's latest (extension, interval).
+        A view of a plain P (no instance) changes neither.  Returns (engine,
+        extension, interval) for each view whose terms differ from what
+        ``terms`` held for its engine just before it, in order: the caller's
+        per-engine figures to recompute.  Reads no view this object holds."""
+        changed: list[tuple[str, float, float | None]] = []
+        for view in new.values():
+            instance = view.instance
+            if not instance:
+                continue
+            engine_id = view.engine_id
+            if view.hello_version > base_version:
+                versions[(engine_id, instance)] = min(view.hello_version, newest_version)
+            latest = (view.extension, view.interval)
+            if terms.get(engine_id) != latest:
+                terms[engine_id] = latest
+                changed.append((engine_id, view.extension, view.interval))
+        return changed
 
     def drop_all(self, local_ids: Iterable[str], also: Iterable[MutableMapping[str, Any]] = ()) -> None:
         """``drop`` each of ``local_ids`` (a step's ended views), and pop each
