@@ -924,7 +924,7 @@ end:
   :: atomic { !conn && pinst != 0 && link_up ->
        conn = 1; cinst = pinst; cskew = skew; proven[0] = 0; proven[LAST] = 0;
        printf("EV D handshakes with P%d\n", pinst) }
-  /* upstream releases the connection (a failed send, an invalid engine, a repeated handshake) */
+  /* upstream releases the connection (a failed send, an invalid engine, a repeated handshake, a silent P: D2a) */
   :: atomic { FAULT RELEASEOK conn -> printf("EV D releases its connection\n"); conn = 0; cinst = 0; cskew = 0; proven[0] = 0; proven[LAST] = 0 }
   /* rehello to a proven agent (P may have forgotten it) */
   :: atomic { FAULT conn && hello_due && dq[0] == QUEUED && PROVEN_AS(rinst[0]) ->

@@ -402,11 +402,15 @@ def rogue_p_answers_d(fleet: Fleet, n: int = 4, count: int = 2000) -> dict[str, 
         - over_ranks(d_stats0, "num_heartbeat_acks_ignored"),
         "renewed": over_ranks(d_stats, "num_heartbeat_views_renewed")
         - over_ranks(d_stats0, "num_heartbeat_views_renewed"),
+        # D2a: the stopped P's silence releases D's connection, whose READs upstream then refuses
+        "released": over_ranks(d_stats, "num_connections_released_silent")
+        - over_ranks(d_stats0, "num_connections_released_silent"),
         "d_errors": d_rep["errors"],
     }
     print(
         f"\n== rogue P answers our D: {sent['sent']} LACK messages ({sent['bytes']} B) while the real P "
         f"was stopped; D ignored {out['ignored']}, views renewed {out['renewed']}, loads "
-        f"{out['loaded']}/{n} of which failed {out['failed']}, fenced {out['fenced']}"
+        f"{out['loaded']}/{n} of which failed {out['failed']}, fenced {out['fenced']}; connection "
+        f"released as silent {out['released']} time(s)"
     )
     return out

@@ -24,6 +24,7 @@ from .scenarios import (
     d_id,
     data_mismatches,
     hand_to_d,
+    over_ranks,
     prefill,
     wait_freed,
     wait_loaded,
@@ -468,12 +469,14 @@ def partition_past_connection_timeout(
         "p_stats": p.stats(),
         "d_stats": d.stats(),
     }
+    # D2a: our D releases a connection whose P stays silent, before UCX itself gives up
+    out["released_silent"] = over_ranks(out["d_stats"], "num_connections_released_silent")
     first_fail = next((t for t, _, failed in timeline if failed), None)
     print(
         f"\n== partition {t_heal - t_cut:.0f}s ({who(p_stock, d_stock)}; env {env or {}}): "
         f"D's send_notif accepted {out['hb_sent_in_cut']} heartbeat(s), raised {out['hb_failed_in_cut']} "
-        f"(first failure {'never' if first_fail is None else f'+{first_fail:.0f}s'}); P got "
-        f"{out['p_notifs_in_cut']} during the cut"
+        f"(first failure {'never' if first_fail is None else f'+{first_fail:.0f}s'}), released the "
+        f"silent connection {out['released_silent']} time(s); P got {out['p_notifs_in_cut']} during the cut"
     )
     first_s = out["first_notif_after_heal"]
     print(

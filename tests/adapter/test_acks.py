@@ -1181,3 +1181,48 @@ def _added_margin(fence: ReadFence, local_id: str, view: NewView) -> float:
     margin = fence.views.margin_of(local_id)
     assert margin is not None
     return margin
+
+
+def test_a_proven_connection_silent_past_reconnect_after_is_released_once_per_silence(clock: Clock) -> None:
+    """D2a: after a partition UCX can leave a connection half-open (P's sends to D fail, D's
+    arrive nowhere).  A P rank that owes answers ``reconnect_after_s`` old gets its connection
+    released (upstream's invalid-engine path), and the next release needs as long a silence."""
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    net.prove()
+    after = net.config.reconnect_after_s
+    assert after == max(2 * net.config.rehello_after_s, EXT)
+    # Answered every interval: never released, however long it runs.
+    for _ in range(int(3 * after / net.config.heartbeat_interval)):
+        net.d_heartbeat("p1")
+        net.p_step(net.take_d_sends())
+        net.d_receive(net.take_p_sends())
+        clock.advance(net.config.heartbeat_interval)
+    assert net.d._invalid_remote_engines == set()
+    # Then D's sends arrive nowhere: released once the oldest unanswered ask is that old.
+    silent_from = clock.now
+    while clock.now - silent_from < after:
+        assert net.d._invalid_remote_engines == set(), clock.now - silent_from
+        net.d_heartbeat("p1")
+        net.take_d_sends()
+        clock.advance(net.config.heartbeat_interval)
+    net.d_heartbeat("p1")
+    assert net.d._invalid_remote_engines == {"P"}
+    assert net.d.count("num_connections_released_silent") == 1
+    # What the agents owed is forgotten: the next silence is counted afresh.
+    net.take_d_sends()
+    clock.advance(after - net.config.heartbeat_interval)
+    net.d_heartbeat("p1")
+    assert net.d.count("num_connections_released_silent") == 1
+
+
+def test_a_connection_never_asked_is_never_released_as_silent(clock: Clock) -> None:
+    """Not proven yet (hellos and keep-alives only, nothing asked): no answer is owed."""
+    net = Pair(clock)
+    net.grant("p1", "d1")
+    for _ in range(int(3 * net.config.reconnect_after_s)):
+        net.d_heartbeat("p1")
+        net.take_d_sends()
+        clock.advance(1.0)
+    assert net.d._invalid_remote_engines == set()
+    assert net.d.count("num_connections_released_silent") == 0

@@ -70,11 +70,14 @@ def test_floods_against_our_p_keep_memory_steps_and_real_views(tmp_path) -> None
 def test_rogue_p_answers_never_renew_our_d(tmp_path) -> None:
     """A rogue agent answers our D with ``LACK:`` for the real P's instance and
     a forged one while the real P is stopped: D ignores every answer (not from
-    an agent of its connection), its views lapse and every read is fenced."""
+    an agent of its connection), its views lapse and every read fails: fenced, or,
+    once the real P's silence made D release the connection (PROTOCOL D2a),
+    refused by upstream as a read of a released engine."""
     with Fleet(tmp_path, lease=sc.LEASE) as fleet:
         out = floods.rogue_p_answers_d(fleet)
     n = len(out["ids"])
     assert out["sent"]["sent"] > 0 and out["sent"]["failed"] == 0
     assert out["ignored"] == out["sent"]["sent"]
-    assert (out["loaded"], out["failed"], out["fenced"]) == (n, n, n)
+    assert (out["loaded"], out["failed"]) == (n, n)
+    assert out["fenced"] == n or out["released"] > 0, out
     assert out["d_errors"] == []

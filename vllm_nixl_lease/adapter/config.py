@@ -294,6 +294,12 @@ class LeaseConfig:
         or lost the hello."""
         return max(1.0, 2 * self.heartbeat_interval)
 
+    @property
+    def reconnect_after_s(self) -> float:
+        """D releases a connection whose P rank owes an answer this long (PROTOCOL D2a): twice
+        the rehello, and never before a lease D's heartbeats kept alive could have lapsed."""
+        return max(2 * self.rehello_after_s, self.lease_extension)
+
     # -- reading kv_connector_extra_config -------------------------------------
     @classmethod
     def from_extra_config(cls, extra: Mapping[str, Any] | None) -> LeaseConfig:

@@ -147,6 +147,11 @@ LEASE_COUNTERS: dict[str, tuple[str, str]] = {
         "vllm:nixl_lease_heartbeat_acks_ignored",
         "Acknowledgements D ignored: from an agent of no connection it reads over (a stale or rogue peer).",
     ),
+    "num_connections_released_silent": (
+        "vllm:nixl_lease_connections_released_silent",
+        "Connections D released because a P rank that had answered owed answers for reconnect_after_s "
+        "(a connection UCX lost on P's side only); D handshakes again.",
+    ),
     "num_hellos_refused": (
         "vllm:nixl_lease_hellos_refused",
         "Hellos P refused: another protocol version, naming no lease held here, or too many loading.",

@@ -31,6 +31,12 @@ then each is behind the ``HB:,`` escape it parses harmlessly.
   interval instead of every one, and P sends half as many answers.  A proven
   agent counts as silent (hello again) once an answer D asked it for is
   ``rehello_after_s`` overdue.
+- Silence.  A proven agent that owes an answer ``reconnect_after_s`` old
+  while D keeps asking: D releases the connection (upstream's invalid-engine
+  path) and forgets what its agents owe, so the next heartbeat or READ
+  handshakes again (PROTOCOL D2a).  After a partition UCX can leave a
+  connection half-open: P's sends to D fail and P unloads D's agent, while
+  D's sends, its hellos included, still succeed and arrive nowhere.
 - Another instance.  A connection proven to reach another instance than the
   one that granted leases D holds, and of whose instance D holds no lease, is
   released once per (engine, instance) within ``REHANDSHAKE_ONCE_PER_S``
@@ -127,6 +133,7 @@ class AckRequester:
         self._upstream = upstream
         self._views = views
         self._rehello_s = lease_config.rehello_after_s
+        self._reconnect_s = lease_config.reconnect_after_s
         self._hello_retry_s = lease_config.hello_retry_s
         self._interval = lease_config.heartbeat_interval
         self._sweep_s = lease_config.forget_sweep_s
@@ -156,6 +163,7 @@ class AckRequester:
         self._offset_sent: dict[str, float] = {}
         self._log = RateLimitedLog(logger)
         self._stranger_log = RateLimitedLog(logger)
+        self._silent_log = RateLimitedLog(logger)
         # kv_lease_claim_reads: hellos say 4 (claims) to a P that takes them; every
         # heartbeat all ranks answered is reported with its seq (claim_requester.py).
         self._newest_hello = CLAIM_HELLO_VERSION if lease_config.claim_reads else LEASE_PROTOCOL_VERSION
@@ -250,8 +258,9 @@ class AckRequester:
         its answer renews the chunk's views at once instead of name by name.
         ``counts``: each message's name count, if the caller has it."""
         now = time.perf_counter()
-        pairs = self._hellos(engine_id, instance, agents, now, self._silent(now))
         names = [agent_name(agent) for agent in agents]
+        self._release_if_silent(engine_id, names, now)
+        pairs = self._hellos(engine_id, instance, agents, now, self._silent(now))
         asked = False
         for i, msg in enumerate(messages):
             chunk = chunks[i] if chunks is not None else None
@@ -271,6 +280,31 @@ class AckRequester:
             for name in names:
                 owed.setdefault(name, now)
         return pairs
+
+    def _release_if_silent(self, engine_id: str, names: list[str], now: float) -> None:
+        """D2a: an agent of the connection owes an answer ``reconnect_after_s`` old:
+        release the connection (sends on it may be arriving nowhere) and forget what
+        its agents owe, so that the next release takes as long again."""
+        owed = self._owed
+        if not owed:
+            return
+        oldest = min((owed[name] for name in names if name in owed), default=now)
+        if now - oldest < self._reconnect_s:
+            return
+        for name in names:
+            owed.pop(name, None)
+        up = self._upstream
+        up.xfer_stats.add("num_connections_released_silent", 1)
+        if engine_id in up._invalid_remote_engines:
+            return
+        self._silent_log.warning(
+            1,
+            "P engine %s has not answered D's heartbeats for %.1f s over a connection that answered "
+            "before; releasing it so that D handshakes again (UCX may have lost it on P's side only)",
+            engine_id,
+            now - oldest,
+        )
+        up._mark_remote_engine_invalid(engine_id, now)
 
     def _wants_answer(self, engine_id: str, key: int, now: float) -> bool:
         """D3b: does chunk ``key`` of ``engine_id`` need an answer to this tick?"""
