@@ -6,8 +6,23 @@ from __future__ import annotations
 import importlib
 import os
 import types
+from typing import NamedTuple
 
 import pytest
+
+
+class ViewFields(NamedTuple):
+    """The adapter's ``NewView``, field for field (the cores read a view by position), without
+    importing vLLM."""
+
+    engine_id: str
+    instance: str
+    name: str
+    deadline: float
+    extension: float
+    interval: float | None
+    hello_version: int = 1
+
 
 # Each implementation's module suffix: the Cython module and its twin share the stem.
 MODULE_SUFFIX = {"cython": "_c", "python": "_py"}

@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
 from core_implementations import IMPLEMENTATIONS, load_core
+from core_implementations import ViewFields as View
 
 from vllm_nixl_lease._wire import (
     PARAM_LEASE_DEADLINE,
@@ -27,16 +28,6 @@ from vllm_nixl_lease._wire import (
     PARAM_LEASE_TAG,
     lease_terms,
 )
-
-
-class View(NamedTuple):  # the adapter's NewView, field for field
-    engine_id: str
-    instance: str
-    name: str
-    deadline: float
-    extension: float
-    interval: float | None
-    hello_version: int
 
 
 @dataclass

@@ -4,7 +4,6 @@ that the view never lets D read after P's real lease table has dropped the lease
 from __future__ import annotations
 
 import math
-from typing import NamedTuple
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -384,19 +383,9 @@ def test_a_view_added_with_its_chunk_waits_for_that_chunks_first_answer(core) ->
     assert views.drop("d1") and views.drop("d2") and len(views) == 0
 
 
-class NewView(NamedTuple):
-    """The adapter's ``NewView`` field order (``ViewTerms``), without importing vLLM."""
-
-    engine_id: str
-    instance: str
-    name: str
-    deadline: float
-    extension: float
-    interval: float | None
-    hello_version: int
-
-
 def test_note_terms_keeps_versions_and_terms_and_reports_each_change(core) -> None:
+    from core_implementations import ViewFields as NewView
+
     base, newest = 2, 4
     new = {
         "plain": NewView("P0", "", "p0", 10.0, 6.0, 1.0, 5),  # a plain P: changes nothing

@@ -9,27 +9,16 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import pytest
+from core_implementations import ViewFields as Terms
 from core_implementations import load_core
 
 ENGINES = ("P0", "P1", "P2")
 INSTANCES = ("", "i0", "i1")
 NAMES = tuple(f"n{i}" for i in range(6))
 LOCAL_IDS = tuple(f"d{i}" for i in range(12))
-
-
-class Terms(NamedTuple):
-    """The fields of the adapter's NewView, in its order (the core reads them so)."""
-
-    engine_id: str
-    instance: str
-    name: str
-    deadline: float
-    extension: float
-    interval: float | None
-    hello_version: int = 1
 
 
 def _same(a: Any, b: Any) -> bool:
