@@ -68,6 +68,7 @@ def _ops(rng: random.Random, t: list[float]) -> list[tuple[str, Callable[[Any], 
                 offset + now + rng.choice((1.0, 10.0, 30.0)),
                 rng.choice((2.0, 8.0, 30.0)),
                 rng.choice((None, 1.0, 4.0)),
+                rng.choice((1, 2, 3, 4, 5)),
             )
             if rng.random() < 0.3:  # as the metadata unpickles them: without Terms.__new__
                 terms = tuple.__new__(Terms, tuple(terms))
@@ -79,7 +80,18 @@ def _ops(rng: random.Random, t: list[float]) -> list[tuple[str, Callable[[Any], 
         }
         offsets = {e: offset for e in ENGINES if rng.random() < 0.7}
         d_interval, floor = rng.choice((1.0, 2.0)), rng.choice((0.1, 0.5))
-        return [("add_views", lambda v: v.add_views(new, chunks, d_interval, floor, offsets))]
+        # note_terms' tables as the ack requester left them: some versions and terms known already
+        versions0 = {(e, i): rng.choice((3, 4)) for e in ENGINES for i in INSTANCES[1:] if rng.random() < 0.3}
+        terms0 = {e: (rng.choice((2.0, 8.0)), rng.choice((None, 1.0))) for e in ENGINES if rng.random() < 0.5}
+
+        def note_terms(v: Any) -> tuple[Any, ...]:
+            versions, terms = dict(versions0), dict(terms0)
+            return v.note_terms(new, versions, terms, 2, 4), versions, terms
+
+        return [
+            ("add_views", lambda v: v.add_views(new, chunks, d_interval, floor, offsets)),
+            ("note_terms", note_terms),
+        ]
     if choice == 8:
         return [("heartbeat_sent", lambda v: v.heartbeat_sent(engine, names, offset, now - 0.2, now))]
     if choice == 9:

@@ -294,9 +294,9 @@ class AckRequester:
         for name in names:
             owed.pop(name, None)
         up = self._upstream
-        up.xfer_stats.add("num_connections_released_silent", 1)
         if engine_id in up._invalid_remote_engines:
-            return
+            return  # already being released (a failed send, another instance)
+        up.xfer_stats.add("num_connections_released_silent", 1)
         self._silent_log.warning(
             1,
             "P engine %s has not answered D's heartbeats for %.1f s over a connection that answered "
