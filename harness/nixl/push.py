@@ -48,10 +48,25 @@ def hand_to_d(d: EngineProcess, params: dict[str, Any]) -> None:
     d.submit([(r, prm, TOKENS) for r, prm in params.items()], hold=False)
 
 
-def wait_received(d: EngineProcess, ids: list[str], timeout: float) -> dict[str, Any]:
+def loaded(rec: dict[str, Any]) -> bool:
+    """D's connector reported the request's KV received (``failed`` says how).
+    Not ``read_t`` alone: the push writer thread drains NIXL's notifications,
+    so the harness can see P's completion notification a step or more before
+    D's connector reports the load, and before D digested the blocks."""
+    return "failed" in rec
+
+
+def wait_received(
+    d: EngineProcess, ids: list[str], timeout: float, seen_early: set[str] | None = None
+) -> dict[str, Any]:
+    """D's report once every one of ``ids`` was loaded; ``seen_early`` gets
+    those whose completion notification the harness saw before the load."""
+
     def done() -> dict[str, Any] | None:
         rep = d.report()
-        return rep if all("read_t" in rep["reqs"][r] for r in ids) else None
+        if seen_early is not None:
+            seen_early.update(r for r in ids if "read_t" in rep["reqs"][r] and not loaded(rep["reqs"][r]))
+        return rep if all(loaded(rep["reqs"][r]) for r in ids) else None
 
     return wait_for(done, timeout, what=f"D receiving {len(ids)} push(es)")
 
@@ -84,40 +99,76 @@ def write_held_past_lease(
         p.call("gate_writes", closed=False)  # the WRITEs go into UCX behind the cut
         expired = lambda: sum(s.get("num_kv_expired_reqs", 0) for s in p.stats()) >= n  # noqa: E731
         wait_for(expired, fleet.lease + 5, what="P's leases lapsing")  # no heartbeat crosses the cut
+        t_expired = time.monotonic()
         at_expiry = p.report()
         reuse_ids, _ = prefill(p, "reuse", n)  # into the blocks P freed last
+        t_reused = time.monotonic()
         time.sleep(max(0.0, t_cut + cut_s - time.monotonic()))
     finally:
         hosts.heal("d")
     t_heal = time.monotonic()
+    seen_early: set[str] = set()
     try:
-        d_rep = wait_received(d, ids, wait_s)
+        d_rep = wait_received(d, ids, wait_s, seen_early)
     except TimeoutError:
         d_rep = d.report()
     time.sleep(1.0)
     p_rep = p.report()
     wrote = {r: p_rep["reqs"][r].get("digest") for r in ids}
-    got = {r: d_rep["reqs"][r].get("digest") for r in ids if "read_t" in d_rep["reqs"][r]}
+    done = [r for r in ids if loaded(d_rep["reqs"][r])]
+    got = {r: d_rep["reqs"][r].get("digest") or {} for r in done if not d_rep["reqs"][r]["failed"]}
+    others = {r: rec["digest"] for r, rec in p_rep["reqs"].items() if r not in ids and rec.get("digest")}
     out = {
         "p": p_rep,
         "d": d_rep,
         "received": len(got),
+        "failed": len(done) - len(got),
+        "notified_before_loaded": len(seen_early),
         "right": sum(got[r] == wrote[r] for r in got),
         "wrong": sum(got[r] != wrote[r] for r in got),
         "freed_in_cut": sum("freed_t" in at_expiry["reqs"][r] for r in ids),
         "freed_after_heal": sum(p_rep["reqs"][r].get("freed_t", 0.0) >= t_heal for r in ids),
         "p_stats": p.stats(),
         "cut_s": t_heal - t_cut,
+        # into the cut: when P's leases had lapsed, and when P had prefilled the others
+        "expired_s": t_expired - t_cut,
+        "reused_s": t_reused - t_cut,
         # when P freed each request, from the heal (s)
         "freed_from_heal": [round(p_rep["reqs"][r].get("freed_t", 0.0) - t_heal, 2) for r in ids],
+        # each wrong one: how many heads held P's data, and whose data the others held
+        "wrong_heads": {r: _heads_like(got[r], wrote[r] or {}, others) for r in got if got[r] != wrote[r]},
     }
     print(
         f"\n== push WRITEs queued behind a {out['cut_s']:.1f}s cut ({'stock' if stock else 'ours'}): "
         f"P freed {out['freed_in_cut']}/{n} during the cut, {out['freed_after_heal']} after the heal; "
-        f"D received {out['received']}/{n}: {out['right']} as P wrote them, {out['wrong']} not "
+        f"D received {out['received']}/{n} ({out['failed']} failed): {out['right']} as P wrote them, "
+        f"{out['wrong']} not "
         f"(P prefilled {len(reuse_ids)} others in the cut, into the blocks it freed last); "
-        f"P freed them at {out['freed_from_heal']} s from the heal"
+        f"P freed them at {out['freed_from_heal']} s from the heal; "
+        f"{out['notified_before_loaded']} seen notified before D reported them loaded"
     )
     push_stats = {k: sum(s.get(k, 0) for s in out["p_stats"]) for k in PUSH_COUNTERS}
-    print(f"   P: {push_stats}")
+    print(
+        f"   P: {push_stats}; leases lapsed {out['expired_s']:.1f}s into the cut, "
+        f"the others prefilled at {out['reused_s']:.1f}s"
+    )
+    for r, like in out["wrong_heads"].items():
+        print(
+            f"   wrong {r}: {like}; D received it {d_rep['reqs'][r]['read_t'] - t_heal:.2f} s from the heal"
+        )
     return out
+
+
+def _heads_like(
+    got: dict[Any, str], wrote: dict[Any, str], others: dict[str, dict[Any, str]]
+) -> dict[str, int]:
+    """Per head of what D received: P's data for it, another request's, or neither."""
+    like: dict[str, int] = {}
+    for h, digest in got.items():
+        owner = (
+            "its own"
+            if wrote.get(h) == digest
+            else next((r for r, heads in others.items() if heads.get(h) == digest), "no request's")
+        )
+        like[owner] = like.get(owner, 0) + 1
+    return like

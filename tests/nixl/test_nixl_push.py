@@ -23,9 +23,12 @@ pytestmark = [
     pytest.mark.skipif(_reason is not None, reason=f"network namespaces unavailable: {_reason}"),
 ]
 
-# Long enough that TCP's retransmission after the heal (its backoff follows the
-# cut's length) comes before ours cancels the WRITE, a lease after the expiry.
-LEASE = 12
+# TCP retransmits the queued WRITE with a doubling backoff: 12.6 s, then 25.4 s,
+# after the cut began (Linux's 200 ms minimum). The heal follows the expiry, so
+# it falls mid-gap, and the retransmission after it comes well before ours
+# cancels the WRITE, a lease after the expiry. At 12 s the heal came right at
+# 12.6 s: a slower machine put it past, and the WRITE was cancelled.
+LEASE = 18
 N = 2
 
 

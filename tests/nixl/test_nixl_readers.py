@@ -65,9 +65,14 @@ def test_second_reader_on_another_d_with_claims_never_reads_freed_blocks(
     # Claimed before the first D read them: P kept them until the second D read them too.
     assert out["second_early"] == {"ok": half, "failed": 0, "stale": 0}, out["second_early"]
     # Leases freed on their last of two or more holders, added up over P's ranks: the early ones
-    # (both Ds); with D at TP 2, every lease, the two warm-up ones too (one D's two ranks).
-    claimed = half if d_tp == 1 else out["n"] + 2
-    assert out["early_freed_by"] == ["read"] and out["p_claimed_freed"] == claimed * p_tp, out
+    # (both Ds). With D at TP 2 also those one D's two ranks both claimed before either completed:
+    # the others, the two warm-up ones among them, when one rank's READ ends before the other's
+    # claim arrives (one holder at a time: upstream's count of completions frees them).
+    assert out["early_freed_by"] == ["read"], out
+    if d_tp == 1:
+        assert out["p_claimed_freed"] == half * p_tp, out
+    else:
+        assert half * p_tp <= out["p_claimed_freed"] <= (out["n"] + 2) * p_tp, out
     # Handed to the second D after P freed them: its claim is answered "not held", so it fences.
     assert out["second_late"] == {"ok": 0, "failed": half, "stale": 0}, out["second_late"]
     assert out["fenced_not_claimed"] + out["fenced"] >= half, out
