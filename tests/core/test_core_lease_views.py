@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
+from core_implementations import ViewFields as NewView
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -384,8 +385,6 @@ def test_a_view_added_with_its_chunk_waits_for_that_chunks_first_answer(core) ->
 
 
 def test_note_terms_keeps_versions_and_terms_and_reports_each_change(core) -> None:
-    from core_implementations import ViewFields as NewView
-
     base, newest = 2, 4
     new = {
         "plain": NewView("P0", "", "p0", 10.0, 6.0, 1.0, 5),  # a plain P: changes nothing
