@@ -37,12 +37,15 @@ def test_overloaded_decode_keeps_leases_alive(pd: PDCluster) -> None:
         "min_latency_s": round(ov.min_latency_s, 1), "heartbeats": ov.heartbeats,
         "max_heartbeat_gap_s": round(ov.max_hb_gap_s, 2), "expired": ov.expired,
     }  # fmt: skip
-    assert all(r.ok for r in ov.results), [r.error for r in ov.results if not r.ok]
-    assert ov.min_latency_s > LEASE_S, "a request waited less than the lease: the test proves nothing"
+    failed = [r.error for r in ov.results if not r.ok]
     if pd.cfg.connector == "stock" and ov.expired:
-        # Stock's defects are recorded for the comparison test, not failures of this project.
+        # Stock's defects are recorded for the comparison test, not failures of this project. Once
+        # stock P has freed a queued lease, D's READ of it may fail or hang (HTTP 500, timeouts).
         pytest.xfail(f"stock P expired {ov.expired:.0f} queued lease(s) while D was alive "
-                     f"(longest pause between heartbeats {ov.max_hb_gap_s:.1f}s)")  # fmt: skip
+                     f"(longest pause between heartbeats {ov.max_hb_gap_s:.1f}s); "
+                     f"failed requests: {failed}")  # fmt: skip
+    assert not failed, failed
+    assert ov.min_latency_s > LEASE_S, "a request waited less than the lease: the test proves nothing"
     assert ov.expired == 0, (
         f"a lease expired on P while D was alive (longest heartbeat gap {ov.max_hb_gap_s:.1f}s)"
     )
@@ -71,6 +74,11 @@ def test_kill_decode_p_reclaims_and_serves_new_decode(pd: PDCluster) -> None:
         "inflight_fail_after_kill_s": [round(r.t_end - rc.kill_ts, 2) for r in failed],
         "restart_s": round(rc.restart_s, 1),
     }  # fmt: skip
+    if not ours and rc.notifs_after_expiry_before_kill:
+        # Stock P freed leases of a live D and then got their READs' completions: stock's defect
+        # (also what a stock overload run that expired leases leaves behind, read late by D).
+        pytest.xfail(f"stock P received {rc.notifs_after_expiry_before_kill:.0f} read completion(s) "
+                     "for leases it had already expired, before D was killed")  # fmt: skip
     assert rc.notifs_after_expiry_before_kill == 0
     assert len(failed) == N_QUEUED, "every queued request must fail once D is gone"
     for r in failed:
