@@ -17,6 +17,7 @@ MODULES = [
     "vllm_nixl_lease.decode._heartbeat_tracker_c",
     "vllm_nixl_lease.decode._intake_c",
     "vllm_nixl_lease.decode._lease_views_c",
+    "vllm_nixl_lease.decode._view_updates_c",
 ]
 
 

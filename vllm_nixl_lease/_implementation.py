@@ -3,7 +3,7 @@ pure-Python twin (the readable reference, identical behaviour).
 
 Each concept has one chooser module (``prefill/lease_table.py``,
 ``prefill/notification_router.py``, ``decode/heartbeat_tracker.py``,
-``decode/intake.py``, ``decode/lease_views.py``) that
+``decode/intake.py``, ``decode/lease_views.py``, ``decode/view_updates.py``) that
 calls ``choose`` once, at import time.  ``VLLM_NIXL_LEASE_NO_EXTENSIONS=1``
 forces the twins; a missing or broken extension falls back to its twin with
 one warning.

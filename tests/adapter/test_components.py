@@ -245,6 +245,20 @@ def test_sender_takes_the_schedulers_name_counts_and_merges_them() -> None:
     assert pickle.loads(pickle.dumps(both)) == both
 
 
+def test_view_updates_pickle_packed_and_come_back_as_new_views() -> None:
+    new = {
+        "d1": NewView("P0", "0123456789abcdef", "tag1", 1035.5, 20.0, 5.0, 3),
+        "d2": NewView("P1", "", "cmpl-2", 7.0, 8.0, None),  # a plain P: no interval, base version
+    }
+    updates = LeaseViewUpdates(new, ["d0"], {"d1": (4, 9), "d9": (2, 11)})  # d9: repacked
+    reducer, (packed,) = updates.__reduce__()
+    assert isinstance(packed[0], list) and isinstance(packed[1], bytes)
+    back = pickle.loads(pickle.dumps(updates, protocol=pickle.HIGHEST_PROTOCOL))
+    assert back.new == new and all(type(v) is NewView for v in back.new.values())
+    assert back.new["d2"].interval is None and back.new["d2"].hello_version == new["d2"].hello_version
+    assert back.dropped == ["d0"] and back.chunks == {"d1": (4, 9), "d9": (2, 11)}
+
+
 def test_metadata_pickles_what_it_holds_and_restores_the_empty_fields() -> None:
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlConnectorMetadata
 

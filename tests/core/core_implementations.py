@@ -41,6 +41,7 @@ def load_core(name: str) -> types.SimpleNamespace:
         heartbeat = importlib.import_module(f"vllm_nixl_lease.decode._heartbeat_tracker{suffix}")
         intake = importlib.import_module(f"vllm_nixl_lease.decode._intake{suffix}")
         views = importlib.import_module(f"vllm_nixl_lease.decode._lease_views{suffix}")
+        view_updates = importlib.import_module(f"vllm_nixl_lease.decode._view_updates{suffix}")
     except ImportError as exc:
         if name == "python" or os.environ.get("VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS") == "1":
             raise
@@ -54,4 +55,6 @@ def load_core(name: str) -> types.SimpleNamespace:
         Intake=intake.Intake,
         LeaseViews=views.LeaseViews,
         ReadClaims=views.ReadClaims,  # the twin's is read_claims.py's
+        pack_views=view_updates.pack_views,
+        unpack_views=view_updates.unpack_views,
     )

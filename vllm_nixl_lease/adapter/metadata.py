@@ -11,6 +11,7 @@ from typing import Any, NamedTuple
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlConnectorMetadata
 
 from .._wire import LEASE_PROTOCOL_BASE
+from ..decode.view_updates import pack_views, unpack_views
 
 # Attribute set on upstream's NixlConnectorMetadata: engine id -> EngineHeartbeats.
 LEASE_HEARTBEATS_ATTR = "lease_heartbeats"
@@ -92,18 +93,13 @@ class LeaseViewUpdates:
     chunks: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def __reduce__(self) -> tuple[Any, tuple[object, ...]]:
-        # The views as plain tuples: a NamedTuple pickles through two Python-level
-        # calls per view (``__getnewargs__``, then ``__new__`` to unpickle), the
-        # costliest part of shipping a step's new views.
-        plain = {local_id: tuple(view) for local_id, view in self.new.items()}
-        return _unpickle_view_updates, (plain, self.dropped, self.chunks)
+        # Packed (decode/view_updates.py): a list of strings and one bytes, where dicts
+        # of tuples cost a Python-level call and a tuple per view on each side.
+        return _unpickle_view_updates, (pack_views(self.new, self.dropped, self.chunks),)
 
 
-def _unpickle_view_updates(
-    plain: dict[str, tuple[Any, ...]], dropped: list[str], chunks: dict[str, tuple[int, int]]
-) -> LeaseViewUpdates:
-    new_view = tuple.__new__  # a NewView without its Python-level __new__
-    return LeaseViewUpdates({k: new_view(NewView, v) for k, v in plain.items()}, dropped, chunks)
+def _unpickle_view_updates(packed: tuple[list[str], bytes]) -> LeaseViewUpdates:
+    return LeaseViewUpdates(*unpack_views(packed, NewView))
 
 
 # Attribute set on upstream's NixlConnectorMetadata: the step is idle (idle_pause.py).

@@ -1,0 +1,136 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+# distutils: language = c++
+"""Cython packing of D's lease view updates.
+
+Same output as ``vllm_nixl_lease/decode/_view_updates_py.py`` (the reference;
+its docstring gives the layout), written and read in C.
+"""
+
+from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
+from cpython.float cimport PyFloat_AsDouble
+from cpython.object cimport PyObject
+from cpython.ref cimport Py_DECREF, Py_INCREF
+from cpython.tuple cimport PyTuple_Check, PyTuple_GET_SIZE, PyTuple_SET_ITEM
+from libc.math cimport isnan, NAN
+from libc.stdint cimport int64_t, uint64_t, uint8_t
+
+cdef extern from "Python.h":
+    ctypedef struct PyTypeObject:
+        PyObject* (*tp_alloc)(PyTypeObject*, Py_ssize_t) except NULL
+    int PyFloat_Pack8(double x, char *p, int le) except -1
+    double PyFloat_Unpack8(const char *p, int le) except? -1.0
+
+cdef Py_ssize_t _HEADER = 24  # three int64
+cdef Py_ssize_t _NEW = 48  # three float64, three int64
+cdef Py_ssize_t _CHUNK = 16  # two int64
+
+NO_CHUNK = (-1, -1)
+
+
+cdef inline void _set(object view, Py_ssize_t i, object value) noexcept:
+    Py_INCREF(value)  # PyTuple_SET_ITEM steals a reference
+    PyTuple_SET_ITEM(view, i, value)
+
+
+cdef inline void _put_int(char* p, int64_t value) noexcept:
+    cdef uint64_t v = <uint64_t>value
+    cdef int i
+    for i in range(8):
+        p[i] = <char>(<uint8_t>(v >> (8 * i)))
+
+
+cdef inline int64_t _get_int(const char* p) noexcept:
+    cdef uint64_t v = 0
+    cdef int i
+    for i in range(8):
+        v |= (<uint64_t>(<uint8_t>p[i])) << (8 * i)
+    return <int64_t>v
+
+
+def pack_views(dict new, list dropped, dict chunks):
+    cdef list repacked = [local_id for local_id in chunks if local_id not in new]
+    cdef Py_ssize_t n_new = len(new), n_repacked = len(repacked)
+    numbers = PyBytes_FromStringAndSize(NULL, _HEADER + _NEW * n_new + _CHUNK * n_repacked)
+    cdef char* p = PyBytes_AS_STRING(numbers)
+    _put_int(p, n_new)
+    _put_int(p + 8, len(dropped))
+    _put_int(p + 16, n_repacked)
+    p += _HEADER
+    cdef list strings = []
+    cdef double interval
+    for local_id, view in new.items():
+        if not PyTuple_Check(view) or PyTuple_GET_SIZE(view) < 7:
+            raise ValueError(f"view of {local_id!r} is not a NewView: {view!r}")
+        strings.append(local_id)
+        strings.append((<tuple>view)[0])
+        strings.append((<tuple>view)[1])
+        strings.append((<tuple>view)[2])
+        chunk = chunks.get(local_id, NO_CHUNK)
+        value = (<tuple>view)[5]
+        interval = NAN if value is None else PyFloat_AsDouble(value)
+        PyFloat_Pack8(PyFloat_AsDouble((<tuple>view)[3]), p, 1)
+        PyFloat_Pack8(PyFloat_AsDouble((<tuple>view)[4]), p + 8, 1)
+        PyFloat_Pack8(interval, p + 16, 1)
+        _put_int(p + 24, <int64_t>(<tuple>view)[6])
+        _put_int(p + 32, <int64_t>(<tuple>chunk)[0])
+        _put_int(p + 40, <int64_t>(<tuple>chunk)[1])
+        p += _NEW
+    strings.extend(dropped)
+    for local_id in repacked:
+        chunk = chunks[local_id]
+        _put_int(p, <int64_t>(<tuple>chunk)[0])
+        _put_int(p + 8, <int64_t>(<tuple>chunk)[1])
+        p += _CHUNK
+    strings.extend(repacked)
+    return strings, numbers
+
+
+def unpack_views(tuple packed, view_type):
+    strings, numbers = packed
+    if type(strings) is not list or type(numbers) is not bytes or PyBytes_GET_SIZE(numbers) < _HEADER:
+        raise ValueError("malformed view updates: not (list of str, bytes)")
+    cdef list names = <list>strings
+    cdef const char* p = PyBytes_AS_STRING(numbers)
+    cdef int64_t n_new = _get_int(p), n_dropped = _get_int(p + 8), n_repacked = _get_int(p + 16)
+    cdef Py_ssize_t size = PyBytes_GET_SIZE(numbers)
+    if (
+        n_new < 0 or n_dropped < 0 or n_repacked < 0
+        or n_new > size // _NEW or n_repacked > size // _CHUNK or n_dropped > len(names)
+        or size != _HEADER + _NEW * n_new + _CHUNK * n_repacked
+        or len(names) != 4 * n_new + n_dropped + n_repacked
+    ):
+        raise ValueError("malformed view updates: counts do not match")
+    p += _HEADER
+    cdef dict new = {}, chunks = {}
+    cdef Py_ssize_t _n, i, at = 0
+    cdef double interval
+    cdef int64_t key
+    if not (isinstance(view_type, type) and issubclass(view_type, tuple)):
+        raise TypeError(f"view_type must be a tuple type, not {view_type!r}")
+    cdef PyTypeObject* view_c = <PyTypeObject*>view_type
+    cdef object view
+    for _n in range(n_new):
+        local_id = names[at]
+        interval = PyFloat_Unpack8(p + 16, 1)
+        # The view made as tuple.__new__(view_type, fields) makes it, without its call
+        view = <object>view_c.tp_alloc(view_c, 7)
+        Py_DECREF(view)  # tp_alloc's reference, now held by view
+        _set(view, 0, names[at + 1])
+        _set(view, 1, names[at + 2])
+        _set(view, 2, names[at + 3])
+        _set(view, 3, PyFloat_Unpack8(p, 1))
+        _set(view, 4, PyFloat_Unpack8(p + 8, 1))
+        _set(view, 5, None if isnan(interval) else interval)
+        _set(view, 6, _get_int(p + 24))
+        new[local_id] = view
+        key = _get_int(p + 32)
+        if key >= 0:
+            chunks[local_id] = (key, _get_int(p + 40))
+        p += _NEW
+        at += 4
+    dropped = names[at : at + n_dropped]
+    at += n_dropped
+    for i in range(n_repacked):
+        chunks[names[at + i]] = (_get_int(p), _get_int(p + 8))
+        p += _CHUNK
+    return new, dropped, chunks

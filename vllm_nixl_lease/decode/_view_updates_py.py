@@ -1,0 +1,95 @@
+"""D's lease view updates packed for the trip from the scheduler to its
+workers: the reference for ``_view_updates_c.pyx`` (identical output).
+
+A step's updates (``adapter/metadata.py``'s ``LeaseViewUpdates``) are the new
+views by local request id, the local ids whose views ended, and the heartbeat
+chunk ``(key, version)`` of new views and of views whose names were repacked.
+vLLM's multiprocess executor pickles them every step for every worker.  As
+dicts of tuples, pickling costs a Python-level call and a tuple per view on
+each side; packed, they are one list of strings and one ``bytes``:
+
+- ``strings``: for each new view its local id, P engine id, instance and
+  name; then the dropped local ids; then the local ids of repacked views.
+- ``numbers``, little-endian: a header of three int64 (new views, dropped ids,
+  repacked views); for each new view its deadline, extension and interval
+  (NaN: P named none) as float64 and its hello version, chunk key and chunk
+  version as int64 (key and version -1: no chunk); for each repacked view its
+  chunk key and version as int64.
+
+Packing and unpacking keep the order of every mapping, so a worker sees the
+same updates as the scheduler built.  A malformed pack raises ``ValueError``.
+"""
+
+from __future__ import annotations
+
+import math
+import struct
+from typing import Any
+
+_HEADER = struct.Struct("<qqq")
+_NEW = struct.Struct("<dddqqq")
+_CHUNK = struct.Struct("<qq")
+NO_CHUNK = (-1, -1)
+
+Packed = tuple[list[str], bytes]
+
+
+def pack_views(new: dict[str, Any], dropped: list[str], chunks: dict[str, tuple[int, int]]) -> Packed:
+    """``(strings, numbers)`` for ``new`` (local id -> a NewView-shaped tuple:
+    engine id, instance, name, deadline, extension, interval, hello version),
+    ``dropped`` and ``chunks`` (local id -> chunk; those of ids not in ``new``
+    are the repacked views')."""
+    repacked = [local_id for local_id in chunks if local_id not in new]
+    numbers = bytearray(_HEADER.size + _NEW.size * len(new) + _CHUNK.size * len(repacked))
+    _HEADER.pack_into(numbers, 0, len(new), len(dropped), len(repacked))
+    strings: list[str] = []
+    at = _HEADER.size
+    for local_id, view in new.items():
+        if not isinstance(view, tuple) or len(view) < 7:
+            raise ValueError(f"view of {local_id!r} is not a NewView: {view!r}")
+        engine_id, instance, name, deadline, extension, interval, hello_version = view[:7]
+        strings += (local_id, engine_id, instance, name)
+        key, version = chunks.get(local_id, NO_CHUNK)
+        interval = math.nan if interval is None else interval
+        _NEW.pack_into(numbers, at, deadline, extension, interval, hello_version, key, version)
+        at += _NEW.size
+    strings += dropped
+    for local_id in repacked:
+        _CHUNK.pack_into(numbers, at, *chunks[local_id])
+        at += _CHUNK.size
+    strings += repacked
+    return strings, bytes(numbers)
+
+
+def unpack_views(
+    packed: Packed, view_type: type
+) -> tuple[dict[str, Any], list[str], dict[str, tuple[int, int]]]:
+    """``(new, dropped, chunks)`` as ``pack_views`` took them, each new view a
+    ``view_type`` (a NamedTuple of the seven fields)."""
+    strings, numbers = packed
+    if type(strings) is not list or type(numbers) is not bytes or len(numbers) < _HEADER.size:
+        raise ValueError("malformed view updates: not (list of str, bytes)")
+    n_new, n_dropped, n_repacked = _HEADER.unpack_from(numbers, 0)
+    if (
+        min(n_new, n_dropped, n_repacked) < 0
+        or len(numbers) != _HEADER.size + _NEW.size * n_new + _CHUNK.size * n_repacked
+        or len(strings) != 4 * n_new + n_dropped + n_repacked
+    ):
+        raise ValueError("malformed view updates: counts do not match")
+    new: dict[str, Any] = {}
+    chunks: dict[str, tuple[int, int]] = {}
+    at = _HEADER.size
+    for i in range(0, 4 * n_new, 4):
+        local_id, engine_id, instance, name = strings[i : i + 4]
+        deadline, extension, interval, hello_version, key, version = _NEW.unpack_from(numbers, at)
+        at += _NEW.size
+        interval = None if math.isnan(interval) else interval
+        fields = (engine_id, instance, name, deadline, extension, interval, hello_version)
+        new[local_id] = tuple.__new__(view_type, fields)
+        if key >= 0:
+            chunks[local_id] = (key, version)
+    dropped = strings[4 * n_new : 4 * n_new + n_dropped]
+    for local_id in strings[4 * n_new + n_dropped :]:
+        chunks[local_id] = _CHUNK.unpack_from(numbers, at)
+        at += _CHUNK.size
+    return new, dropped, chunks
