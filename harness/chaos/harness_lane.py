@@ -39,9 +39,11 @@ P_BLOCKS = 2048
 D_BLOCKS = 2048
 PROGRESS_EVERY_S = 10.0
 # State that is time-bounded by design (upstream's invalid-engine backoff memory,
-# 60 s; D's re-handshake memory, 60 s; a dead engine's state, ENGINE_TTL_S; swept
-# every 10 s) has ended this long after the final heal: the end sizes are taken no earlier.
-QUIET_AFTER_HEAL_S = 75.0
+# 60 s after the backoff, which doubles from 1 s; D's re-handshake memory, 60 s; a dead
+# engine's state, ENGINE_TTL_S; swept every 10 s) has ended this long after recovery:
+# the end sizes are taken no earlier.  From recovery, not the heal: a connection that
+# recovers late is released and handshaken again during recovery, and its memory starts then.
+QUIET_AFTER_RECOVERY_S = 80.0
 # Upstream's idle-engine eviction (3600 s by default), scaled down with the lease so
 # that a dead engine's state on D must be gone by the end (ours and stock alike).
 ENGINE_TTL_S = 30.0
@@ -239,9 +241,10 @@ def run(opts: Options) -> dict[str, Any]:
                 f"{tcp.longest():.1f}s after it)"
             )
             hist.add("phase", name="quiet")
+            t_recovered = time.monotonic()
             if not _wait_idle(all_nodes, 3 * LEASE + 30):
                 say("quiet: some engine still holds leases or queued requests")
-            time.sleep(max(2 * EXTENSION, t_heal + QUIET_AFTER_HEAL_S - time.monotonic()))
+            time.sleep(max(2 * EXTENSION, t_recovered + QUIET_AFTER_RECOVERY_S - time.monotonic()))
             _on_node_thread(all_nodes, "end", 60)
             hist.add("phase", name="end")
         finally:
