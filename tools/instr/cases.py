@@ -973,7 +973,7 @@ CASES: list[Case] = [
         gate=True,
         per_step=True,
         floor={"cython": 5},
-        mean_floor={"cython": 0.47, "twin": 0.1},
+        mean_floor={"cython": 0.55, "twin": 0.1},
     ),
     Case(
         "D step, 100k queued over 8 P",
