@@ -7,7 +7,7 @@ The lease core (``LeaseTable``, ``NotificationRouter``, ``HeartbeatTracker``,
 from __future__ import annotations
 
 from ._implementation import implementation
-from .decode import lease_views  # noqa: F401  (chosen here, so IMPLEMENTATION counts it)
+from .decode import intake, lease_views, view_updates  # noqa: F401  (chosen here, so IMPLEMENTATION counts them)
 from .decode.heartbeat_tracker import HeartbeatTracker, encode_heartbeats
 from .hook import install, uninstall
 from .prefill.lease_table import LeaseTable
