@@ -112,3 +112,32 @@ def test_a_view_that_is_not_a_newview_is_refused(core: types.SimpleNamespace) ->
         core.pack_views({"d1": ("P0", "", "n")}, [], {})
     with pytest.raises(ValueError, match="not a NewView"):
         core.pack_views({"d1": ["P0", "", "n", 1.0, 2.0, None, 1]}, [], {})
+
+
+def test_arguments_of_the_wrong_type_are_refused_alike(core: types.SimpleNamespace) -> None:
+    """The twin refuses what the Cython module's declared types refuse, even with nothing to pack."""
+    packed = core.pack_views({}, [], {})
+
+    class Subclassed(list):  # the Cython module's declared types are exact
+        pass
+
+    for bad in ((("P0",), [], {}), ({}, ("d1",), {}), ({}, Subclassed(), {}), ({}, [], [("d1", (1, 1))])):
+        with pytest.raises(TypeError):
+            core.pack_views(*bad)
+    with pytest.raises(TypeError):
+        core.unpack_views(list(packed), ViewFields)  # a list, not the pair pickle gives back
+    for view_type in (dict, "NewView", None):
+        with pytest.raises(TypeError, match="view_type must be a tuple type"):
+            core.unpack_views(packed, view_type)
+
+
+def test_cython_and_twin_refuse_each_malformed_pack_with_the_same_error() -> None:
+    c, py = load_core("cython"), load_core("python")
+    new, dropped, chunks = _updates(random.Random(7), 3, 2, 1)
+    for bad in [*_malformed(*c.pack_views(new, dropped, chunks)), list(c.pack_views(new, dropped, chunks))]:
+        errors = []
+        for core in (c, py):
+            with pytest.raises((ValueError, TypeError)) as raised:
+                core.unpack_views(bad, ViewFields)
+            errors.append(raised.type)
+        assert errors[0] is errors[1], (bad, errors)

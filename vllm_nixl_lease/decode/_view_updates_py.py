@@ -34,11 +34,20 @@ NO_CHUNK = (-1, -1)
 Packed = tuple[list[str], bytes]
 
 
+def _typed(**args: tuple[object, type]) -> None:
+    """The argument types the Cython module declares: exactly these (it refuses
+    others, subclasses included, with TypeError)."""
+    for name, (value, kind) in args.items():
+        if type(value) is not kind:
+            raise TypeError(f"argument {name!r} must be {kind.__name__}, not {type(value).__name__}")
+
+
 def pack_views(new: dict[str, Any], dropped: list[str], chunks: dict[str, tuple[int, int]]) -> Packed:
     """``(strings, numbers)`` for ``new`` (local id -> a NewView-shaped tuple:
     engine id, instance, name, deadline, extension, interval, hello version),
     ``dropped`` and ``chunks`` (local id -> chunk; those of ids not in ``new``
     are the repacked views')."""
+    _typed(new=(new, dict), dropped=(dropped, list), chunks=(chunks, dict))
     repacked = [local_id for local_id in chunks if local_id not in new]
     numbers = bytearray(_HEADER.size + _NEW.size * len(new) + _CHUNK.size * len(repacked))
     _HEADER.pack_into(numbers, 0, len(new), len(dropped), len(repacked))
@@ -62,10 +71,11 @@ def pack_views(new: dict[str, Any], dropped: list[str], chunks: dict[str, tuple[
 
 
 def unpack_views(
-    packed: Packed, view_type: type
+    packed: Packed, view_type: Any
 ) -> tuple[dict[str, Any], list[str], dict[str, tuple[int, int]]]:
     """``(new, dropped, chunks)`` as ``pack_views`` took them, each new view a
     ``view_type`` (a NamedTuple of the seven fields)."""
+    _typed(packed=(packed, tuple))
     strings, numbers = packed
     if type(strings) is not list or type(numbers) is not bytes or len(numbers) < _HEADER.size:
         raise ValueError("malformed view updates: not (list of str, bytes)")
@@ -76,6 +86,8 @@ def unpack_views(
         or len(strings) != 4 * n_new + n_dropped + n_repacked
     ):
         raise ValueError("malformed view updates: counts do not match")
+    if not (isinstance(view_type, type) and issubclass(view_type, tuple)):
+        raise TypeError(f"view_type must be a tuple type, not {view_type!r}")
     new: dict[str, Any] = {}
     chunks: dict[str, tuple[int, int]] = {}
     at = _HEADER.size
