@@ -9,9 +9,11 @@ type goes through ``_wire.lease_terms``, as in the twin.
 """
 
 from cpython.long cimport PyLong_AsDouble
+from cpython.type cimport PyType_Check, PyType_IsSubtype
 from libc.math cimport isfinite
 
 from ._heartbeat_tracker_c cimport HeartbeatTracker
+from ._new_view cimport new_view
 
 from .._wire import (
     CLAIM_HELLO_VERSION,
@@ -225,9 +227,17 @@ cdef class Intake:
             cancelled.add(local_id)  # its departure drops it as it would the view
             return
         views = self.views
-        (<dict>views.new)[local_id] = tuple.__new__(
-            self.view_type, (engine_id, instance, name, terms[0], terms[1], terms[2], terms[5])
-        )
+        view_type = self.view_type
+        deadline, extension, interval, hello_version = terms[0], terms[1], terms[2], terms[5]
+        if PyType_Check(view_type) and PyType_IsSubtype(<type>view_type, tuple):
+            view = new_view(
+                view_type, engine_id, instance, name, deadline, extension, interval, hello_version
+            )
+        else:  # as the twin: tuple.__new__ refuses it
+            view = tuple.__new__(
+                view_type, (engine_id, instance, name, deadline, extension, interval, hello_version)
+            )
+        (<dict>views.new)[local_id] = view
         chunk = self.tracker.chunk_of(local_id)
         if chunk is not None:
             (<dict>views.chunks)[local_id] = chunk

@@ -8,15 +8,13 @@ its docstring gives the layout), written and read in C.
 
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.float cimport PyFloat_AsDouble
-from cpython.object cimport PyObject
-from cpython.ref cimport Py_DECREF, Py_INCREF
-from cpython.tuple cimport PyTuple_Check, PyTuple_GET_SIZE, PyTuple_SET_ITEM
+from cpython.tuple cimport PyTuple_Check, PyTuple_GET_SIZE
 from libc.math cimport isnan, NAN
 from libc.stdint cimport int64_t, uint64_t, uint8_t
 
+from ._new_view cimport new_view
+
 cdef extern from "Python.h":
-    ctypedef struct PyTypeObject:
-        PyObject* (*tp_alloc)(PyTypeObject*, Py_ssize_t) except NULL
     int PyFloat_Pack8(double x, char *p, int le) except -1
     double PyFloat_Unpack8(const char *p, int le) except? -1.0
 
@@ -25,11 +23,6 @@ cdef Py_ssize_t _NEW = 48  # three float64, three int64
 cdef Py_ssize_t _CHUNK = 16  # two int64
 
 NO_CHUNK = (-1, -1)
-
-
-cdef inline void _set(object view, Py_ssize_t i, object value) noexcept:
-    Py_INCREF(value)  # PyTuple_SET_ITEM steals a reference
-    PyTuple_SET_ITEM(view, i, value)
 
 
 cdef inline void _put_int(char* p, int64_t value) noexcept:
@@ -107,22 +100,19 @@ def unpack_views(tuple packed, view_type):
     cdef int64_t key
     if not (isinstance(view_type, type) and issubclass(view_type, tuple)):
         raise TypeError(f"view_type must be a tuple type, not {view_type!r}")
-    cdef PyTypeObject* view_c = <PyTypeObject*>view_type
-    cdef object view
     for _n in range(n_new):
         local_id = names[at]
         interval = PyFloat_Unpack8(p + 16, 1)
-        # The view made as tuple.__new__(view_type, fields) makes it, without its call
-        view = <object>view_c.tp_alloc(view_c, 7)
-        Py_DECREF(view)  # tp_alloc's reference, now held by view
-        _set(view, 0, names[at + 1])
-        _set(view, 1, names[at + 2])
-        _set(view, 2, names[at + 3])
-        _set(view, 3, PyFloat_Unpack8(p, 1))
-        _set(view, 4, PyFloat_Unpack8(p + 8, 1))
-        _set(view, 5, None if isnan(interval) else interval)
-        _set(view, 6, _get_int(p + 24))
-        new[local_id] = view
+        new[local_id] = new_view(
+            view_type,
+            names[at + 1],
+            names[at + 2],
+            names[at + 3],
+            PyFloat_Unpack8(p, 1),
+            PyFloat_Unpack8(p + 8, 1),
+            None if isnan(interval) else interval,
+            _get_int(p + 24),
+        )
         key = _get_int(p + 32)
         if key >= 0:
             chunks[local_id] = (key, _get_int(p + 40))
