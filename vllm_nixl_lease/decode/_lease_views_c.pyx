@@ -167,7 +167,7 @@ cdef class LeaseViews:
     cdef dict _by_remote           # (engine, instance, name) -> local ids viewing it
     cdef dict _names               # (engine, instance) -> names viewed, oldest first
     cdef object _chunk_answers     # OrderedDict: (engine, chunk key) -> _ChunkAnswer
-    cdef dict _first               # (engine, chunk key) -> views waiting for their first answer
+    cdef dict _first               # (engine, chunk key) -> views waiting for their first answer (a dict)
     cdef dict _proven              # engine -> the instance its answers last proved
     cdef dict _extension           # engine -> the shortest extension of its views
 
@@ -274,7 +274,7 @@ cdef class LeaseViews:
         self._slot_of[local_id] = slot
         if view.has_chunk and view.acked:
             # ``_join`` for a fresh view: it waits on no chunk's list yet
-            self._first.setdefault((engine_id, chunk[0]), []).append(local_id)
+            (<dict>self._first.setdefault((engine_id, chunk[0]), {}))[local_id] = None
         sharing = self._by_remote.get(key)
         if sharing is None:
             self._by_remote[key] = [local_id]
@@ -474,8 +474,8 @@ cdef class LeaseViews:
         off = offset
         waiting = self._first.get(ack_key)
         if waiting:
-            still = []
-            for local_id in <list>waiting:
+            still = {}
+            for local_id in <dict>waiting:
                 slot = self._slot(local_id)
                 if slot < 0:
                     continue
@@ -483,7 +483,7 @@ cdef class LeaseViews:
                 if not view.has_chunk or view.chunk != key:
                     continue
                 if view.joined > version:
-                    still.append(local_id)
+                    still[local_id] = None
                     continue
                 deadline = self._local(slot, off)
                 view = &self._v[slot]
@@ -627,7 +627,7 @@ cdef class LeaseViews:
         view.joined = version
         view.answered = False
         if view.acked:
-            self._first.setdefault((self._engine[slot], key), []).append(local_id)
+            (<dict>self._first.setdefault((self._engine[slot], key), {}))[local_id] = None
 
     cdef void _unwait(self, object local_id, Py_ssize_t slot) except *:
         """Take a view off its chunk's list of views waiting for a first answer."""
@@ -636,7 +636,7 @@ cdef class LeaseViews:
             wait_key = (self._engine[slot], view.chunk)
             waiting = self._first.get(wait_key)
             if waiting is not None and local_id in waiting:
-                (<list>waiting).remove(local_id)
+                del (<dict>waiting)[local_id]
                 if not waiting:
                     del self._first[wait_key]
 
