@@ -329,7 +329,10 @@ cdef class LeaseViews:
         for local_id in local_ids:
             self._drop(local_id)
             for table in tables:
-                table.pop(local_id, None)
+                if type(table) is dict:  # the worker's tables: a C call, not a method lookup
+                    (<dict>table).pop(local_id, None)
+                else:
+                    table.pop(local_id, None)
 
     def terms_margin(self, double extension, double p_interval, double d_interval):
         return self._terms_margin(extension, p_interval, d_interval)
@@ -342,7 +345,9 @@ cdef class LeaseViews:
         cdef Py_ssize_t clamped = 0
         cdef double margin, p_interval
         cdef list floored = []
-        for local_id, view in new.items():
+        if type(new) is not dict:  # the metadata's is a dict: iterated in C below
+            new = dict(new)
+        for local_id, view in (<dict>new).items():
             if PyTuple_Check(view) and PyTuple_GET_SIZE(view) >= 6:
                 # A NewView (a NamedTuple, or a plain tuple unpickled as one): by position
                 engine_id = (<tuple>view)[0]
@@ -359,9 +364,8 @@ cdef class LeaseViews:
             if not margin >= margin_floor:
                 margin = margin_floor
                 floored.append(local_id)
-            clamped += self._add(
-                local_id, engine_id, name, deadline, extension, instance, chunks.get(local_id), margin
-            )
+            chunk = (<dict>chunks).get(local_id) if type(chunks) is dict else chunks.get(local_id)
+            clamped += self._add(local_id, engine_id, name, deadline, extension, instance, chunk, margin)
         if len(chunks) > len(new):  # views whose names were repacked into new chunks
             for local_id, chunk in chunks.items():
                 if local_id not in new:
@@ -718,7 +722,9 @@ cdef class LeaseViews:
             offset = offsets.get(engine_id)
         if not connection or offset is None:
             return None
-        for agent in connection.values():
+        if type(connection) is not dict:  # upstream's is a dict: iterated in C below
+            connection = dict(connection)
+        for agent in (<dict>connection).values():
             if type(agent) is bytes:
                 agent = (<bytes>agent).decode()
             elif isinstance(agent, bytes):
