@@ -51,7 +51,7 @@ all: build
 $(VENV)/.deps: Makefile
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install $(PIP_QUIET) --upgrade pip
-	$(call uv_install,$(VENV),"vllm==0.33.0" "nixl==1.5.1" $(BUILD_DEPS) $(TEST_DEPS) $(DIST_DEPS))
+	$(call uv_install,$(VENV),"vllm==0.33.0" "nixl==1.5.1" $(BUILD_DEPS) $(TEST_DEPS) $(DIST_DEPS) matplotlib)
 	touch $@
 
 venv: $(VENV)/.deps
@@ -292,8 +292,9 @@ bench-serve: build build-cpu venv-router
 	@mkdir -p .build
 	$(VPY) -m tools.bench_serve $(BENCH_SERVE_ARGS)
 
-# matplotlib draws the demo's timeline (the demo and its report test need it).
-# After the build: two pips at once in one venv could trip over each other.
+# matplotlib draws the demo's timeline (the demo and its report test need it; mypy reads it, so
+# the main venv's install takes it too). After the build: two installs at once in one venv could
+# trip over each other.
 $(VENV)/.demo-deps: $(VENV)/.built
 	$(VENV)/bin/$(UV_INSTALL) --python $(VPY) matplotlib
 	touch $@
