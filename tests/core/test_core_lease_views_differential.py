@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import math
 import random
+from collections import OrderedDict
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 import pytest
@@ -79,6 +81,8 @@ def _ops(rng: random.Random, t: list[float]) -> list[tuple[str, Callable[[Any], 
             if local_id in new or rng.random() < 0.8
         }
         offsets = {e: offset for e in ENGINES if rng.random() < 0.7}
+        if rng.random() < 0.2:  # mappings that are not dicts (the Cython module copies them)
+            new, chunks = MappingProxyType(new), MappingProxyType(chunks)  # type: ignore[assignment]
         d_interval, floor = rng.choice((1.0, 2.0)), rng.choice((0.1, 0.5))
         # note_terms' tables as the ack requester left them: some versions and terms known already
         versions0 = {(e, i): rng.choice((3, 4)) for e in ENGINES for i in INSTANCES[1:] if rng.random() < 0.3}
@@ -150,7 +154,11 @@ def _ops(rng: random.Random, t: list[float]) -> list[tuple[str, Callable[[Any], 
     if choice == 23:
         # A connection's agents (upstream keeps bytes names), and what each answered as.
         named = rng.sample(("a0", b"a1", "a2"), rng.randrange(3))
-        agents = {e: {(0, k): a for k, a in enumerate(named)} for e in ENGINES if rng.random() < 0.9}
+        agents: dict[str, Any] = {
+            e: {(0, k): a for k, a in enumerate(named)} for e in ENGINES if rng.random() < 0.9
+        }
+        if rng.random() < 0.2:  # a connection that is not a dict (the Cython module copies it)
+            agents = {e: MappingProxyType(c) for e, c in agents.items()}
         proven = {a: rng.choice(INSTANCES[1:]) for a in ("a0", "a1", "a2") if rng.random() < 0.85}
         offsets = {e: offset for e in ENGINES if rng.random() < 0.8}
         return [("admit_proven", lambda v: v.admit_proven(lid, now, engine, agents, offsets, proven))]
@@ -159,7 +167,7 @@ def _ops(rng: random.Random, t: list[float]) -> list[tuple[str, Callable[[Any], 
         records = {i: now for i in rng.sample(LOCAL_IDS, 5)}
 
         def drop_also(v: Any) -> tuple[dict[str, float], dict[str, float]]:
-            posted, bound = dict(records), dict(records)
+            posted, bound = dict(records), OrderedDict(records)  # a table that is not a dict too
             v.drop_all(dropped, (posted, bound))
             return posted, bound
 

@@ -167,7 +167,7 @@ cdef class LeaseViews:
     cdef dict _by_remote           # (engine, instance, name) -> local ids viewing it
     cdef dict _names               # (engine, instance) -> names viewed, oldest first
     cdef object _chunk_answers     # OrderedDict: (engine, chunk key) -> _ChunkAnswer
-    cdef dict _first               # (engine, chunk key) -> views waiting for their first answer (a dict)
+    cdef dict _first               # (engine, chunk key) -> {local id: None} waiting for a first answer
     cdef dict _proven              # engine -> the instance its answers last proved
     cdef dict _extension           # engine -> the shortest extension of its views
 
@@ -345,8 +345,11 @@ cdef class LeaseViews:
         cdef Py_ssize_t clamped = 0
         cdef double margin, p_interval
         cdef list floored = []
-        if type(new) is not dict:  # the metadata's is a dict: iterated in C below
+        # The metadata's are dicts, read in C below; any other mapping is copied into one.
+        if type(new) is not dict:
             new = dict(new)
+        if type(chunks) is not dict:
+            chunks = dict(chunks)
         for local_id, view in (<dict>new).items():
             if PyTuple_Check(view) and PyTuple_GET_SIZE(view) >= 6:
                 # A NewView (a NamedTuple, or a plain tuple unpickled as one): by position
@@ -364,8 +367,9 @@ cdef class LeaseViews:
             if not margin >= margin_floor:
                 margin = margin_floor
                 floored.append(local_id)
-            chunk = (<dict>chunks).get(local_id) if type(chunks) is dict else chunks.get(local_id)
-            clamped += self._add(local_id, engine_id, name, deadline, extension, instance, chunk, margin)
+            clamped += self._add(
+                local_id, engine_id, name, deadline, extension, instance, (<dict>chunks).get(local_id), margin
+            )
         if len(chunks) > len(new):  # views whose names were repacked into new chunks
             for local_id, chunk in chunks.items():
                 if local_id not in new:

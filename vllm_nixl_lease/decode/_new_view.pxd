@@ -23,7 +23,7 @@ cdef inline object new_view(
     object view_type, object engine_id, object instance, object name,
     object deadline, object extension, object interval, object hello_version,
 ):
-    """``view_type`` must be a tuple type (the caller checks it once)."""
+    """``view_type`` must be a tuple type: the caller checks it."""
     cdef PyTypeObject* t = <PyTypeObject*>view_type
     cdef object view = <object>t.tp_alloc(t, 7)
     Py_DECREF(view)  # tp_alloc's reference, now held by ``view``
