@@ -50,6 +50,8 @@ class Views:
 
     def attach(self) -> tuple[Any, ...]:
         out = (dict(self.new), list(self.dropped), dict(self.chunks))
+        # Equality below ignores a tuple's type: each view must be the view type itself.
+        assert all(type(view) is View for view in self.new.values()), self.new
         for local_id, view in self.new.items():
             self.shipped[local_id] = view.engine_id
         self.new, self.dropped, self.chunks = {}, [], {}
