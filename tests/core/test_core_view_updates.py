@@ -65,9 +65,9 @@ def test_updates_come_back_as_they_went(core: types.SimpleNamespace, seed: int) 
 def test_nothing_packs_to_a_header() -> None:
     for name in ("cython", "python"):
         core = load_core(name)
-        strings, numbers = core.pack_views({}, [], {})
-        assert strings == [] and numbers == bytes(24)
-        assert core.unpack_views((strings, numbers), ViewFields) == ({}, [], {})
+        text, numbers = core.pack_views({}, [], {})
+        assert text == "" and numbers == bytes(24)
+        assert core.unpack_views((text, numbers), ViewFields) == ({}, [], {})
 
 
 @pytest.mark.parametrize("seed", range(30))
@@ -82,27 +82,43 @@ def test_cython_and_twin_pack_alike_and_read_each_other(seed: int) -> None:
         assert _same_views(got_new, new) and got_dropped == dropped and got_chunks == chunks
 
 
-def _malformed(strings: list[str], numbers: bytes) -> list[Any]:
+def _malformed(text: str, numbers: bytes) -> list[Any]:
     header = numbers[:24]
+    at = len(numbers) - 8 * _strings(numbers)  # the first string's length
+
+    def first_length(value: int) -> bytes:
+        return numbers[:at] + value.to_bytes(8, "little") + numbers[at + 8 :]
+
     return [
         ("not", "a pack"),
-        (tuple(strings), numbers),  # strings not a list
-        (strings, bytearray(numbers)),  # numbers not bytes
-        (strings, numbers[:23]),  # no whole header
-        (strings, numbers[:-1]),  # a view cut short
-        (strings, numbers + b"\0"),  # trailing bytes
-        (strings[:-1], numbers),  # a string missing
-        (strings + ["x"], numbers),  # a string too many
-        (strings, (2**62).to_bytes(8, "little") + header[8:] + numbers[24:]),  # a count past the size
-        (strings, (2**64 - 1).to_bytes(8, "little") + header[8:] + numbers[24:]),  # a negative count
-        (strings, header[:8] + (2**63 - 1).to_bytes(8, "little") + numbers[16:]),  # dropped past strings
+        (list(text), numbers),  # text not a str
+        (text.encode(), numbers),  # text as bytes
+        (text, bytearray(numbers)),  # numbers not bytes
+        (text, numbers[:23]),  # no whole header
+        (text, numbers[:-1]),  # a length cut short
+        (text, numbers + b"\0"),  # trailing bytes
+        (text, numbers[:-8]),  # a string's length missing
+        (text[:-1], numbers),  # the text a code point short
+        (text + "x", numbers),  # the text a code point long
+        (text, (2**62).to_bytes(8, "little") + header[8:] + numbers[24:]),  # a count past the size
+        (text, (2**64 - 1).to_bytes(8, "little") + header[8:] + numbers[24:]),  # a negative count
+        (text, header[:8] + (2**63 - 1).to_bytes(8, "little") + numbers[16:]),  # dropped past the size
+        # a negative length, then one past the text
+        (text, first_length(2**64 - 1)),
+        (text, first_length(len(text) + 1)),
+        ("", numbers),  # no text for the strings' lengths
     ]
+
+
+def _strings(numbers: bytes) -> int:
+    n_new, n_dropped, n_repacked = (int.from_bytes(numbers[i : i + 8], "little") for i in (0, 8, 16))
+    return 4 * n_new + n_dropped + n_repacked
 
 
 def test_malformed_packs_are_refused(core: types.SimpleNamespace) -> None:
     new, dropped, chunks = _updates(random.Random(7), 3, 2, 1)
-    strings, numbers = core.pack_views(new, dropped, chunks)
-    for bad in _malformed(strings, numbers):
+    text, numbers = core.pack_views(new, dropped, chunks)
+    for bad in _malformed(text, numbers):
         with pytest.raises((ValueError, TypeError)):
             core.unpack_views(bad, ViewFields)
 
@@ -141,3 +157,30 @@ def test_cython_and_twin_refuse_each_malformed_pack_with_the_same_error() -> Non
                 core.unpack_views(bad, ViewFields)
             errors.append(raised.type)
         assert errors[0] is errors[1], (bad, errors)
+
+
+def test_any_str_comes_back_whole(core: types.SimpleNamespace) -> None:
+    """Ids are split by their lengths, not by a separator: NULs, commas, lone surrogates
+    (a JSON request id may carry one), astral characters and empty strings survive."""
+    odd = ["", "a\x00b", "x,y", "\ud800lone", "\U0001f600", "é" * 3, "\x00"]
+    new = {f"d{i}{s}": ViewFields(s, s, s + "n", 1.0, 2.0, None, 1) for i, s in enumerate(odd)}
+    dropped = [s + "gone" for s in odd] + odd
+    chunks = {"\ud800old": (1, 2), "": (3, 4)}
+    packed = pickle.loads(pickle.dumps(core.pack_views(new, dropped, chunks), protocol=5))
+    got_new, got_dropped, got_chunks = core.unpack_views(packed, ViewFields)
+    assert _same_views(got_new, new) and got_dropped == dropped and got_chunks == chunks
+
+
+def test_a_string_that_is_not_a_str_is_refused_alike() -> None:
+    c, py = load_core("cython"), load_core("python")
+    view = ViewFields("P0", "", "n", 1.0, 2.0, None, 1)
+    for bad in (
+        ({"d1": view}, [7], {}),
+        ({"d1": view}, [b"d2"], {}),
+        ({"d1": ViewFields(None, "", "n", 1.0, 2.0, None, 1)}, [], {}),
+        ({("d", 1): view}, [], {}),
+        ({"d1": view}, [], {5: (1, 1)}),
+    ):
+        for core in (c, py):
+            with pytest.raises(TypeError):
+                core.pack_views(*bad)

@@ -93,12 +93,12 @@ class LeaseViewUpdates:
     chunks: dict[str, tuple[int, int]] = field(default_factory=dict)
 
     def __reduce__(self) -> tuple[Any, tuple[object, ...]]:
-        # Packed (decode/view_updates.py): a list of strings and one bytes, where dicts
-        # of tuples cost a Python-level call and a tuple per view on each side.
+        # Packed (decode/view_updates.py): one str and one bytes, where dicts of
+        # tuples cost a Python-level call and a tuple per view on each side.
         return _unpickle_view_updates, (pack_views(self.new, self.dropped, self.chunks),)
 
 
-def _unpickle_view_updates(packed: tuple[list[str], bytes]) -> LeaseViewUpdates:
+def _unpickle_view_updates(packed: tuple[str, bytes]) -> LeaseViewUpdates:
     return LeaseViewUpdates(*unpack_views(packed, NewView))
 
 

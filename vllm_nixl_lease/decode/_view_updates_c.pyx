@@ -9,6 +9,7 @@ its docstring gives the layout), written and read in C.
 from cpython.bytes cimport PyBytes_AS_STRING, PyBytes_FromStringAndSize, PyBytes_GET_SIZE
 from cpython.float cimport PyFloat_AsDouble
 from cpython.tuple cimport PyTuple_Check, PyTuple_GET_SIZE
+from cpython.unicode cimport PyUnicode_GET_LENGTH
 from libc.math cimport isnan, NAN
 from libc.stdint cimport int64_t, uint64_t, uint8_t
 
@@ -17,10 +18,12 @@ from ._new_view cimport new_view
 cdef extern from "Python.h":
     int PyFloat_Pack8(double x, char *p, int le) except -1
     double PyFloat_Unpack8(const char *p, int le) except? -1.0
+    object PyUnicode_Substring(object text, Py_ssize_t start, Py_ssize_t end)
 
 cdef Py_ssize_t _HEADER = 24  # three int64
 cdef Py_ssize_t _NEW = 48  # three float64, three int64
 cdef Py_ssize_t _CHUNK = 16  # two int64
+cdef Py_ssize_t _LENGTH = 8  # an int64 per string
 
 NO_CHUNK = (-1, -1)
 
@@ -43,7 +46,10 @@ cdef inline int64_t _get_int(const char* p) noexcept:
 def pack_views(dict new, list dropped, dict chunks):
     cdef list repacked = [local_id for local_id in chunks if local_id not in new]
     cdef Py_ssize_t n_new = len(new), n_repacked = len(repacked)
-    numbers = PyBytes_FromStringAndSize(NULL, _HEADER + _NEW * n_new + _CHUNK * n_repacked)
+    cdef Py_ssize_t n_strings = 4 * n_new + len(dropped) + n_repacked, i
+    numbers = PyBytes_FromStringAndSize(
+        NULL, _HEADER + _NEW * n_new + _CHUNK * n_repacked + _LENGTH * n_strings
+    )
     cdef char* p = PyBytes_AS_STRING(numbers)
     _put_int(p, n_new)
     _put_int(p + 8, len(dropped))
@@ -75,24 +81,37 @@ def pack_views(dict new, list dropped, dict chunks):
         _put_int(p + 8, <int64_t>(<tuple>chunk)[1])
         p += _CHUNK
     strings.extend(repacked)
-    return strings, numbers
+    text = "".join(strings)  # TypeError for a string that is not a str
+    for i in range(n_strings):  # p: the lengths' place, after the chunks
+        _put_int(p + _LENGTH * i, PyUnicode_GET_LENGTH(strings[i]))
+    return text, numbers
 
 
 def unpack_views(tuple packed, view_type):
-    strings, numbers = packed
-    if type(strings) is not list or type(numbers) is not bytes or PyBytes_GET_SIZE(numbers) < _HEADER:
-        raise ValueError("malformed view updates: not (list of str, bytes)")
-    cdef list names = <list>strings
+    text, numbers = packed
+    if type(text) is not str or type(numbers) is not bytes or PyBytes_GET_SIZE(numbers) < _HEADER:
+        raise ValueError("malformed view updates: not (str, bytes)")
     cdef const char* p = PyBytes_AS_STRING(numbers)
     cdef int64_t n_new = _get_int(p), n_dropped = _get_int(p + 8), n_repacked = _get_int(p + 16)
     cdef Py_ssize_t size = PyBytes_GET_SIZE(numbers)
     if (
         n_new < 0 or n_dropped < 0 or n_repacked < 0
-        or n_new > size // _NEW or n_repacked > size // _CHUNK or n_dropped > len(names)
-        or size != _HEADER + _NEW * n_new + _CHUNK * n_repacked
-        or len(names) != 4 * n_new + n_dropped + n_repacked
+        or n_new > size // _NEW or n_repacked > size // _CHUNK or n_dropped > size // _LENGTH
+        or size != _HEADER + _NEW * n_new + _CHUNK * n_repacked + _LENGTH * (4 * n_new + n_dropped + n_repacked)
     ):
         raise ValueError("malformed view updates: counts do not match")
+    cdef Py_ssize_t n_strings = 4 * n_new + n_dropped + n_repacked
+    cdef Py_ssize_t text_size = PyUnicode_GET_LENGTH(text), start = 0, length, s
+    cdef const char* q = p + _HEADER + _NEW * n_new + _CHUNK * n_repacked
+    cdef list names = []
+    for s in range(n_strings):
+        length = _get_int(q + _LENGTH * s)
+        if length < 0 or length > text_size - start:
+            raise ValueError("malformed view updates: string lengths do not match the text")
+        names.append(PyUnicode_Substring(text, start, start + length))
+        start += length
+    if start != text_size:
+        raise ValueError("malformed view updates: string lengths do not match the text")
     p += _HEADER
     cdef dict new = {}, chunks = {}
     cdef Py_ssize_t _n, i, at = 0

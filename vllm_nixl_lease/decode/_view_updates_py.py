@@ -6,18 +6,22 @@ views by local request id, the local ids whose views ended, and the heartbeat
 chunk ``(key, version)`` of new views and of views whose names were repacked.
 vLLM's multiprocess executor pickles them every step for every worker.  As
 dicts of tuples, pickling costs a Python-level call and a tuple per view on
-each side; packed, they are one list of strings and one ``bytes``:
+each side; as a list of strings, a memo entry and an object per string.  Packed,
+they are one ``str`` and one ``bytes``:
 
-- ``strings``: for each new view its local id, P engine id, instance and
-  name; then the dropped local ids; then the local ids of repacked views.
+- ``text``: the strings one after another: for each new view its local id,
+  P engine id, instance and name; then the dropped local ids; then the local
+  ids of repacked views.
 - ``numbers``, little-endian: a header of three int64 (new views, dropped ids,
   repacked views); for each new view its deadline, extension and interval
   (NaN: P named none) as float64 and its hello version, chunk key and chunk
   version as int64 (key and version -1: no chunk); for each repacked view its
-  chunk key and version as int64.
+  chunk key and version as int64; then the length of each string of ``text``
+  (in code points, as ``len``) as int64.
 
 Packing and unpacking keep the order of every mapping, so a worker sees the
-same updates as the scheduler built.  A malformed pack raises ``ValueError``.
+same updates as the scheduler built.  A malformed pack raises ``ValueError``;
+a string that is not a ``str`` is refused with ``TypeError`` when packing.
 """
 
 from __future__ import annotations
@@ -29,9 +33,10 @@ from typing import Any
 _HEADER = struct.Struct("<qqq")
 _NEW = struct.Struct("<dddqqq")
 _CHUNK = struct.Struct("<qq")
+_LENGTH = 8  # int64 per string
 NO_CHUNK = (-1, -1)
 
-Packed = tuple[list[str], bytes]
+Packed = tuple[str, bytes]
 
 
 def _typed(**args: tuple[object, type]) -> None:
@@ -43,7 +48,7 @@ def _typed(**args: tuple[object, type]) -> None:
 
 
 def pack_views(new: dict[str, Any], dropped: list[str], chunks: dict[str, tuple[int, int]]) -> Packed:
-    """``(strings, numbers)`` for ``new`` (local id -> a NewView-shaped tuple:
+    """``(text, numbers)`` for ``new`` (local id -> a NewView-shaped tuple:
     engine id, instance, name, deadline, extension, interval, hello version),
     ``dropped`` and ``chunks`` (local id -> chunk; those of ids not in ``new``
     are the repacked views')."""
@@ -67,7 +72,9 @@ def pack_views(new: dict[str, Any], dropped: list[str], chunks: dict[str, tuple[
         _CHUNK.pack_into(numbers, at, *chunks[local_id])
         at += _CHUNK.size
     strings += repacked
-    return strings, bytes(numbers)
+    text = "".join(strings)  # TypeError for a string that is not a str
+    lengths = [len(string) for string in strings]
+    return text, bytes(numbers) + struct.pack(f"<{len(lengths)}q", *lengths)
 
 
 def unpack_views(
@@ -76,16 +83,23 @@ def unpack_views(
     """``(new, dropped, chunks)`` as ``pack_views`` took them, each new view a
     ``view_type`` (a NamedTuple of the seven fields)."""
     _typed(packed=(packed, tuple))
-    strings, numbers = packed
-    if type(strings) is not list or type(numbers) is not bytes or len(numbers) < _HEADER.size:
-        raise ValueError("malformed view updates: not (list of str, bytes)")
+    text, numbers = packed
+    if type(text) is not str or type(numbers) is not bytes or len(numbers) < _HEADER.size:
+        raise ValueError("malformed view updates: not (str, bytes)")
     n_new, n_dropped, n_repacked = _HEADER.unpack_from(numbers, 0)
-    if (
-        min(n_new, n_dropped, n_repacked) < 0
-        or len(numbers) != _HEADER.size + _NEW.size * n_new + _CHUNK.size * n_repacked
-        or len(strings) != 4 * n_new + n_dropped + n_repacked
-    ):
+    n_strings = 4 * n_new + n_dropped + n_repacked
+    at_lengths = _HEADER.size + _NEW.size * n_new + _CHUNK.size * n_repacked
+    if min(n_new, n_dropped, n_repacked) < 0 or len(numbers) != at_lengths + _LENGTH * n_strings:
         raise ValueError("malformed view updates: counts do not match")
+    strings: list[str] = []
+    start = 0
+    for (length,) in struct.iter_unpack("<q", numbers[at_lengths:]):
+        if length < 0 or start + length > len(text):
+            raise ValueError("malformed view updates: string lengths do not match the text")
+        strings.append(text[start : start + length])
+        start += length
+    if start != len(text):
+        raise ValueError("malformed view updates: string lengths do not match the text")
     if not (isinstance(view_type, type) and issubclass(view_type, tuple)):
         raise TypeError(f"view_type must be a tuple type, not {view_type!r}")
     new: dict[str, Any] = {}
