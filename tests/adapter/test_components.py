@@ -259,6 +259,27 @@ def test_view_updates_pickle_packed_and_come_back_as_new_views() -> None:
     assert back.dropped == ["d0"] and back.chunks == {"d1": (4, 9), "d9": (2, 11)}
 
 
+def test_metadata_with_views_pickles_them_packed_under_one_global() -> None:
+    import pickletools
+
+    from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlConnectorMetadata
+
+    meta = LeaseConnectorMetadata.adopt(NixlConnectorMetadata())
+    meta.scheduler_clock = 3.5
+    new = {"d1": NewView("P0", "0123456789abcdef", "tag1", 1035.5, 20.0, 5.0, 3)}
+    setattr(meta, LEASE_VIEWS_ATTR, LeaseViewUpdates(new, ["d0"], {"d1": (4, 9), "d9": (2, 11)}))
+    blob = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
+    globals_named = [op.name for op, _, _ in pickletools.genops(blob) if "GLOBAL" in op.name]
+    assert len(globals_named) == 1
+    back = pickle.loads(blob)
+    assert type(back) is LeaseConnectorMetadata and back.scheduler_clock == 3.5
+    views = getattr(back, LEASE_VIEWS_ATTR)
+    assert type(views) is LeaseViewUpdates and views.new == new and type(views.new["d1"]) is NewView
+    assert views.dropped == ["d0"] and views.chunks == {"d1": (4, 9), "d9": (2, 11)}
+    assert vars(back).keys() == vars(meta).keys()
+    assert back.reqs_to_send == {} and back.reqs_to_send is not meta.reqs_to_send
+
+
 def test_metadata_pickles_what_it_holds_and_restores_the_empty_fields() -> None:
     from vllm.distributed.kv_transfer.kv_connector.v1.nixl.metadata import NixlConnectorMetadata
 

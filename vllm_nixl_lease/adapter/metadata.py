@@ -116,10 +116,16 @@ class LeaseConnectorMetadata(NixlConnectorMetadata):
     steps carry nothing: only the fields that hold something are pickled, and
     unpickling builds the rest afresh through upstream's ``__init__`` (every
     field it leaves out is one of its empty defaults; ours read no attribute
-    as nothing)."""
+    as nothing).  A step's lease views go packed inside the same reduction
+    (one global for pickle to name and find, not two)."""
 
-    def __reduce__(self) -> tuple[type, tuple[()], dict[str, Any]]:
-        return LeaseConnectorMetadata, (), dict(filter(_VALUE, self.__dict__.items()))
+    def __reduce__(self) -> tuple[Any, tuple[object, ...], dict[str, Any]] | tuple[Any, tuple[object, ...]]:
+        state = dict(filter(_VALUE, self.__dict__.items()))
+        updates = state.get(LEASE_VIEWS_ATTR)
+        if type(updates) is LeaseViewUpdates:
+            state[LEASE_VIEWS_ATTR] = pack_views(updates.new, updates.dropped, updates.chunks)
+            return _unpickle_with_views, (state,)
+        return LeaseConnectorMetadata, (), state
 
     @classmethod
     def adopt(cls, meta: object) -> object:
@@ -127,6 +133,13 @@ class LeaseConnectorMetadata(NixlConnectorMetadata):
         if type(meta) is NixlConnectorMetadata:
             meta.__class__ = cls
         return meta
+
+
+def _unpickle_with_views(state: dict[str, Any]) -> LeaseConnectorMetadata:
+    meta = LeaseConnectorMetadata()
+    state[LEASE_VIEWS_ATTR] = LeaseViewUpdates(*unpack_views(state[LEASE_VIEWS_ATTR], NewView))
+    meta.__dict__.update(state)
+    return meta
 
 
 # Executors that hand the scheduler's output to their workers in the same
