@@ -5,10 +5,11 @@ harness.serve.launcher), both pairs up at once, driven in turn by `vllm bench se
 dataset, fixed seed, fixed request rate, a max concurrency above D's `--max-num-seqs` so that D's
 queue stays non-empty): stock, ours, stock, ours, ... Stock is upstream's NixlConnector with the
 step timer (`StepTimedNixlConnector`); ours is LeaseNixlConnector. Per run: throughput, TTFT and
-ITL p50/p99 from the bench; each engine's process CPU seconds (its whole process tree, from /proc)
-per 1,000 output tokens; the connector's own time per step on P and D, scheduler and worker side
-(`vllm:nixl_lease_connector_step_seconds`); how often D had requests waiting. Prints a table
-(median of the runs, [min-max]) and writes .build/bench-serve.json.
+ITL p50/p99 from the bench, and how many token intervals took over 100 ms; each engine's process
+CPU seconds (its whole process tree, from /proc) per 1,000 output tokens; the connector's own time
+per step on P and D, scheduler and worker side (`vllm:nixl_lease_connector_step_seconds`), and how
+many of D's steps took over 50 ms; how often D had requests waiting. Prints a table (median of the
+runs, [min-max]) and writes .build/bench-serve.json.
 """
 
 from __future__ import annotations
@@ -46,16 +47,21 @@ ROWS = [
     ("TTFT p99 (ms)", "p99_ttft_ms", "{:.0f}"),
     ("ITL p50 (ms)", "median_itl_ms", "{:.1f}"),
     ("ITL p99 (ms)", "p99_itl_ms", "{:.1f}"),
+    ("ITLs over 100 ms (per 1k)", "slow_itl_per_1k", "{:.1f}"),
     ("P CPU s / 1k output tokens", "p_cpu_per_1k", "{:.2f}"),
     ("D CPU s / 1k output tokens", "d_cpu_per_1k", "{:.2f}"),
     ("P connector us/step, scheduler", "p_scheduler_us", "{:.0f}"),
     ("P connector us/step, worker", "p_worker_us", "{:.0f}"),
     ("D connector us/step, scheduler", "d_scheduler_us", "{:.0f}"),
     ("D connector us/step, worker", "d_worker_us", "{:.0f}"),
+    ("D connector steps over 50 ms, worker", "d_worker_slow", "{:.0f}"),
+    ("D connector steps over 50 ms, scheduler", "d_scheduler_slow", "{:.0f}"),
     ("D queue non-empty (share of samples)", "d_queue_nonempty", "{:.2f}"),
     ("failed requests", "failed", "{:.0f}"),
 ]
 Steps = dict[str, tuple[float, float]]  # side -> (seconds, steps)
+SLOW_STEP_LE = "0.05"  # a bucket bound of the step histogram (adapter/stats.py): steps above it are slow
+SLOW_ITL_S = 0.1  # a token interval this long is several of D's decode steps here
 _SAMPLE = re.compile(r"^(\S+?)\{([^}]*)\}\s+(\S+)")
 
 
@@ -99,6 +105,30 @@ def per_step_us(
     s0, n0 = before.get(side, (0.0, 0.0))
     s1, n1 = after.get(side, (0.0, 0.0))
     return (s1 - s0) / (n1 - n0) * 1e6 if n1 > n0 else float("nan")
+
+
+def slow_steps(metrics_text: str) -> dict[str, float]:
+    """side -> connector steps that took longer than ``SLOW_STEP_LE`` seconds, over all engines."""
+    count: dict[str, float] = {}
+    within: dict[str, float] = {}
+    for line in metrics_text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m or m.group(1) not in (f"{STEP_METRIC}_count", f"{STEP_METRIC}_bucket"):
+            continue
+        side = re.search(r'side="([^"]*)"', m.group(2))
+        if side is None:
+            continue
+        if m.group(1).endswith("_count"):
+            count[side.group(1)] = count.get(side.group(1), 0.0) + float(m.group(3))
+        elif re.search(rf'le="{re.escape(SLOW_STEP_LE)}"', m.group(2)):
+            within[side.group(1)] = within.get(side.group(1), 0.0) + float(m.group(3))
+    return {side: n - within.get(side, 0.0) for side, n in count.items()}
+
+
+def slow_itls_per_1k(result: dict[str, object]) -> float:
+    """Token intervals over ``SLOW_ITL_S`` per 1,000, from the bench's detailed result."""
+    itls = [t for per_request in result.get("itls") or [] for t in per_request]  # type: ignore[union-attr]
+    return sum(1 for t in itls if t > SLOW_ITL_S) / len(itls) * 1000 if itls else float("nan")
 
 
 def spread(values: list[float]) -> tuple[float, float, float]:
@@ -150,7 +180,8 @@ class Load:
             "--num-prompts", str(self.num_prompts), "--request-rate", str(self.rate),
             "--max-concurrency", str(self.max_concurrency), "--seed", str(self.seed), "--ignore-eos",
             "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99", "--disable-tqdm",
-            "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name,
+            "--save-result", "--save-detailed", "--result-dir", str(out.parent),
+            "--result-filename", out.name,
         ]  # fmt: skip
 
 
@@ -167,7 +198,9 @@ def one_run(pd: PDCluster, load: Load, out: Path) -> dict[str, float]:
     pids = {"p": pd.prefill.popen.pid, "d": pd.decode.popen.pid}
     urls = {"p": pd.p_url, "d": pd.d_url}
     cpu0 = {k: tree_cpu_s(pid) for k, pid in pids.items()}
-    steps0 = {k: step_times(client.metrics_text(u)) for k, u in urls.items()}
+    texts0 = {k: client.metrics_text(u) for k, u in urls.items()}
+    steps0 = {k: step_times(text) for k, text in texts0.items()}
+    slow0 = slow_steps(texts0["d"])
     waiting: list[float] = []
     stop = threading.Event()
     sampler = threading.Thread(target=_queue_sampler, args=(pd.d_url, stop, waiting), daemon=True)
@@ -186,9 +219,15 @@ def one_run(pd: PDCluster, load: Load, out: Path) -> dict[str, float]:
     num = {k: float(res[k]) for _, k, _ in ROWS if k in res}
     for k, pid in pids.items():
         num[f"{k}_cpu_per_1k"] = (tree_cpu_s(pid) - cpu0[k]) / tokens * 1000
-        after = step_times(client.metrics_text(urls[k]))
+        text = client.metrics_text(urls[k])
+        after = step_times(text)
         for side in ("scheduler", "worker"):
             num[f"{k}_{side}_us"] = per_step_us(steps0[k], after, side)
+        if k == "d":
+            slow = slow_steps(text)
+            for side in ("scheduler", "worker"):
+                num[f"d_{side}_slow"] = slow.get(side, float("nan")) - slow0.get(side, 0.0)
+    num["slow_itl_per_1k"] = slow_itls_per_1k(res)
     num["d_queue_nonempty"] = sum(1 for w in waiting if w > 0) / len(waiting) if waiting else float("nan")
     num["total_output_tokens"] = tokens
     return num

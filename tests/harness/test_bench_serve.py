@@ -57,3 +57,24 @@ def test_tree_cpu_counts_this_process() -> None:
     while os.times().user < end:  # spin 50 ms of user time
         pass
     assert bs.tree_cpu_s(os.getpid()) - t0 >= 0.03
+
+
+def test_slow_steps_are_those_above_the_bucket_per_side() -> None:
+    text = """vllm:nixl_lease_connector_step_seconds_bucket{engine="0",le="0.01",side="worker"} 90.0
+vllm:nixl_lease_connector_step_seconds_bucket{engine="0",le="0.05",side="worker"} 97.0
+vllm:nixl_lease_connector_step_seconds_bucket{engine="0",le="0.1",side="worker"} 99.0
+vllm:nixl_lease_connector_step_seconds_count{engine="0",side="worker"} 100.0
+vllm:nixl_lease_connector_step_seconds_bucket{engine="0",le="0.05",side="scheduler"} 100.0
+vllm:nixl_lease_connector_step_seconds_count{engine="0",side="scheduler"} 100.0
+vllm:nixl_lease_connector_step_seconds_bucket{engine="1",le="0.05",side="worker"} 10.0
+vllm:nixl_lease_connector_step_seconds_count{engine="1",side="worker"} 11.0
+"""
+    assert bs.slow_steps(text) == {"worker": 4.0, "scheduler": 0.0}
+    assert bs.slow_steps("") == {}
+
+
+def test_slow_token_intervals_per_thousand() -> None:
+    result = {"itls": [[0.02] * 499 + [0.15], [0.03] * 499 + [0.101]]}
+    assert math.isclose(bs.slow_itls_per_1k(result), 2.0)
+    assert math.isnan(bs.slow_itls_per_1k({"itls": []}))
+    assert math.isnan(bs.slow_itls_per_1k({}))  # a result saved without --save-detailed
