@@ -23,8 +23,10 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from harness.procs import descendants, install_signal_handlers
 from harness.serve import client, devices
@@ -79,22 +81,26 @@ def tree_cpu_s(pid: int) -> float:
     return ticks / hz
 
 
+def _step_samples(metrics_text: str) -> Iterator[tuple[str, str, str, float]]:
+    """(sample name, side, labels, value) of each sample of the connector step histogram."""
+    for line in metrics_text.splitlines():
+        m = _SAMPLE.match(line)
+        if not m or not m.group(1).startswith(STEP_METRIC):
+            continue
+        side = re.search(r'side="([^"]*)"', m.group(2))
+        if side is not None:
+            yield m.group(1)[len(STEP_METRIC) :], side.group(1), m.group(2), float(m.group(3))
+
+
 def step_times(metrics_text: str) -> Steps:
     """side -> (sum of seconds, steps) of the connector step histogram, over all engines."""
     out: dict[str, tuple[float, float]] = {}
-    for line in metrics_text.splitlines():
-        m = _SAMPLE.match(line)
-        if not m or m.group(1) not in (f"{STEP_METRIC}_sum", f"{STEP_METRIC}_count"):
-            continue
-        side = re.search(r'side="([^"]*)"', m.group(2))
-        if side is None:
-            continue
-        total, steps = out.get(side.group(1), (0.0, 0.0))
-        if m.group(1).endswith("_sum"):
-            total += float(m.group(3))
-        else:
-            steps += float(m.group(3))
-        out[side.group(1)] = (total, steps)
+    for sample, side, _, value in _step_samples(metrics_text):
+        total, steps = out.get(side, (0.0, 0.0))
+        if sample == "_sum":
+            out[side] = (total + value, steps)
+        elif sample == "_count":
+            out[side] = (total, steps + value)
     return out
 
 
@@ -111,23 +117,17 @@ def slow_steps(metrics_text: str) -> dict[str, float]:
     """side -> connector steps that took longer than ``SLOW_STEP_LE`` seconds, over all engines."""
     count: dict[str, float] = {}
     within: dict[str, float] = {}
-    for line in metrics_text.splitlines():
-        m = _SAMPLE.match(line)
-        if not m or m.group(1) not in (f"{STEP_METRIC}_count", f"{STEP_METRIC}_bucket"):
-            continue
-        side = re.search(r'side="([^"]*)"', m.group(2))
-        if side is None:
-            continue
-        if m.group(1).endswith("_count"):
-            count[side.group(1)] = count.get(side.group(1), 0.0) + float(m.group(3))
-        elif re.search(rf'le="{re.escape(SLOW_STEP_LE)}"', m.group(2)):
-            within[side.group(1)] = within.get(side.group(1), 0.0) + float(m.group(3))
+    for sample, side, labels, value in _step_samples(metrics_text):
+        if sample == "_count":
+            count[side] = count.get(side, 0.0) + value
+        elif sample == "_bucket" and f'le="{SLOW_STEP_LE}"' in labels:
+            within[side] = within.get(side, 0.0) + value
     return {side: n - within.get(side, 0.0) for side, n in count.items()}
 
 
-def slow_itls_per_1k(result: dict[str, object]) -> float:
+def slow_itls_per_1k(result: dict[str, Any]) -> float:
     """Token intervals over ``SLOW_ITL_S`` per 1,000, from the bench's detailed result."""
-    itls = [t for per_request in result.get("itls") or [] for t in per_request]  # type: ignore[union-attr]
+    itls = [t for per_request in result.get("itls") or [] for t in per_request]
     return sum(1 for t in itls if t > SLOW_ITL_S) / len(itls) * 1000 if itls else float("nan")
 
 

@@ -97,10 +97,12 @@ def unpack_views(tuple packed, view_type):
     if (
         n_new < 0 or n_dropped < 0 or n_repacked < 0
         or n_new > size // _NEW or n_repacked > size // _CHUNK or n_dropped > size // _LENGTH
-        or size != _HEADER + _NEW * n_new + _CHUNK * n_repacked + _LENGTH * (4 * n_new + n_dropped + n_repacked)
     ):
         raise ValueError("malformed view updates: counts do not match")
+    # Each count is at most the size (above): no overflow here.
     cdef Py_ssize_t n_strings = 4 * n_new + n_dropped + n_repacked
+    if size != _HEADER + _NEW * n_new + _CHUNK * n_repacked + _LENGTH * n_strings:
+        raise ValueError("malformed view updates: counts do not match")
     cdef Py_ssize_t text_size = PyUnicode_GET_LENGTH(text), start = 0, length, s
     cdef const char* q = p + _HEADER + _NEW * n_new + _CHUNK * n_repacked
     cdef list names = []
