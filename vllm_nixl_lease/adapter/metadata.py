@@ -119,7 +119,7 @@ class LeaseConnectorMetadata(NixlConnectorMetadata):
     as nothing).  A step's lease views go packed inside the same reduction
     (one global for pickle to name and find, not two)."""
 
-    def __reduce__(self) -> tuple[Any, tuple[object, ...], dict[str, Any]] | tuple[Any, tuple[object, ...]]:
+    def __reduce__(self) -> tuple[Any, ...]:
         state = dict(filter(_VALUE, self.__dict__.items()))
         updates = state.get(LEASE_VIEWS_ATTR)
         if type(updates) is LeaseViewUpdates:
@@ -137,7 +137,7 @@ class LeaseConnectorMetadata(NixlConnectorMetadata):
 
 def _unpickle_with_views(state: dict[str, Any]) -> LeaseConnectorMetadata:
     meta = LeaseConnectorMetadata()
-    state[LEASE_VIEWS_ATTR] = LeaseViewUpdates(*unpack_views(state[LEASE_VIEWS_ATTR], NewView))
+    state[LEASE_VIEWS_ATTR] = _unpickle_view_updates(state[LEASE_VIEWS_ATTR])
     meta.__dict__.update(state)
     return meta
 
