@@ -37,7 +37,7 @@ all: build
 $(VENV)/.deps: Makefile
 	test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	$(VPY) -m pip install $(PIP_QUIET) --upgrade pip
-	$(VPY) -m pip install $(PIP_QUIET) "vllm==0.33.0" "nixl==1.5.1" $(BUILD_DEPS) $(TEST_DEPS) $(DIST_DEPS)
+	$(VPY) -m pip install $(PIP_QUIET) "vllm==0.33.0" "nixl==1.5.1" $(BUILD_DEPS) $(TEST_DEPS) $(DIST_DEPS) matplotlib
 	touch $@
 
 venv: $(VENV)/.deps
@@ -63,9 +63,12 @@ $(CPU_VENV)/.deps: Makefile
 
 venv-cpu: $(CPU_VENV)/.deps
 
-# After the main venv's build: both compile the .pyx files in place, so they must not overlap.
+# After the main venv's build, which compiled the modules in place for the same interpreter (both
+# venvs come from $(PYTHON)): this editable install only registers the package and its plugin entry
+# point (compiling again took a minute, on `make test`'s critical path); the check below imports the
+# compiled core in this venv, so a module this interpreter cannot load stops here.
 $(CPU_VENV)/.built: $(CPU_VENV)/.deps $(VENV)/.built $(CORE_SOURCES)
-	$(CPU_VPY) -m pip install $(PIP_QUIET) --no-build-isolation --no-deps -e .
+	VLLM_NIXL_LEASE_NO_EXTENSIONS=1 $(CPU_VPY) -m pip install $(PIP_QUIET) --no-build-isolation --no-deps -e .
 	$(CPU_VPY) -c "import vllm_nixl_lease as m; assert m.IMPLEMENTATION == 'cython', m.IMPLEMENTATION"
 	touch $@
 
@@ -137,9 +140,12 @@ check: lint
 	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 $(VPY) -m pytest -n auto $(FAST_MARKERS) -p no:cacheprovider -q
 
 # The parallel suite with the Cython core active (its absence is an error).
-# matplotlib too, so the demo's figure code is tested rather than skipped.
+# matplotlib too, so the demo's figure code is tested rather than skipped. One worker more than
+# `-n auto`'s one per core: the real-NIXL scenarios here sleep through their leases, and the extra
+# worker uses the core they leave (docs/BENCHMARKS.md, "make test's time").
 test-core: build $(VENV)/.demo-deps
-	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 $(VPY) -m pytest -n auto -m "not e2e and not serial" -p no:cacheprovider -q
+	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 PYTEST_XDIST_AUTO_NUM_WORKERS=$$(( $$(nproc) + 1 )) \
+	  $(VPY) -m pytest -n auto -m "not e2e and not serial" -p no:cacheprovider -q
 
 # The connector on the pure-Python twin, through the environment switch (the
 # core tests already run both implementations side by side). Not the import-hook tests: they import
@@ -152,23 +158,35 @@ test-twin: build
 test-vllm032: build-cpu
 	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 $(CPU_VPY) -m pytest -n auto -p no:cacheprovider -q $(CONNECTOR_TESTS)
 
-# The installs first, side by side (downloads and unpacking overlap), then the stages in order:
-# lint and the parallel suite; the `vllm serve` pairs alone (each server spins a pinned core); then
-# the serial real-NIXL tests with the side stages beside them. The side stages (the connector suites
-# on the twin and on vLLM 0.32, the instruction gate, the wheel's install check) time nothing:
-# callgrind counts instructions whatever the load, and their waits are generous. At `nice -n 19`
-# they take only the CPU the serial tests leave (their engines sleep through most of each lease; a
-# nice-0 task gets ~98% of a core it contends for). Their output is kept in $(SIDE_LOG) and printed
-# once they end; a failure in either half fails `make test`.
+# The installs first, side by side (downloads and unpacking overlap), with lint beside the Cython
+# build once the main venv's tools are in (the build compiles on one core; lint never imports the
+# compiled modules). Then the stages in order: the parallel suite; the `vllm serve` pairs alone (each
+# server spins a pinned core); then the serial real-NIXL tests with the side stages beside them. The
+# side stages (the connector suites on the twin and on vLLM 0.32, the instruction gate, the wheel's
+# install check) time nothing: callgrind counts instructions whatever the load, and their waits are
+# generous. At `nice -n 19` they take only the CPU the serial tests leave (their engines sleep through
+# most of each lease; a nice-0 task gets ~98% of a core it contends for). Their output is kept in
+# $(SIDE_LOG) and printed once they end; a failure in either half fails `make test`. Each stage's
+# end is printed as "== <stage>: N s into make test", where the time goes.
 SIDE_STAGES := test-twin test-instr test-vllm032 test-dist
 SIDE_LOG := .build/side-stages.log
+TEST_BEGAN := .build/test-began
+stage_done = echo "== $(1): $$(( $$(date +%s) - $$(cat $(TEST_BEGAN)) )) s into make test"
+.PHONY: lint-after-deps
+lint-after-deps: $(VENV)/.deps
+	$(MAKE) lint
 test:
-	$(MAKE) -j4 build build-cpu venv-router system-deps $(VENV)/.demo-deps
-	$(MAKE) lint test-core
+	@mkdir -p .build; date +%s > $(TEST_BEGAN)
+	$(MAKE) -j4 --output-sync=target build build-cpu venv-router system-deps $(VENV)/.demo-deps lint-after-deps
+	@$(call stage_done,installs and lint)
+	$(MAKE) test-core
+	@$(call stage_done,test-core)
 	$(MAKE) test-serve
-	@mkdir -p .build; \
-	nice -n 19 $(MAKE) -k -j4 --output-sync=target $(SIDE_STAGES) > $(SIDE_LOG) 2>&1 & side=$$!; \
+	@$(call stage_done,test-serve)
+	@{ nice -n 19 $(MAKE) -k -j4 --output-sync=target $(SIDE_STAGES) > $(SIDE_LOG) 2>&1; rc=$$?; \
+	  $(call stage_done,side stages) >> $(SIDE_LOG); exit $$rc; } & side=$$!; \
 	$(MAKE) test-serial; serial=$$?; \
+	$(call stage_done,test-serial); \
 	echo "== test-serial: exit $$serial; waiting for the side stages ($(SIDE_STAGES))"; \
 	wait $$side; rc=$$?; cat $(SIDE_LOG); \
 	echo "== side stages: exit $$rc ($(SIDE_LOG))"; \
@@ -272,7 +290,8 @@ bench-serve: build build-cpu venv-router
 	@mkdir -p .build
 	$(VPY) -m tools.bench_serve $(BENCH_SERVE_ARGS)
 
-# matplotlib draws the demo's timeline (the demo and its report test need it).
+# matplotlib draws the demo's timeline (the demo and its report test need it; mypy reads it, so the
+# main venv's install takes it too and this is a no-op there: it serves venvs made before that).
 # After the build: two pips at once in one venv could trip over each other.
 $(VENV)/.demo-deps: $(VENV)/.built
 	$(VPY) -m pip install $(PIP_QUIET) matplotlib
