@@ -27,7 +27,8 @@ CONNECTOR_TESTS := tests/adapter/test_connector_differential.py tests/adapter/te
 ROUTER_VENV := .venv-router
 DIST_VENV := .venv-dist
 
-.PHONY: all venv venv-cpu venv-router system-deps build build-cpu check test test-core test-twin test-vllm032 test-e2e \
+.PHONY: all venv venv-cpu venv-router system-deps build build-cpu check test test-core test-core-timed test-core-untimed \
+	test-twin test-vllm032 test-e2e \
 	test-serve test-serial \
 	lint bench bench-quick bench-acks bench-fleet bench-fleet-regime bench-d bench-instr bench-instr-update bench-cold bench-serve test-instr demo demo-pd clean
 
@@ -143,9 +144,22 @@ check: lint
 # matplotlib too, so the demo's figure code is tested rather than skipped. One worker more than
 # `-n auto`'s one per core: the real-NIXL scenarios here sleep through their leases, and the extra
 # worker uses the core they leave (docs/BENCHMARKS.md, "make test's time").
+CORE_WORKERS := PYTEST_XDIST_AUTO_NUM_WORKERS=$$(( $$(nproc) + 1 ))
 test-core: build $(VENV)/.demo-deps
-	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 PYTEST_XDIST_AUTO_NUM_WORKERS=$$(( $$(nproc) + 1 )) \
+	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 $(CORE_WORKERS) \
 	  $(VPY) -m pytest -n auto -m "not e2e and not serial" -p no:cacheprovider -q
+
+# `make test` splits the parallel suite in two. Its CPU-bound tests that time nothing (the spin model,
+# the import hook's and the import-cycle check's fresh processes that import vLLM) run as a side
+# stage beside the serial tests, in the CPU those leave idle; the rest, with the real-NIXL scenarios
+# whose leases and steps are timed, runs first on a quiet machine. Together: `test-core`.
+UNTIMED_TESTS := tests/spec tests/adapter/test_hook.py tests/harness/test_import_cycles.py
+test-core-timed: build $(VENV)/.demo-deps
+	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 $(CORE_WORKERS) $(VPY) -m pytest -n auto \
+	  -m "not e2e and not serial" $(addprefix --ignore=,$(UNTIMED_TESTS)) -p no:cacheprovider -q
+test-core-untimed: build
+	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 $(VPY) -m pytest -n auto -m "not e2e and not serial" \
+	  -p no:cacheprovider -q $(UNTIMED_TESTS)
 
 # The connector on the pure-Python twin, through the environment switch (the
 # core tests already run both implementations side by side). Not the import-hook tests: they import
@@ -160,16 +174,20 @@ test-vllm032: build-cpu
 
 # The installs first, side by side (downloads and unpacking overlap), with lint beside the Cython
 # build once the main venv's tools are in (the build compiles on one core; lint never imports the
-# compiled modules). Then the stages in order: the parallel suite; the `vllm serve` pairs alone (each
-# server spins a pinned core); then the serial real-NIXL tests with the side stages beside them. The
-# side stages (the connector suites on the twin and on vLLM 0.32, the instruction gate, the wheel's
-# install check) time nothing: callgrind counts instructions whatever the load, and their waits are
-# generous. At `nice -n 19` they take only the CPU the serial tests leave (their engines sleep through
-# most of each lease; a nice-0 task gets ~98% of a core it contends for). Their output is kept in
-# $(SIDE_LOG) and printed once they end; a failure in either half fails `make test`. Each stage's
-# end is printed as "== <stage>: N s into make test", where the time goes.
-SIDE_STAGES := test-twin test-instr test-vllm032 test-dist
+# compiled modules). Then the stages in order: the parallel suite's timed part; the `vllm serve`
+# pairs alone (each server spins a pinned core); then the serial real-NIXL tests with the side
+# stages beside them. The side stages (the instruction gate, the connector suites on vLLM 0.32 and
+# on the twin, the parallel suite's untimed part, the wheel's install check) time nothing:
+# callgrind counts instructions whatever the load, and their waits are generous. At `nice -n 19`
+# (the gate 16) they take only the CPU the serial tests leave (their engines sleep through most of
+# each lease; a nice-0 task gets ~97% of a core it contends for). Their output is kept in
+# $(GATE_LOG) and $(SIDE_LOG) and printed once they end; a failure in any part fails `make test`.
+# Each stage's end is printed as "== <stage>: N s into make test", where the time goes.
+SIDE_STAGES := test-vllm032 test-core-untimed test-dist test-twin
 SIDE_LOG := .build/side-stages.log
+# The gate is one single-threaded callgrind process and the longest side stage: at nice 16 (the others
+# at 19) it gets about twice their share, so it does not end alone on one core after them.
+GATE_LOG := .build/side-gate.log
 TEST_BEGAN := .build/test-began
 stage_done = echo "== $(1): $$(( $$(date +%s) - $$(cat $(TEST_BEGAN)) )) s into make test"
 .PHONY: lint-after-deps
@@ -179,18 +197,20 @@ test:
 	@mkdir -p .build; date +%s > $(TEST_BEGAN)
 	$(MAKE) -j4 --output-sync=target build build-cpu venv-router system-deps $(VENV)/.demo-deps lint-after-deps
 	@$(call stage_done,installs and lint)
-	$(MAKE) test-core
-	@$(call stage_done,test-core)
+	$(MAKE) test-core-timed
+	@$(call stage_done,test-core-timed)
 	$(MAKE) test-serve
 	@$(call stage_done,test-serve)
-	@{ nice -n 19 $(MAKE) -k -j4 --output-sync=target $(SIDE_STAGES) > $(SIDE_LOG) 2>&1; rc=$$?; \
+	@{ nice -n 16 $(MAKE) test-instr > $(GATE_LOG) 2>&1; rc=$$?; \
+	  $(call stage_done,test-instr) >> $(GATE_LOG); exit $$rc; } & gate=$$!; \
+	{ nice -n 19 $(MAKE) -k -j3 --output-sync=target $(SIDE_STAGES) > $(SIDE_LOG) 2>&1; rc=$$?; \
 	  $(call stage_done,side stages) >> $(SIDE_LOG); exit $$rc; } & side=$$!; \
 	$(MAKE) test-serial; serial=$$?; \
 	$(call stage_done,test-serial); \
-	echo "== test-serial: exit $$serial; waiting for the side stages ($(SIDE_STAGES))"; \
-	wait $$side; rc=$$?; cat $(SIDE_LOG); \
-	echo "== side stages: exit $$rc ($(SIDE_LOG))"; \
-	[ $$serial -eq 0 ] && [ $$rc -eq 0 ]
+	echo "== test-serial: exit $$serial; waiting for the side stages (test-instr $(SIDE_STAGES))"; \
+	wait $$gate; gate_rc=$$?; wait $$side; rc=$$?; cat $(GATE_LOG) $(SIDE_LOG); \
+	echo "== side stages: gate exit $$gate_rc, the others exit $$rc ($(GATE_LOG), $(SIDE_LOG))"; \
+	[ $$serial -eq 0 ] && [ $$gate_rc -eq 0 ] && [ $$rc -eq 0 ]
 
 .PHONY: dist test-dist
 

@@ -164,6 +164,8 @@ os._exit(0)  # dies without cleaning up
 """
 
 
+# Serial: every TwoHosts sweeps on creation, so a parallel test's could remove these first.
+@pytest.mark.serial
 def test_sweep_stale_removes_what_a_dead_process_left() -> None:
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     out = subprocess.run([sys.executable, "-c", STALE], cwd=repo, capture_output=True, text=True, timeout=60)
