@@ -143,7 +143,7 @@ check: lint
 # The parallel suite with the Cython core active (its absence is an error).
 # matplotlib too, so the demo's figure code is tested rather than skipped. One worker more than
 # `-n auto`'s one per core: the real-NIXL scenarios here sleep through their leases, and the extra
-# worker uses the core they leave (docs/BENCHMARKS.md, "make test's time").
+# worker uses the core they leave (docs/BENCHMARKS.md, "The test suite's own time").
 CORE_WORKERS := PYTEST_XDIST_AUTO_NUM_WORKERS=$$(( $$(nproc) + 1 ))
 test-core: build $(VENV)/.demo-deps
 	VLLM_NIXL_LEASE_REQUIRE_EXTENSIONS=1 $(CORE_WORKERS) \
