@@ -405,3 +405,21 @@ def test_note_terms_keeps_versions_and_terms_and_reports_each_change(core) -> No
         ("P1", 7.0, 1.0),
     ]
     assert core.LeaseViews.note_terms({"d": new["d"]}, versions, terms, base, newest) == []
+
+
+def test_note_terms_compares_terms_as_tuples_do(core) -> None:
+    """A change is what ``(extension, interval) != terms[engine]`` says: an int
+    equal to the float is no change, the very same NaN object is none either,
+    another NaN is one (``nan != nan``), and a value kept in another shape is one."""
+    nan = float("nan")
+    terms: dict[str, object] = {"P1": (6.0, 1.0), "P2": (8.0, nan), "P3": (8.0, nan), "P4": [8.0, None]}
+    new = {
+        "a": NewView("P1", INSTANCE, "p1", 10.0, 6, 1, 2),
+        "b": NewView("P2", INSTANCE, "p2", 10.0, 8.0, nan, 2),
+        "c": NewView("P3", INSTANCE, "p3", 10.0, 8.0, float("nan"), 2),
+        "d": NewView("P4", INSTANCE, "p4", 10.0, 8.0, None, 2),
+    }
+    changed = core.LeaseViews.note_terms(new, {}, terms, 2, 4)
+    assert [engine for engine, _, _ in changed] == ["P3", "P4"]
+    assert terms["P1"] == (6.0, 1.0) and type(terms["P1"][0]) is float  # kept, not rewritten
+    assert terms["P4"] == (8.0, None)

@@ -12,6 +12,7 @@ call each.
 
 from libc.math cimport isfinite
 from libcpp.vector cimport vector
+from cpython.object cimport Py_EQ, PyObject_RichCompareBool
 from cpython.tuple cimport PyTuple_Check, PyTuple_GET_SIZE
 
 import math
@@ -89,9 +90,9 @@ cdef class ReadClaims:
         expiry = (<tuple>held)[1]
         if isfinite(expiry):
             ended = self._ended
-            again = key in ended  # never seen (a key is ended once), but kept as the twin keeps it
+            before = len(ended)
             ended[key] = expiry
-            if again:
+            if len(ended) == before:  # it was there already: never seen (a key is ended once), as the twin
                 ended.move_to_end(key)
                 self._oldest = ended[next(iter(ended))]
             elif len(ended) == 1:
@@ -144,6 +145,16 @@ cdef inline _ChunkAnswer _answer(long long version, double started, double chain
     return answer
 
 
+cdef inline bint _same(object a, object b) except -1:
+    """Items of two tuples equal as tuple comparison takes them: the same
+    object, or ``==`` (two floats compared in C)."""
+    if a is b:
+        return True
+    if type(a) is float and type(b) is float:
+        return <double>a == <double>b
+    return PyObject_RichCompareBool(a, b, Py_EQ)
+
+
 cdef inline void _end(View* view):
     view.local_deadline = ENDED
     view.converted = True
@@ -164,6 +175,8 @@ cdef class LeaseViews:
     cdef list _instance            # slot -> P instance ("" for a plain P)
     cdef list _name                # slot -> the name heartbeats give it
     cdef list _key                 # slot -> (engine, instance, name)
+    cdef list _sharing             # slot -> its key's list in ``_by_remote`` (no hash on a drop)
+    cdef list _names_of            # slot -> its (engine, instance)'s dict in ``_names``
     cdef dict _by_remote           # (engine, instance, name) -> local ids viewing it
     cdef dict _names               # (engine, instance) -> names viewed, oldest first
     cdef object _chunk_answers     # OrderedDict: (engine, chunk key) -> _ChunkAnswer
@@ -186,6 +199,8 @@ cdef class LeaseViews:
         self._instance = []
         self._name = []
         self._key = []
+        self._sharing = []
+        self._names_of = []
         self._by_remote = {}
         self._names = {}
         self._chunk_answers = OrderedDict()
@@ -254,6 +269,16 @@ cdef class LeaseViews:
             view.chunk = 0
             view.joined = 0
         key = (engine_id, instance, name)
+        sharing = self._by_remote.get(key)
+        if sharing is None:
+            sharing = self._by_remote[key] = []
+            names = self._names.get((engine_id, instance))
+            if names is None:
+                names = self._names[(engine_id, instance)] = {}
+            names[name] = None
+        else:
+            names = self._names_of[self._slot_of[(<list>sharing)[0]]]
+        (<list>sharing).append(local_id)
         if self._free.empty():
             slot = self._v.size()
             self._v.push_back(view)
@@ -262,6 +287,8 @@ cdef class LeaseViews:
             self._instance.append(instance)
             self._name.append(name)
             self._key.append(key)
+            self._sharing.append(sharing)
+            self._names_of.append(names)
         else:
             slot = self._free.back()
             self._free.pop_back()
@@ -271,19 +298,12 @@ cdef class LeaseViews:
             self._instance[slot] = instance
             self._name[slot] = name
             self._key[slot] = key
+            self._sharing[slot] = sharing
+            self._names_of[slot] = names
         self._slot_of[local_id] = slot
         if view.has_chunk and view.acked:
             # ``_join`` for a fresh view: it waits on no chunk's list yet
-            (<dict>self._first.setdefault((engine_id, chunk[0]), {}))[local_id] = None
-        sharing = self._by_remote.get(key)
-        if sharing is None:
-            self._by_remote[key] = [local_id]
-            names = self._names.get((engine_id, instance))
-            if names is None:
-                names = self._names[(engine_id, instance)] = {}
-            names[name] = None
-        else:
-            (<list>sharing).append(local_id)
+            self._waiting_on((engine_id, chunk[0]))[local_id] = None
         if extension > self.max_extension:
             self.max_extension = extension
         shortest = self._extension.get(engine_id)
@@ -302,17 +322,15 @@ cdef class LeaseViews:
         cdef View* view = &self._v[slot]
         if not view.answered and view.has_chunk and view.acked:
             self._unwait(local_id, slot)
-        engine_id = self._engine[slot]
-        instance = self._instance[slot]
         key = self._key[slot]
-        sharing = <list>self._by_remote[key]
+        sharing = <list>self._sharing[slot]
         if len(sharing) == 1:
             del self._by_remote[key]
             self.claims._release(key)
-            names = self._names[(engine_id, instance)]
+            names = <dict>self._names_of[slot]
             del names[self._name[slot]]
             if not names:
-                del self._names[(engine_id, instance)]
+                del self._names[((<tuple>key)[0], (<tuple>key)[1])]
         else:
             sharing.remove(local_id)
         self._v[slot].alive = False
@@ -321,6 +339,8 @@ cdef class LeaseViews:
         self._instance[slot] = None
         self._name[slot] = None
         self._key[slot] = None
+        self._sharing[slot] = None
+        self._names_of[slot] = None
         self._free.push_back(slot)
         return True
 
@@ -401,10 +421,16 @@ cdef class LeaseViews:
                 versions[(engine_id, instance)] = (
                     hello_version if hello_version < newest_version else newest_version
                 )
-            latest = (extension, interval)
-            if terms.get(engine_id) != latest:
-                terms[engine_id] = latest
-                changed.append((engine_id, extension, interval))
+            known = terms.get(engine_id)
+            if (
+                PyTuple_Check(known)
+                and PyTuple_GET_SIZE(known) == 2
+                and _same((<tuple>known)[0], extension)
+                and _same((<tuple>known)[1], interval)
+            ):
+                continue  # the twin's ``!=`` of the two tuples, without building one per view
+            terms[engine_id] = (extension, interval)
+            changed.append((engine_id, extension, interval))
         return changed
 
     def any_name(self, engine_id, instance):
@@ -635,7 +661,15 @@ cdef class LeaseViews:
         view.joined = version
         view.answered = False
         if view.acked:
-            (<dict>self._first.setdefault((self._engine[slot], key), {}))[local_id] = None
+            self._waiting_on((self._engine[slot], key))[local_id] = None
+
+    cdef inline dict _waiting_on(self, tuple wait_key):
+        """The views waiting on this chunk's first answer (``setdefault`` without
+        a new dict made and thrown away for each view of a chunk that has one)."""
+        waiting = self._first.get(wait_key)
+        if waiting is None:
+            waiting = self._first[wait_key] = {}
+        return <dict>waiting
 
     cdef void _unwait(self, object local_id, Py_ssize_t slot) except *:
         """Take a view off its chunk's list of views waiting for a first answer."""
