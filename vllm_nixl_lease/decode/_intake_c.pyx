@@ -161,7 +161,7 @@ cdef class Intake:
         cdef set cancelled = set()
         cdef Py_ssize_t i, leave_at, n = len(events)
         cdef bint fencing
-        cdef dict new, chunks, shipped
+        cdef dict new = None, chunks = None, shipped
         cdef list dropped
         try:
             for i in range(n):
@@ -176,7 +176,9 @@ cdef class Intake:
                 event = events[i]
                 if type(event) is tuple:
                     leave_at = last_leave.get((<tuple>event)[0], -1)
-                    self._arrive((<tuple>event)[0], (<tuple>event)[1], fencing, leave_at > i, cancelled)
+                    self._arrive(
+                        (<tuple>event)[0], (<tuple>event)[1], fencing, leave_at > i, cancelled, new, chunks
+                    )
                 else:
                     if views is not None:
                         chunks.pop(event, None)
@@ -189,7 +191,8 @@ cdef class Intake:
         finally:
             del events[:]
 
-    cdef _arrive(self, local_id, params, bint fencing, bint leaves, set cancelled):
+    cdef _arrive(self, local_id, params, bint fencing, bint leaves, set cancelled, dict new, dict chunks):
+        # ``new`` and ``chunks``: the views' tables, looked up once per step by ``apply``
         if type(params) is not dict or type(local_id) is not str:
             self._slow(local_id, params)
             return
@@ -226,7 +229,6 @@ cdef class Intake:
         if leaves:
             cancelled.add(local_id)  # its departure drops it as it would the view
             return
-        views = self.views
         view_type = self.view_type
         deadline, extension, interval, hello_version = terms[0], terms[1], terms[2], terms[5]
         if PyType_Check(view_type) and PyType_IsSubtype(<type>view_type, tuple):
@@ -237,10 +239,10 @@ cdef class Intake:
             view = tuple.__new__(
                 view_type, (engine_id, instance, name, deadline, extension, interval, hello_version)
             )
-        (<dict>views.new)[local_id] = view
+        new[local_id] = view
         chunk = self.tracker.chunk_of(local_id)
         if chunk is not None:
-            (<dict>views.chunks)[local_id] = chunk
+            chunks[local_id] = chunk
 
     cdef _slow(self, local_id, params):
         slow = self.arrive_slow
