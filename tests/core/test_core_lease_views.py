@@ -384,6 +384,24 @@ def test_a_view_added_with_its_chunk_waits_for_that_chunks_first_answer(core) ->
     assert views.drop("d1") and views.drop("d2") and len(views) == 0
 
 
+def test_views_still_waiting_after_an_answer_leave_the_chunks_list_when_dropped_or_moved(core) -> None:
+    """An answer older than a view's joining leaves it waiting; dropping or moving that
+    view later takes it off the chunk's list, and the last one off ends the wait."""
+    views = core.LeaseViews(margin=1.0)
+    views.add("d1", "P", "p1", 30.0, 20.0, instance="i1", chunk=(7, 1))
+    views.add("d2", "P", "p2", 30.0, 20.0, instance="i1", chunk=(7, 5))
+    views.add("d3", "P", "p3", 30.0, 20.0, instance="i1", chunk=(7, 6))
+    views.chunk_acked("P", "i1", 7, 3, started=25.0, offset=0.0, now=25.5)  # d1 answered
+    assert views.chunk_renewed_until("P", 7) is None  # d2 and d3 still wait
+    assert views.drop("d2")
+    assert views.move_to_chunk("d3", (8, 9), 0.0)
+    assert views.chunk_renewed_until("P", 7) == pytest.approx(45.0)
+    assert views.chunk_renewed_until("P", 8) is None  # d3 waits there now
+    views.chunk_acked("P", "i1", 8, 9, started=26.0, offset=0.0, now=26.5)
+    assert views.chunk_renewed_until("P", 8) == pytest.approx(46.0)
+    assert views.drop("d1") and views.drop("d3") and len(views) == 0
+
+
 def test_note_terms_keeps_versions_and_terms_and_reports_each_change(core) -> None:
     base, newest = 2, 4
     new = {

@@ -177,6 +177,7 @@ cdef class LeaseViews:
     cdef list _key                 # slot -> (engine, instance, name)
     cdef list _sharing             # slot -> its key's list in ``_by_remote`` (no hash on a drop)
     cdef list _names_of            # slot -> its (engine, instance)'s dict in ``_names``
+    cdef list _waiting             # slot -> the dict of ``_first`` it waits in (None: in none)
     cdef dict _by_remote           # (engine, instance, name) -> local ids viewing it
     cdef dict _names               # (engine, instance) -> names viewed, oldest first
     cdef object _chunk_answers     # OrderedDict: (engine, chunk key) -> _ChunkAnswer
@@ -201,6 +202,7 @@ cdef class LeaseViews:
         self._key = []
         self._sharing = []
         self._names_of = []
+        self._waiting = []
         self._by_remote = {}
         self._names = {}
         self._chunk_answers = OrderedDict()
@@ -289,6 +291,7 @@ cdef class LeaseViews:
             self._key.append(key)
             self._sharing.append(sharing)
             self._names_of.append(names)
+            self._waiting.append(None)
         else:
             slot = self._free.back()
             self._free.pop_back()
@@ -300,10 +303,13 @@ cdef class LeaseViews:
             self._key[slot] = key
             self._sharing[slot] = sharing
             self._names_of[slot] = names
+            self._waiting[slot] = None
         self._slot_of[local_id] = slot
         if view.has_chunk and view.acked:
             # ``_join`` for a fresh view: it waits on no chunk's list yet
-            self._waiting_on((engine_id, chunk[0]))[local_id] = None
+            waiting = self._waiting_on((engine_id, chunk[0]))
+            (<dict>waiting)[local_id] = None
+            self._waiting[slot] = waiting
         if extension > self.max_extension:
             self.max_extension = extension
         shortest = self._extension.get(engine_id)
@@ -341,6 +347,7 @@ cdef class LeaseViews:
         self._key[slot] = None
         self._sharing[slot] = None
         self._names_of[slot] = None
+        self._waiting[slot] = None
         self._free.push_back(slot)
         return True
 
@@ -518,7 +525,9 @@ cdef class LeaseViews:
                     continue
                 if view.joined > version:
                     still[local_id] = None
+                    self._waiting[slot] = still
                     continue
+                self._waiting[slot] = None
                 deadline = self._local(slot, off)
                 view = &self._v[slot]
                 if started < deadline and now < started + view.extension:
@@ -661,7 +670,9 @@ cdef class LeaseViews:
         view.joined = version
         view.answered = False
         if view.acked:
-            self._waiting_on((self._engine[slot], key))[local_id] = None
+            waiting = self._waiting_on((self._engine[slot], key))
+            (<dict>waiting)[local_id] = None
+            self._waiting[slot] = waiting
 
     cdef inline dict _waiting_on(self, tuple wait_key):
         """The views waiting on this chunk's first answer (``setdefault`` without
@@ -673,13 +684,17 @@ cdef class LeaseViews:
 
     cdef void _unwait(self, object local_id, Py_ssize_t slot) except *:
         """Take a view off its chunk's list of views waiting for a first answer."""
-        cdef View* view = &self._v[slot]
-        if not view.answered and view.has_chunk and view.acked:
-            wait_key = (self._engine[slot], view.chunk)
-            waiting = self._first.get(wait_key)
-            if waiting is not None and local_id in waiting:
-                del (<dict>waiting)[local_id]
-                if not waiting:
+        # The slot holds the dict it waits in (kept as ``_first``'s own by ``_add``,
+        # ``_join`` and ``chunk_acked``): no (engine, chunk) key built and hashed per drop.
+        waiting = self._waiting[slot]
+        if waiting is None:
+            return
+        self._waiting[slot] = None
+        if local_id in <dict>waiting:
+            del (<dict>waiting)[local_id]
+            if not waiting:
+                wait_key = (self._engine[slot], self._v[slot].chunk)
+                if self._first.get(wait_key) is waiting:
                     del self._first[wait_key]
 
     # -- reads -----------------------------------------------------------------
