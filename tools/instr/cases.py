@@ -973,7 +973,7 @@ CASES: list[Case] = [
         gate=True,
         per_step=True,
         floor={"cython": 5},
-        mean_floor={"cython": 0.55, "twin": 0.1},
+        mean_floor={"cython": 0.6, "twin": 0.1},
     ),
     Case(
         "D step, 100k queued over 8 P",
@@ -994,7 +994,7 @@ CASES: list[Case] = [
             1,
             d_churn(n, CHURN),
             per_step=True,
-            mean_floor={"cython": 0.66},
+            mean_floor={"cython": 0.7},
         )
         for n in (100, 1000, 10_000)
     ),
@@ -1007,7 +1007,7 @@ CASES: list[Case] = [
         d_churn(0, CHURN),
         gate=True,
         per_step=True,
-        mean_floor={"cython": 0.66},
+        mean_floor={"cython": 0.7},
     ),
     Case(
         "D against a stock P (plain views), 1,000 queued, 10 in + 10 out per step",
@@ -1054,7 +1054,9 @@ CASES: list[Case] = [
             p_fleet(n),
             gate=n == 10,  # the tick's sending steps and answers, in the gate at the smaller fleet
             per_step=True,
-            mean_floor={"cython": {10: 1.3, 100: 1.5}[n]},
+            # The gate's one process, where earlier cases leave their state, reads the
+            # 10-lease row a few percent lower than a run of it alone: room for that
+            mean_floor={"cython": {10: 1.25, 100: 1.5}[n]},
         )
         for n in (10, 100)
     ),
