@@ -92,7 +92,7 @@ cdef class ReadClaims:
             ended = self._ended
             before = len(ended)
             ended[key] = expiry
-            if len(ended) == before:  # it was there already: never seen (a key is ended once), as the twin
+            if len(ended) == before:  # ended before (never seen: a key ends once), handled as the twin does
                 ended.move_to_end(key)
                 self._oldest = ended[next(iter(ended))]
             elif len(ended) == 1:
@@ -306,10 +306,7 @@ cdef class LeaseViews:
             self._waiting[slot] = None
         self._slot_of[local_id] = slot
         if view.has_chunk and view.acked:
-            # ``_join`` for a fresh view: it waits on no chunk's list yet
-            waiting = self._waiting_on((engine_id, chunk[0]))
-            (<dict>waiting)[local_id] = None
-            self._waiting[slot] = waiting
+            self._wait(local_id, slot, (engine_id, chunk[0]))  # ``_join`` for a fresh view
         if extension > self.max_extension:
             self.max_extension = extension
         shortest = self._extension.get(engine_id)
@@ -325,9 +322,7 @@ cdef class LeaseViews:
         if slot < 0:
             return False
         del self._slot_of[local_id]
-        cdef View* view = &self._v[slot]
-        if not view.answered and view.has_chunk and view.acked:
-            self._unwait(local_id, slot)
+        self._unwait(local_id, slot)  # a no-op unless it waits for a first answer
         key = self._key[slot]
         sharing = <list>self._sharing[slot]
         if len(sharing) == 1:
@@ -336,7 +331,7 @@ cdef class LeaseViews:
             names = <dict>self._names_of[slot]
             del names[self._name[slot]]
             if not names:
-                del self._names[((<tuple>key)[0], (<tuple>key)[1])]
+                del self._names[(self._engine[slot], self._instance[slot])]
         else:
             sharing.remove(local_id)
         self._v[slot].alive = False
@@ -670,17 +665,17 @@ cdef class LeaseViews:
         view.joined = version
         view.answered = False
         if view.acked:
-            waiting = self._waiting_on((self._engine[slot], key))
-            (<dict>waiting)[local_id] = None
-            self._waiting[slot] = waiting
+            self._wait(local_id, slot, (self._engine[slot], key))
 
-    cdef inline dict _waiting_on(self, tuple wait_key):
-        """The views waiting on this chunk's first answer (``setdefault`` without
-        a new dict made and thrown away for each view of a chunk that has one)."""
+    cdef inline void _wait(self, object local_id, Py_ssize_t slot, tuple wait_key) except *:
+        """Put a view on its chunk's list of views waiting for a first answer, and
+        keep that list in its slot (``setdefault`` without a new dict made and
+        thrown away for each view of a chunk that has one)."""
         waiting = self._first.get(wait_key)
         if waiting is None:
             waiting = self._first[wait_key] = {}
-        return <dict>waiting
+        (<dict>waiting)[local_id] = None
+        self._waiting[slot] = waiting
 
     cdef void _unwait(self, object local_id, Py_ssize_t slot) except *:
         """Take a view off its chunk's list of views waiting for a first answer."""
