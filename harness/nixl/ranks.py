@@ -189,8 +189,17 @@ class Rank:
                 self.expired |= done_sending - before
             self.probe_s += time.perf_counter() - t0
 
+        # NIXL agents loaded (D: upstream's handshakes, one per P rank each)
+        self.agents_added = 0
+        orig_add = wrapper.add_remote_agent
+
+        def add_remote_agent(metadata: bytes) -> Any:
+            self.agents_added += 1
+            return orig_add(metadata)
+
         wrapper.get_new_notifs = get_new_notifs
         wrapper.send_notif = send_notif
+        wrapper.add_remote_agent = add_remote_agent
         w._reap_expired_send_leases = reap
 
     def _install_write_gate(self) -> None:
@@ -332,10 +341,12 @@ class Rank:
         stats = self.worker.xfer_stats
         data = getattr(stats, "data", {})
         # Counters are lists of per-step counts; timings are lists of floats.
-        return {
+        out = {
             k: (sum(v) if all(isinstance(x, int) for x in v) else len(v)) if isinstance(v, list) else v
             for k, v in data.items()
         }
+        out["harness_agents_added"] = self.agents_added  # the probe's, not the connector's
+        return out
 
     def agent_metadata(self) -> tuple[str, bytes]:
         w = self.worker.nixl_wrapper

@@ -127,7 +127,7 @@ def overloaded(fleet: Fleet, p_stock: bool, d_stock: bool, n: int = 4, factor: i
         ids,
         [d_rep],
     )
-    return {"ids": ids, "during": during, "p": p_rep, "d": d_rep}
+    return {"ids": ids, "during": during, "p": p_rep, "d": d_rep, "d_stats": d.stats()}
 
 
 def wait_heartbeats_decide(

@@ -65,7 +65,8 @@ def _arrive_today(intake: Any, views: Views, tags: bool, local_id: Any, params: 
     host, port, tp = params.get("remote_host"), params.get("remote_port"), params.get("tp_size")
     if engine_id is None or remote_id is None or host is None or port is None or tp is None:
         return
-    target = (host, port, tp, params.get("dcp_size", 1), params.get("pp_size", 1))
+    generation = params.get("remote_registration_generation", 0)
+    target = (host, port, tp, params.get("dcp_size", 1), params.get("pp_size", 1), generation)
     terms = None
     if views.enabled:
         try:
@@ -209,6 +210,8 @@ def _params(rng: random.Random, remote: int) -> Any:
                 )
             if rng.random() < 0.7:
                 params[PARAM_LEASE_PROTOCOL_MAX] = _pick(rng, 3, 2, 4, 10**30, True, 3.0, "3", None, -5)
+    if rng.random() < 0.5:  # vLLM 0.33's P (the worker checks the type)
+        params["remote_registration_generation"] = _pick(rng, rng.randrange(1, 3), "1", None, 10**30)
     if rng.random() < 0.03:
         return type("Params", (dict,), {})(params)  # a dict subclass: the adapter's path
     return params

@@ -49,6 +49,10 @@ def test_d_overloaded_requests_survive_three_leases(tmp_path, p_stock: bool, d_s
     assert {reqs[r]["freed_reason"] for r in out["ids"]} == {"read"}
     assert sc.data_mismatches(out["p"], out["d"], out["ids"]) == []
     _no_errors(out["p"], out["d"])
+    added = [s["harness_agents_added"] for s in out["d_stats"]]
+    print(f"D loaded P's NIXL agent {added} times (heartbeats first, then the READs)")
+    if not d_stock:  # the READs used the connection the heartbeats made (vLLM 0.33's D makes a second)
+        assert added == [1]
 
 
 @pytest.mark.parametrize("p_stock,d_stock", FLEETS)

@@ -46,6 +46,9 @@ class EngineHeartbeats:
     tp_size: int
     dcp_size: int = 1
     pp_size: int = 1
+    # P's KV registration generation its requests' params named (0: none): a
+    # handshake this group starts loads at least that registration
+    registration_generation: int = 0
     chunks: list[tuple[int, int]] | None = None
     instance: str = ""
     tagged: bool = False
@@ -62,6 +65,7 @@ class EngineHeartbeats:
             self.tp_size,
             self.dcp_size,
             self.pp_size,
+            self.registration_generation,
             self.chunks,
             self.instance,
             self.tagged,

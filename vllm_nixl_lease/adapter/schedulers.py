@@ -70,7 +70,14 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
         tp_size = params.get("tp_size")
         if engine_id is None or remote_id is None or host is None or port is None or tp_size is None:
             return
-        target = (host, port, tp_size, params.get("dcp_size", 1), params.get("pp_size", 1))
+        target = (
+            host,
+            port,
+            tp_size,
+            params.get("dcp_size", 1),
+            params.get("pp_size", 1),
+            params.get("remote_registration_generation", 0),
+        )
         self._track(req_id, engine_id, remote_id, target, params)
 
     def _track(

@@ -219,7 +219,10 @@ cdef class Intake:
                     self._slow(local_id, params)
                     return
                 terms = tuple(found)
-        target = (host, port, tp_size, p.get("dcp_size", 1), p.get("pp_size", 1))
+        target = (
+            host, port, tp_size, p.get("dcp_size", 1), p.get("pp_size", 1),
+            p.get("remote_registration_generation", 0),
+        )
         instance = "" if terms is None else terms[3]
         tag = None if terms is None else terms[4]
         cdef bint tagged = bool(instance) and self.tags and tag is not None

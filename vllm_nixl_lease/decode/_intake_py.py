@@ -127,7 +127,14 @@ class Intake:
             if terms is None:  # malformed, or a stock P: the adapter logs it
                 self._slow(local_id, params)
                 return
-        target = (host, port, tp_size, params.get("dcp_size", 1), params.get("pp_size", 1))
+        target = (
+            host,
+            port,
+            tp_size,
+            params.get("dcp_size", 1),
+            params.get("pp_size", 1),
+            params.get("remote_registration_generation", 0),
+        )
         instance = "" if terms is None else terms.instance
         tag = None if terms is None else terms.tag
         tagged = bool(instance) and self.tags and tag is not None

@@ -51,7 +51,8 @@ class HeartbeatGroup:
     engine_id: str
     instance: str  # empty: a plain P
     tagged: bool
-    target: tuple[str, int, int, int, int]  # host, port, tp, dcp, pp of its first request
+    # host, port, tp, dcp, pp and P's KV registration generation, of its first request
+    target: tuple[str, int, int, int, int, int]
 
 
 def _log_untrackable(local_id: str, name: str, exc: Exception) -> None:
@@ -87,9 +88,10 @@ class HeartbeatSchedule:
         self.groups: dict[str, HeartbeatGroup] = self.intake.groups
 
     @staticmethod
-    def target_of(info: HeartbeatTarget) -> tuple[str, int, int, int, int]:
-        """Upstream's ``HeartbeatInfo`` as a group's target."""
-        return (info.host, info.port, info.tp_size, info.dcp_size, info.pp_size)
+    def target_of(info: HeartbeatTarget) -> tuple[str, int, int, int, int, int]:
+        """Upstream's ``HeartbeatInfo`` as a group's target (it keeps no
+        registration generation: 0, which tells the worker nothing)."""
+        return (info.host, info.port, info.tp_size, info.dcp_size, info.pp_size, 0)
 
     def take_over(
         self,
@@ -121,13 +123,13 @@ class HeartbeatSchedule:
         req_id: str,
         engine_id: str,
         remote_id: str,
-        target: tuple[str, int, int, int, int],
+        target: tuple[str, int, int, int, int, int],
         terms: LeaseTerms | None = None,
         tags: bool = False,
     ) -> tuple[str, str] | None:
         """Heartbeat the lease of ``req_id`` on P ``engine_id`` (P's request id
         ``remote_id``; ``target``: where that P listens, as
-        ``(host, port, tp, dcp, pp)``).  ``terms``: the request's lease terms
+        ``(host, port, tp, dcp, pp, registration generation)``).  ``terms``: the request's lease terms
         (None: a stock P; pass None too when D keeps no lease views, which
         acknowledged heartbeats exist to renew); ``tags``: name leases by tag
         where the terms allow.  Returns ``(instance, the name heartbeats give
@@ -147,7 +149,7 @@ class HeartbeatSchedule:
         instance: str,
         tagged: bool,
         name: str,
-        target: tuple[str, int, int, int, int],
+        target: tuple[str, int, int, int, int, int],
     ) -> bool:
         return self.intake.track(local_id, engine_id, instance, tagged, name, target)
 

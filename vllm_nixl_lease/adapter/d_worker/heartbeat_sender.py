@@ -137,6 +137,36 @@ class HeartbeatSender:
             )
         return out
 
+    def _handshake(self, hb: EngineHeartbeats) -> Future[Any] | None:
+        """Upstream's handshake with ``hb``'s P engine (None: connected).  Only an
+        engine not connected yet needs upstream's call: it first scans every
+        engine for TTL eviction (engine_reaper.py does that every few seconds),
+        which a step sending to a connected engine need not pay."""
+        up = self._upstream
+        engine_id = hb.engine_id
+        notif_only = up._hb_handshake_notif_only and hb.pp_size > 1
+        starts = engine_id not in up._handshake_futures  # handshakes start on this thread only
+        fut = up._ensure_handshake(
+            engine_id, hb.host, hb.port, hb.tp_size, hb.dcp_size, hb.pp_size, notif_only
+        )
+        if fut is not None and starts and not notif_only:
+            self._note_generation(engine_id, hb.registration_generation)
+        return fut
+
+    def _note_generation(self, engine_id: str, generation: object) -> None:
+        """A handshake starting now loads P's registration as it is now, so at
+        least the generation this group's requests named (P handed them out
+        earlier).  Upstream (vLLM 0.33's pull worker) learns a generation only
+        from a READ: its first READ over a connection a heartbeat made would
+        find one newer than none, drop the connection and handshake again.
+        Kept by upstream's rule (highest seen); a generation that is not an int
+        (crafted params) is ignored."""
+        generations = getattr(self._upstream, "_remote_registration_generations", None)
+        if generations is None or type(generation) is not int:
+            return
+        if generation > generations.get(engine_id, 0):
+            generations[engine_id] = generation
+
     def forget_engines(self, keep: set[str]) -> None:
         """The engine reaper released every engine not in ``keep``: drop what
         waits for them, unless D still views leases of that group."""
@@ -159,18 +189,7 @@ class HeartbeatSender:
         if engine_id not in up._remote_agents:
             if pairs is not None:
                 return  # engine evicted since the failure
-            # Only an engine not connected yet needs upstream's call: it first scans
-            # every engine for TTL eviction (engine_reaper.py does that every few
-            # seconds), which a step sending to a connected engine need not pay.
-            fut = up._ensure_handshake(
-                engine_id,
-                hb.host,
-                hb.port,
-                hb.tp_size,
-                hb.dcp_size,
-                hb.pp_size,
-                up._hb_handshake_notif_only and hb.pp_size > 1,
-            )
+            fut = self._handshake(hb)
             if fut is not None:
                 self.waiting[key] = (hb, fut)
                 return
