@@ -800,7 +800,9 @@ cdef class LeaseViews:
         cdef Py_ssize_t slot
         cdef double left, margin, posted_deadline
         cdef list late = []
-        slot_of = self._slot_of
+        cdef dict slot_of = self._slot_of
+        # upstream's offsets are a dict: its C lookup, not a method call
+        cdef dict offsets_dict = offsets if type(offsets) is dict else None
         for req_id in done:
             found = posted.pop(req_id, None)
             posted_deadline = ENDED if found is None else <double>found
@@ -810,7 +812,8 @@ cdef class LeaseViews:
             if slot_obj is None:
                 continue
             slot = <Py_ssize_t>slot_obj
-            offset = offsets.get(self._engine[slot])
+            engine = self._engine[slot]
+            offset = offsets_dict.get(engine) if offsets_dict is not None else offsets.get(engine)
             if offset is None:
                 continue
             left = self._local(slot, offset) - now
