@@ -15,6 +15,7 @@ from typing import Any
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.pull_scheduler import NixlPullConnectorScheduler
 from vllm.distributed.kv_transfer.kv_connector.v1.nixl.push_scheduler import NixlPushConnectorScheduler
 
+from ..decode.intake import heartbeat_target
 from .config import LeaseConfig
 from .d_scheduler.heartbeat_schedule import HeartbeatSchedule
 from .d_scheduler.lease_view_collector import LeaseViewCollector
@@ -70,14 +71,7 @@ class LeaseNixlPullConnectorScheduler(NixlPullConnectorScheduler):
         tp_size = params.get("tp_size")
         if engine_id is None or remote_id is None or host is None or port is None or tp_size is None:
             return
-        target = (
-            host,
-            port,
-            tp_size,
-            params.get("dcp_size", 1),
-            params.get("pp_size", 1),
-            params.get("remote_registration_generation", 0),
-        )
+        target = heartbeat_target(params, host, port, tp_size)
         self._track(req_id, engine_id, remote_id, target, params)
 
     def _track(

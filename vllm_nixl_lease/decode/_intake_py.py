@@ -25,13 +25,27 @@ and messages are the same.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from .._wire import lease_terms
 
 # Upstream's rule for heartbeating a remote prefill: each of these present.
 _REMOTE_FIELDS = ("remote_engine_id", "remote_request_id", "remote_host", "remote_port", "tp_size")
+
+
+def heartbeat_target(params: Mapping[str, Any], host: Any, port: Any, tp_size: Any) -> tuple[Any, ...]:
+    """A new heartbeat group's target, from its first request's params: where its
+    P listens (``host``, ``port``, ``tp_size`` and the params' dcp and pp sizes),
+    and the KV registration generation they name (the worker checks its type)."""
+    return (
+        host,
+        port,
+        tp_size,
+        params.get("dcp_size", 1),
+        params.get("pp_size", 1),
+        params.get("remote_registration_generation", 0),
+    )
 
 
 class Intake:
@@ -127,14 +141,7 @@ class Intake:
             if terms is None:  # malformed, or a stock P: the adapter logs it
                 self._slow(local_id, params)
                 return
-        target = (
-            host,
-            port,
-            tp_size,
-            params.get("dcp_size", 1),
-            params.get("pp_size", 1),
-            params.get("remote_registration_generation", 0),
-        )
+        target = heartbeat_target(params, host, port, tp_size)
         instance = "" if terms is None else terms.instance
         tag = None if terms is None else terms.tag
         tagged = bool(instance) and self.tags and tag is not None
