@@ -131,6 +131,9 @@ class Nemesis:
         return [self.hosts.ip(h) for h in self.hosts.hosts if h not in group]
 
     def _begin(self, f: Planned) -> None:
+        # The fault acts from here: a kill's join of the dead process can take seconds
+        # under load, and the checker must not count that time as fault-free.
+        began = self.hist.now()
         undo: Callable[[], None] | None = None
         table = f"chaos_{self.token}_{f.fid}"
         if f.kind == "partition":
@@ -180,6 +183,7 @@ class Nemesis:
         self.applied[f.kind] = self.applied.get(f.kind, 0) + 1
         self.hist.add(
             "fault",
+            t=began,
             fid=f.fid,
             kind=f.kind,
             hosts=list(f.hosts),

@@ -120,10 +120,12 @@ class Node:
         self.state = "up"
         self._record(eng.pid, up=True)
 
-    def _record(self, pid: int, up: bool) -> None:
-        """An engine event in the history: this process generation came up or went down."""
+    def _record(self, pid: int, up: bool, t: float | None = None) -> None:
+        """An engine event in the history: this process generation came up or went down
+        (at run time ``t``; None: now)."""
         self.hist.add(
             "engine",
+            t=t,
             name=self.name,
             role=self.role,
             host=self.host,
@@ -162,9 +164,10 @@ class Node:
         self.state = "down"
         if eng is None:
             return
+        down_at = self.hist.now()  # it runs nothing after the signal; the join can take seconds
         eng.send_signal(signal.SIGKILL)  # not os.kill: a crashed engine's pid may be another's now
         eng.proc.join(10)
-        self._record(eng.pid, up=False)
+        self._record(eng.pid, up=False, t=down_at)
         self._replay_written(eng)
         while not self.jobs.empty():
             try:

@@ -79,9 +79,9 @@ class ServeNode:
             time.sleep(1.0)
         raise TimeoutError(f"{self.name} not healthy after {timeout:.0f}s:\n{eng.log_tail(15)}")
 
-    def _record(self, up: bool) -> None:
+    def _record(self, up: bool, t: float | None = None) -> None:
         self.hist.add(
-            "engine", name=self.name, role=self.role, host=self.host, engine_id=self.engine_id,
+            "engine", t=t, name=self.name, role=self.role, host=self.host, engine_id=self.engine_id,
             pid=self.eng.pid if self.eng else 0, gen=self.gen, up=up,
         )  # fmt: skip
 
@@ -103,8 +103,9 @@ class ServeNode:
         """kill -9 of the whole tree."""
         self.state = "down"
         if self.eng is not None:
+            down_at = self.hist.now()  # what the tree runs stops here, however long the reaping
             self.eng.kill()
-            self._record(up=False)
+            self._record(up=False, t=down_at)
 
     def restart(self, same_id: bool) -> None:
         if self.eng is not None and self.eng.alive():
