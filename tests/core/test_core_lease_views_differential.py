@@ -140,7 +140,9 @@ def _ops(rng: random.Random, t: list[float]) -> list[tuple[str, Callable[[Any], 
         done = set(rng.sample(LOCAL_IDS, rng.randrange(5)))
         failed = set(rng.sample(LOCAL_IDS, rng.randrange(2)))
         posted_items = {i: now + rng.choice((-5.0, 0.5, 5.0)) for i in rng.sample(LOCAL_IDS, 4)}
-        offsets = {e: offset for e in ENGINES if rng.random() < 0.8}
+        offsets: Any = {e: offset for e in ENGINES if rng.random() < 0.8}
+        if rng.random() < 0.3:  # any mapping, not only upstream's dict (the Cython core's other path)
+            offsets = MappingProxyType(offsets)
 
         def late(v: Any) -> tuple[list[str], dict[str, float]]:
             posted = dict(posted_items)
