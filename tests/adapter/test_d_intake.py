@@ -155,3 +155,33 @@ def test_both_roles_leave_upstreams_heartbeat_dicts_empty(make: Any, clock: Cloc
     assert sched._heartbeat_req_engine == {} and sched._heartbeat_by_engine == {}
     sched.build_connector_meta(None)
     assert "d1" in sched.heartbeats.tracker
+
+
+def test_a_scheduler_tracking_nothing_never_calls_the_schedule(
+    make: Any, clock: Clock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from vllm_nixl_lease.adapter.d_scheduler.heartbeat_schedule import HeartbeatSchedule
+
+    calls: list[bool] = []
+    real = HeartbeatSchedule.attach
+
+    def attach(self: HeartbeatSchedule, meta: object) -> bool:
+        calls.append(tracking := real(self, meta))
+        return tracking
+
+    monkeypatch.setattr(HeartbeatSchedule, "attach", attach)
+    sched = make(LeaseNixlPullConnectorScheduler, {})
+    for _ in range(3):  # a P's steps: nothing is ever tracked
+        sched.build_connector_meta(None)
+    assert calls == [False]
+    sched.on_new_request(fake_request("d1", **remote_prefill_params("P0", "p-1")))
+    for _ in range(2):
+        sched.build_connector_meta(None)
+        clock.advance(10.0)  # past the heartbeat interval: the tick falls due
+    assert calls == [False, True, True]
+    meta = sched.build_connector_meta(None)
+    assert getattr(meta, "lease_heartbeats", None)  # still heartbeated while it waits
+    sched._stop_heartbeat("d1")
+    sched.build_connector_meta(None)
+    sched.build_connector_meta(None)
+    assert calls == [False, True, True, True, False]

@@ -173,17 +173,18 @@ class HeartbeatSchedule:
         repacked.clear()
         return out
 
-    def attach(self, meta: object) -> None:
+    def attach(self, meta: object) -> bool:
         """Put this step's messages on the workers' metadata: the round of
         every chunk is spread over the heartbeat interval
         (``poll_paced_chunks``), so 100k waiting requests cost each step a few
-        messages, not one step a 100k-id spike."""
+        messages, not one step a 100k-id spike.  False: no request is tracked,
+        so no call can send anything until one is."""
         tracker = self.tracker
         if not len(tracker):
-            return
+            return False
         now = time.perf_counter()
         if now < tracker.next_poll_at:  # most steps: nothing can fall due yet
-            return
+            return True
         out: dict[str, EngineHeartbeats] = {}
         for key, sent in tracker.poll_paced_chunks(now).items():
             group = self.groups.get(key)
@@ -199,3 +200,4 @@ class HeartbeatSchedule:
                 )
         if out:  # the workers read no attribute as nothing due
             setattr(meta, LEASE_HEARTBEATS_ATTR, out)
+        return True
