@@ -133,3 +133,19 @@ def test_prometheus_histogram_per_side() -> None:
     assert registry.get_sample_value(count, {**LABELS, "side": "scheduler"}) == 2
     assert registry.get_sample_value(total, {**LABELS, "side": "scheduler"}) == pytest.approx(5e-5)
     assert registry.get_sample_value(count, {**LABELS, "side": "worker"}) == 1
+
+def test_bound_hooks_call_the_next_facade_in_the_mro(clock: _Clock) -> None:
+    class Middle(_FakeFacade):
+        def start_load_kv(self, _ctx: object) -> None:
+            self.clock.now += 5e-6
+            super().start_load_kv(_ctx)
+
+    class Timed(ConnectorStepTimer, Middle):
+        pass
+
+    conn = Timed(clock)
+    assert Timed.start_load_kv.__name__ == "start_load_kv" and "start_load_kv" in vars(Timed)
+    conn.start_load_kv(None)
+    conn.get_transfer_results(set())
+    conn.get_kv_connector_stats()
+    assert conn._step_samples == pytest.approx([(5 + 3 + 2 + 1 + 4) * 1e-6])
