@@ -4,12 +4,13 @@ A real P/D pair per side (`vllm serve` prefill + decode of the tiny model behind
 harness.serve.launcher), both pairs up at once, driven in turn by `vllm bench serve` (random
 dataset, fixed seed, fixed request rate, a max concurrency above D's `--max-num-seqs` so that D's
 queue stays non-empty): stock, ours, stock, ours, ... Stock is upstream's NixlConnector with the
-step timer (`StepTimedNixlConnector`); ours is LeaseNixlConnector. Per run: throughput, TTFT and
-ITL p50/p99 from the bench, and how many token intervals took over 100 ms; each engine's process
-CPU seconds (its whole process tree, from /proc) per 1,000 output tokens; the connector's own time
-per step on P and D, scheduler and worker side (`vllm:nixl_lease_connector_step_seconds`), and how
-many of D's steps took over 50 ms; how often D had requests waiting. Prints a table (median of the
-runs, [min-max]) and writes .build/bench-serve.json.
+step timer (`StepTimedNixlConnector`); ours is LeaseNixlConnector with `step_time_metric` on.
+Per run: throughput, TTFT and ITL p50/p99 from the bench, and how many token intervals took
+over 100 ms; each engine's process CPU seconds (its whole process tree, from /proc) per 1,000
+output tokens; the connector's own time per step on P and D, scheduler and worker side
+(`vllm:nixl_lease_connector_step_seconds`), and how many of D's steps took over 50 ms; how often D
+had requests waiting. Prints a table (median of the runs, [min-max]) and writes
+.build/bench-serve.json.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from harness.serve import client, devices
 from harness.serve.launcher import BUILD, MODEL_NAME, ROOT, PDCluster, PDConfig
 
 SIDES = {"stock": "stock-timed", "ours": "lease"}  # side -> harness.serve.launcher connector
+# Ours times its steps only when asked (stock-timed always does): both report the step metric.
+KV_EXTRA = {"ours": {"step_time_metric": True}}
 STEP_METRIC = "vllm:nixl_lease_connector_step_seconds"
 WAITING = "vllm:num_requests_waiting"
 # `vllm bench serve` itself: the CLI entry point reads the version of a distribution named "vllm",
@@ -261,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for side, conn in SIDES.items():
             cfg = PDConfig(connector=conn, lease_s=args.lease, d_max_num_seqs=args.d_max_num_seqs,
+                           kv_extra=KV_EXTRA.get(side, {}),
                            log_dir=BUILD / "bench-serve" / stamp / side)  # fmt: skip
             pd = PDCluster(cfg)
             pd.progress = lambda msg, side=side: say(t0, f"{side}: {msg}")

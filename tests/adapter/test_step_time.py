@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+from types import SimpleNamespace
 from typing import Any
 
 import prometheus_client
@@ -11,7 +12,11 @@ import pytest
 from vllm_support import fake_request, make_kv_cache_config, shared_vllm_config
 
 from vllm_nixl_lease.adapter import step_time
-from vllm_nixl_lease.adapter.connector import LeaseNixlPullConnector, StepTimedNixlConnector
+from vllm_nixl_lease.adapter.connector import (
+    LeaseNixlPullConnector,
+    LeaseNixlPushConnector,
+    StepTimedNixlConnector,
+)
 from vllm_nixl_lease.adapter.stats import STEP_TIME_KEYS, STEP_TIME_METRIC, LeaseKVConnectorStats
 from vllm_nixl_lease.adapter.step_time import STEP_FLUSH, ConnectorStepTimer
 
@@ -99,9 +104,10 @@ def test_scheduler_side_of_the_real_facades(cls: type, tmp_path_factory: pytest.
     from vllm.config import set_current_vllm_config
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-    vc = shared_vllm_config(tmp_path_factory.mktemp("cfg"), {}, role="kv_consumer")
+    vc = shared_vllm_config(tmp_path_factory.mktemp("cfg"), {"step_time_metric": True}, role="kv_consumer")
     with set_current_vllm_config(vc):
         conn = cls(vc, KVConnectorRole.SCHEDULER, make_kv_cache_config())
+    assert isinstance(conn, cls) and isinstance(conn, ConnectorStepTimer)
     for i in range(STEP_FLUSH):
         conn.on_new_request(fake_request(f"r{i}"))
         stats = conn.get_kv_connector_stats()
@@ -133,6 +139,44 @@ def test_prometheus_histogram_per_side() -> None:
     assert registry.get_sample_value(count, {**LABELS, "side": "scheduler"}) == 2
     assert registry.get_sample_value(total, {**LABELS, "side": "scheduler"}) == pytest.approx(5e-5)
     assert registry.get_sample_value(count, {**LABELS, "side": "worker"}) == 1
+
+
+@pytest.mark.parametrize("timed", [False, True])
+@pytest.mark.parametrize("cls", [LeaseNixlPullConnector, LeaseNixlPushConnector])
+def test_our_connectors_time_their_steps_only_when_asked(
+    cls: type, timed: bool, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    extra = {"step_time_metric": True} if timed else {}
+    vc = shared_vllm_config(tmp_path_factory.mktemp("cfg"), extra, role="kv_consumer")
+    with set_current_vllm_config(vc):
+        conn = cls(vc, KVConnectorRole.SCHEDULER, make_kv_cache_config())
+    assert isinstance(conn, cls)
+    assert isinstance(conn, ConnectorStepTimer) is timed
+    # Untimed, the hook vLLM calls is vLLM's facade's own: no frame around it.
+    assert type(conn).build_connector_meta.__module__.startswith("vllm.") is not timed
+    for i in range(STEP_FLUSH):
+        conn.on_new_request(fake_request(f"r{i}"))
+        conn.build_connector_meta(SimpleNamespace())
+        stats = conn.get_kv_connector_stats()
+    samples = stats.data.get(STEP_TIME_KEYS["scheduler"], []) if stats is not None else []
+    assert len(samples) == (STEP_FLUSH if timed else 0)
+
+
+def test_a_subclass_of_ours_keeps_its_own_class(tmp_path_factory: pytest.TempPathFactory) -> None:
+    from vllm.config import set_current_vllm_config
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    class Mine(LeaseNixlPullConnector):
+        pass
+
+    vc = shared_vllm_config(tmp_path_factory.mktemp("cfg"), {"step_time_metric": True}, role="kv_consumer")
+    with set_current_vllm_config(vc):
+        conn = Mine(vc, KVConnectorRole.SCHEDULER, make_kv_cache_config())
+    assert type(conn) is Mine  # the metric is for our own classes; a subclass adds the timer itself
+
 
 def test_bound_hooks_call_the_next_facade_in_the_mro(clock: _Clock) -> None:
     class Middle(_FakeFacade):

@@ -220,6 +220,7 @@ CONFIG_KEYS: tuple[ConfigKey, ...] = (
         field="read_post_budget_s", convert=_ms_to_s,
     ),
     ConfigKey("kv_lease_claim_reads", bool, False, TRUE_OR_FALSE, field="claim_reads"),
+    ConfigKey("step_time_metric", bool, False, TRUE_OR_FALSE),
 )  # fmt: skip
 
 
@@ -246,6 +247,8 @@ class LeaseConfig:
     # Readers on several Ds (docs/PROTOCOL.md, rules P14 and D11): P advertises and honours
     # claims, D claims a lease from such a P before it READs it (one round trip per READ).
     claim_reads: bool = False
+    # vllm:nixl_lease_connector_step_seconds (step_time.py): every hook vLLM calls is timed.
+    step_time_metric: bool = False
 
     # -- times derived from the settings -------------------------------------
     @property

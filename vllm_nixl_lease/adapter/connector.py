@@ -51,7 +51,24 @@ def _base_init(
     NixlBaseConnector.__init__(self, vllm_config, role, kv_cache_config)
 
 
-class LeaseNixlPullConnector(ConnectorStepTimer, _LeaseConnectorMixin, NixlPullConnector):
+class _StepTimerOnRequest:
+    """Builds the step-timed twin of the class vLLM asked for when ``step_time_metric`` is on.
+
+    The timer is a Python frame around every hook vLLM calls, several per request, each a few
+    microseconds once the engine's other work has evicted the caches: a connector pays that
+    only when its operator wants the metric."""
+
+    _timed_twin: type | None = None  # set on each of our connector classes below
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        twin = cls.__dict__.get("_timed_twin")  # our classes' own, not a subclass's
+        vllm_config = args[0] if args else kwargs.get("vllm_config")
+        if twin is not None and LeaseConfig.from_vllm_config(vllm_config).step_time_metric:
+            return super().__new__(twin)
+        return super().__new__(cls)
+
+
+class LeaseNixlPullConnector(_StepTimerOnRequest, _LeaseConnectorMixin, NixlPullConnector):
     """Pull (READ) connector with lease bookkeeping on the lease core."""
 
     connector_scheduler: LeaseNixlPullConnectorScheduler | None
@@ -69,7 +86,7 @@ class LeaseNixlPullConnector(ConnectorStepTimer, _LeaseConnectorMixin, NixlPullC
             self.connector_worker = LeaseNixlPullConnectorWorker(vllm_config, self.engine_id, kv_cache_config)
 
 
-class LeaseNixlPushConnector(ConnectorStepTimer, _LeaseConnectorMixin, NixlPushConnector):
+class LeaseNixlPushConnector(_StepTimerOnRequest, _LeaseConnectorMixin, NixlPushConnector):
     """Push (WRITE) connector with lease bookkeeping on the lease core and
     heartbeats that renew P's leases even when D names the router's request
     id (``p_worker/push_aliases.py``)."""
@@ -99,6 +116,17 @@ class StepTimedNixlConnector(ConnectorStepTimer, _LeaseConnectorMixin, NixlPullC
     (``tools/bench_serve.py``). Load it with ``"kv_connector": "StepTimedNixlConnector"`` and
     ``"kv_connector_module_path": "vllm_nixl_lease.adapter.connector"``."""
 
+
+class StepTimedLeaseNixlPullConnector(ConnectorStepTimer, LeaseNixlPullConnector):
+    """``LeaseNixlPullConnector`` with ``step_time_metric`` on (built by its ``__new__``)."""
+
+
+class StepTimedLeaseNixlPushConnector(ConnectorStepTimer, LeaseNixlPushConnector):
+    """``LeaseNixlPushConnector`` with ``step_time_metric`` on (built by its ``__new__``)."""
+
+
+LeaseNixlPullConnector._timed_twin = StepTimedLeaseNixlPullConnector
+LeaseNixlPushConnector._timed_twin = StepTimedLeaseNixlPushConnector
 
 # The pull connector is the default, as upstream's NixlConnector alias.
 LeaseNixlConnector = LeaseNixlPullConnector
