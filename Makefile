@@ -22,7 +22,7 @@ CONNECTOR_TESTS := tests/adapter/test_connector_differential.py tests/adapter/te
 	tests/adapter/test_connector_metrics.py tests/adapter/test_push_fix.py tests/adapter/test_config_lease.py tests/adapter/test_hook.py \
 	tests/adapter/test_doctor.py tests/adapter/test_connector_fencing.py tests/adapter/test_connector_idle.py tests/adapter/test_components.py \
 	tests/adapter/test_acks.py tests/adapter/test_clock_refresh.py tests/adapter/test_read_pacer.py tests/adapter/test_protocol_versions.py \
-	tests/adapter/test_d_intake.py tests/adapter/test_d_heartbeat_handshake.py
+	tests/adapter/test_d_intake.py tests/adapter/test_d_heartbeat_handshake.py tests/adapter/test_step_time.py
 
 ROUTER_VENV := .venv-router
 DIST_VENV := .venv-dist
